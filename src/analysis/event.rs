@@ -1,0 +1,132 @@
+//! The events the analysis replays.
+//!
+//! The collector decodes each thread's ring into these, already in nanoseconds and merged into
+//! one order; tests write them by hand; a recorded run can be saved and replayed. Strings are
+//! interned by the [`Timeline`](super::Timeline) that consumes them ([`NameId`], [`DeviceId`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Category, SpanLabel};
+
+/// An interned string (span name, op name, dtype) in a [`Timeline`](super::Timeline)'s table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NameId(pub u32);
+
+/// An interned device name in a [`Timeline`](super::Timeline)'s table; `cpu` is always
+/// [`DeviceId::CPU`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct DeviceId(pub u16);
+
+impl DeviceId {
+    /// The host heap, where the allocator hook's allocations live.
+    pub const CPU: DeviceId = DeviceId(0);
+}
+
+/// An interned tensor shape in a [`Timeline`](super::Timeline)'s table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ShapeId(pub u32);
+
+/// A span instance, unique within its thread for the session; `0` means "no span".
+pub type SpanSeq = u32;
+
+/// One thing that happened on one thread.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// When it happened, in nanoseconds since the session started.
+    pub ts_ns: u64,
+    /// The thread it happened on (unique for the session).
+    pub thread: u32,
+    /// The innermost span open on that thread when it happened (`0`: none).
+    pub span: SpanSeq,
+    /// What happened.
+    pub kind: EventKind,
+}
+
+/// What an [`Event`] records.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    /// A block of `size` bytes became live at `addr` on `device`.
+    Alloc {
+        /// Device the block lives on.
+        device: DeviceId,
+        /// Address (heap) or tensor id (device tensors) that identifies the block.
+        addr: u64,
+        /// Bytes requested.
+        size: u64,
+        /// Category decided by the span stack (or by an op hook).
+        category: Category,
+    },
+    /// The block at `addr` on `device` stopped being live. `size` is what the freer knew.
+    Free {
+        /// Device the block lived on.
+        device: DeviceId,
+        /// Address or tensor id.
+        addr: u64,
+        /// Bytes the freer says the block had (used when the block was never seen).
+        size: u64,
+    },
+    /// A heap block was resized, possibly moving: one event, never an extra alloc + free.
+    Realloc {
+        /// Address before.
+        old_addr: u64,
+        /// Size before, as the caller said.
+        old_size: u64,
+        /// Address after (may equal `old_addr`).
+        new_addr: u64,
+        /// Size after.
+        new_size: u64,
+        /// Category decided by the span stack at the time of the resize.
+        category: Category,
+    },
+    /// A span opened on this thread. The event's `span` field is the parent.
+    SpanEnter {
+        /// The new span instance.
+        id: SpanSeq,
+        /// Span name.
+        name: NameId,
+        /// What the span says about its allocations.
+        label: SpanLabel,
+    },
+    /// The span `id` on this thread closed.
+    SpanExit {
+        /// The closing span instance.
+        id: SpanSeq,
+    },
+    /// An op started on this thread: heap allocations until the matching [`EventKind::OpEnd`]
+    /// are attributed to it.
+    OpBegin {
+        /// Op name (`matmul`, …).
+        name: NameId,
+        /// Output tensor id, `0` when unknown.
+        output: u64,
+        /// Output shape, when known.
+        shape: Option<ShapeId>,
+        /// Output dtype, when known.
+        dtype: Option<NameId>,
+    },
+    /// The innermost op on this thread ended.
+    OpEnd,
+    /// A live block's category was set explicitly (for example: this storage is a parameter).
+    SetCategory {
+        /// Device the block lives on.
+        device: DeviceId,
+        /// Address or tensor id.
+        addr: u64,
+        /// Its category from now on.
+        category: Category,
+    },
+    /// A device pool's state after a reservation or release.
+    PoolState {
+        /// The pool's device.
+        device: DeviceId,
+        /// Usable bytes of the pool.
+        capacity: u64,
+        /// Bytes reserved now.
+        reserved: u64,
+        /// Largest free block now.
+        largest_free: u64,
+        /// `1 - largest free block / free bytes` (0 when nothing is free).
+        fragmentation: f64,
+    },
+}

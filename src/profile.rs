@@ -1,0 +1,473 @@
+//! The profile document: what a run's memory did, as written to `highwater-profile.json`.
+//!
+//! Every figure in it comes from the [`Timeline`](crate::analysis::Timeline). It is bounded in
+//! size whatever the run's length: the timeline is downsampled and the live-at-peak breakdown is
+//! aggregated.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Category, Step};
+
+/// The value of [`Profile::schema`] this version writes and reads.
+pub const SCHEMA: &str = "highwater/1";
+
+/// Largest profile file [`Profile::load`] accepts; profiles are bounded far below this.
+pub const MAX_PROFILE_BYTES: u64 = 256 << 20;
+
+/// A run's memory profile.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// Format identifier, always [`SCHEMA`].
+    pub schema: String,
+    /// About the run.
+    pub meta: RunMeta,
+    /// The headline figures.
+    pub summary: Summary,
+    /// Live bytes over time, per device, downsampled with the extremes kept.
+    pub timeline: Vec<TimelinePoint>,
+    /// What was live at the peak, aggregated by (span path, op, category, device), largest first.
+    pub peak_breakdown: Vec<PeakRow>,
+    /// The largest single allocations live at the peak, largest first.
+    pub largest_at_peak: Vec<LiveAllocation>,
+    /// Span tree with memory metrics, parents before children.
+    pub spans: Vec<SpanMetrics>,
+    /// Live bytes at the end of each top-level iteration (the leak signal).
+    #[serde(default)]
+    pub iterations: Vec<IterationResidual>,
+    /// Per-device figures.
+    pub devices: Vec<DeviceStats>,
+    /// Device pool state over time (empty when no pool reported).
+    #[serde(default)]
+    pub pool_timeline: Vec<PoolPoint>,
+    /// Things the reader should know, in plain words (dropped events, growing residuals, …).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+/// About the run that produced a profile.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunMeta {
+    /// The program's name (first command-line argument's file name).
+    pub program: String,
+    /// highwater version that wrote the profile.
+    pub highwater_version: String,
+    /// Wall-clock start, milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
+    /// The clock behind timestamps: `"tsc"` (calibrated cycle counter) or `"monotonic"`.
+    pub clock: String,
+    /// Threads that recorded at least one event.
+    pub threads: u32,
+}
+
+/// The headline figures of a profile.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Highest live bytes reached on any one device.
+    pub peak_bytes: u64,
+    /// When the peak was reached, ns since the session started.
+    pub peak_timestamp_ns: u64,
+    /// Device on which the peak was reached (`"cpu"` for the heap).
+    pub peak_device: String,
+    /// Live bytes at the peak by category, keyed by lower-case category name.
+    pub peak_by_category: BTreeMap<String, u64>,
+    /// Allocations recorded (reallocs counted separately).
+    pub alloc_count: u64,
+    /// Frees recorded (reallocs counted separately).
+    pub free_count: u64,
+    /// Reallocs recorded.
+    pub realloc_count: u64,
+    /// Bytes handed out by allocations and by the growth of reallocs.
+    pub total_alloc_bytes: u64,
+    /// Activation bytes live when the first backward span started.
+    pub autograd_retained_bytes: u64,
+    /// Events lost because a ring was full, a thread had exited or no ring was free.
+    pub dropped_events: u64,
+    /// Frees (and realloc sources) of blocks the analysis never saw allocated.
+    pub unknown_frees: u64,
+    /// Cross-thread ordering repairs: frees that arrived after their address was reused.
+    pub reorder_repairs: u64,
+    /// Bytes live on all devices when the session ended.
+    pub final_live_bytes: u64,
+    /// Session length in ns.
+    pub duration_ns: u64,
+    /// Events the analysis applied.
+    pub event_count: u64,
+}
+
+/// One point of the memory curve of one device.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TimelinePoint {
+    /// ns since the session started.
+    pub timestamp_ns: u64,
+    /// Device name.
+    pub device: String,
+    /// Live bytes on the device.
+    pub live_bytes: u64,
+    /// Live bytes by category (lower-case names; zero categories omitted).
+    pub by_category: BTreeMap<String, u64>,
+}
+
+/// Live-at-peak bytes of one (span path, op, category, device) group.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeakRow {
+    /// Span names from the outermost, joined with `/`; empty outside every span.
+    pub span_path: String,
+    /// Op that made the allocations, when one was recorded.
+    pub op: Option<String>,
+    /// Output shape of that op, when known.
+    pub shape: Option<Vec<u64>>,
+    /// Output dtype of that op, when known.
+    pub dtype: Option<String>,
+    /// Category of the allocations.
+    pub category: Category,
+    /// Device name.
+    pub device: String,
+    /// Bytes live at the peak.
+    pub bytes: u64,
+    /// Allocations live at the peak.
+    pub count: u64,
+}
+
+/// One allocation live at the peak.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LiveAllocation {
+    /// Bytes.
+    pub bytes: u64,
+    /// Device name.
+    pub device: String,
+    /// Category.
+    pub category: Category,
+    /// Span path it was allocated in.
+    pub span_path: String,
+    /// Op that made it, when recorded.
+    pub op: Option<String>,
+    /// Op output shape, when known.
+    pub shape: Option<Vec<u64>>,
+    /// When it was allocated, ns since the session started.
+    pub timestamp_ns: u64,
+    /// The thread that allocated it.
+    pub thread: u32,
+}
+
+/// Memory metrics of one node of the span tree (all instances of a span at one path).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpanMetrics {
+    /// Index of this node in [`Profile::spans`].
+    pub id: u32,
+    /// Index of the parent node, `None` for top-level spans.
+    pub parent: Option<u32>,
+    /// Span name.
+    pub name: String,
+    /// Names from the outermost span, joined with `/`.
+    pub path: String,
+    /// Step the span marks, if any.
+    pub step: Option<Step>,
+    /// Category the span names, if any.
+    pub category: Option<Category>,
+    /// Times the span was entered.
+    pub calls: u64,
+    /// Total time inside, ns (summed over calls).
+    pub total_ns: u64,
+    /// Bytes allocated inside, children included.
+    pub bytes_allocated: u64,
+    /// Allocations made inside, children included.
+    pub alloc_count: u64,
+    /// Highest live bytes (on the peak's device measure) while the span was open.
+    pub peak_bytes: u64,
+    /// Bytes allocated inside and still live at exit, summed over calls.
+    pub residual_bytes: u64,
+}
+
+/// Live bytes at the end of one top-level iteration span.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct IterationResidual {
+    /// Iteration number, from 0.
+    pub index: u64,
+    /// The top-level span that marks iterations.
+    pub span: String,
+    /// When the iteration ended, ns since the session started.
+    pub end_timestamp_ns: u64,
+    /// Live bytes (all devices) when it ended.
+    pub live_bytes: u64,
+    /// Change since the previous iteration's end.
+    pub delta_bytes: i64,
+}
+
+/// Per-device figures.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceStats {
+    /// Device name (`cpu`, `cuda:0`, `tpu:3`).
+    pub device: String,
+    /// Usable bytes, when a pool reported it.
+    pub capacity_bytes: Option<u64>,
+    /// Highest live bytes.
+    pub peak_bytes: u64,
+    /// When that was reached.
+    pub peak_timestamp_ns: u64,
+    /// Live bytes by category at the device's own peak.
+    pub peak_by_category: BTreeMap<String, u64>,
+    /// Allocations on the device.
+    pub alloc_count: u64,
+    /// Frees on the device.
+    pub free_count: u64,
+    /// Bytes live when the session ended.
+    pub final_live_bytes: u64,
+    /// Highest bytes reserved from the device's pool, when a pool reported.
+    pub peak_reserved_bytes: Option<u64>,
+    /// Highest pool fragmentation seen, when a pool reported.
+    pub max_fragmentation: Option<f64>,
+}
+
+/// A device pool's state at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PoolPoint {
+    /// ns since the session started.
+    pub timestamp_ns: u64,
+    /// Device name.
+    pub device: String,
+    /// Usable bytes.
+    pub capacity_bytes: u64,
+    /// Bytes reserved.
+    pub reserved_bytes: u64,
+    /// Largest free block.
+    pub largest_free_bytes: u64,
+    /// `1 - largest free / free`.
+    pub fragmentation: f64,
+}
+
+/// Why a profile could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    /// The file could not be opened or read.
+    #[error("cannot read profile {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// The file is empty.
+    #[error("profile {path} is empty")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is larger than any profile highwater writes.
+    #[error("profile {path} is {size} bytes, more than the {limit}-byte limit for a profile")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// [`MAX_PROFILE_BYTES`].
+        limit: u64,
+    },
+    /// The file is not a JSON profile of this schema.
+    #[error("profile {path} is not a valid highwater profile: {detail}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong, with line and column.
+        detail: String,
+    },
+    /// The file is a profile of another schema.
+    #[error("profile {path} has schema {found:?}; this highwater reads {expected:?}")]
+    Schema {
+        /// The file.
+        path: PathBuf,
+        /// What the file says.
+        found: String,
+        /// [`SCHEMA`].
+        expected: &'static str,
+    },
+    /// Writing failed; no partial file was left behind.
+    #[error("cannot write profile {path}: {source}")]
+    Write {
+        /// The destination.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
+}
+
+impl Profile {
+    /// An empty profile of the current schema.
+    pub fn empty() -> Profile {
+        Profile {
+            schema: SCHEMA.to_string(),
+            ..Profile::default()
+        }
+    }
+
+    /// Reads a profile written by [`Profile::write`].
+    ///
+    /// # Errors
+    ///
+    /// [`ProfileError`] naming the file when it cannot be read, is empty, too large, not JSON,
+    /// malformed (wrong types, missing fields, nesting deeper than serde_json's limit) or of
+    /// another schema.
+    pub fn load(path: impl AsRef<Path>) -> Result<Profile, ProfileError> {
+        let path = path.as_ref();
+        let read_error = |source| ProfileError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let size = fs::metadata(path).map_err(read_error)?.len();
+        if size > MAX_PROFILE_BYTES {
+            return Err(ProfileError::TooLarge {
+                path: path.to_path_buf(),
+                size,
+                limit: MAX_PROFILE_BYTES,
+            });
+        }
+        let bytes = fs::read(path).map_err(read_error)?;
+        Profile::from_json_bytes(&bytes, path)
+    }
+
+    /// Parses a profile from JSON bytes; `path` only names the source in errors.
+    ///
+    /// # Errors
+    ///
+    /// As [`Profile::load`], except for the I/O cases.
+    pub fn from_json_bytes(bytes: &[u8], path: &Path) -> Result<Profile, ProfileError> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(ProfileError::Empty {
+                path: path.to_path_buf(),
+            });
+        }
+        // Check the schema first so an old or foreign file gets the clearer error.
+        #[derive(Deserialize)]
+        struct SchemaOnly {
+            schema: Option<String>,
+        }
+        if let Ok(SchemaOnly {
+            schema: Some(found),
+        }) = serde_json::from_slice::<SchemaOnly>(bytes)
+        {
+            if found != SCHEMA {
+                return Err(ProfileError::Schema {
+                    path: path.to_path_buf(),
+                    found,
+                    expected: SCHEMA,
+                });
+            }
+        }
+        serde_json::from_slice(bytes).map_err(|error| ProfileError::Parse {
+            path: path.to_path_buf(),
+            detail: error.to_string(),
+        })
+    }
+
+    /// Serialises the profile as pretty JSON.
+    pub fn to_json(&self) -> String {
+        // Serialising plain data with string keys cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Writes the profile as JSON to `path`, atomically: a temporary file in the same directory
+    /// is written, synced and renamed over `path`. Missing parent directories are created.
+    ///
+    /// # Errors
+    ///
+    /// [`ProfileError::Write`] when any step fails; the temporary file is removed and `path`
+    /// keeps whatever it held before.
+    pub fn write(&self, path: impl AsRef<Path>) -> Result<(), ProfileError> {
+        write_atomically(path.as_ref(), self.to_json().as_bytes())
+    }
+}
+
+/// Writes `contents` to `path` through a temporary sibling and a rename, so readers never see a
+/// half-written file. Shared by every output writer.
+pub(crate) fn write_atomically(path: &Path, contents: &[u8]) -> Result<(), ProfileError> {
+    let write_error = |source| ProfileError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    fs::create_dir_all(&dir).map_err(write_error)?;
+    let file_name = path
+        .file_name()
+        .map(|name| name.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "profile".to_string());
+    let temp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut file = fs::File::create(&temp)?;
+        file.write_all(contents)?;
+        file.sync_all()?;
+        fs::rename(&temp, path)
+    })();
+    if let Err(source) = result {
+        let _ = fs::remove_file(&temp);
+        return Err(write_error(source));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_then_load_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/p.json");
+        let mut profile = Profile::empty();
+        profile.summary.peak_bytes = 12 << 20;
+        profile
+            .summary
+            .peak_by_category
+            .insert("activation".into(), 8 << 20);
+        profile.write(&path).unwrap();
+        assert_eq!(Profile::load(&path).unwrap(), profile);
+        let leftovers: Vec<_> = fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(leftovers.len(), 1, "temporary file left behind: {leftovers:?}");
+    }
+
+    #[test]
+    fn load_names_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases: [(&str, &str); 4] = [
+            ("empty.json", ""),
+            ("truncated.json", "{\"schema\": \"highwater/1\", \"summ"),
+            ("other.json", "{\"schema\": \"highwater/99\"}"),
+            ("types.json", "{\"schema\": \"highwater/1\", \"meta\": 3}"),
+        ];
+        let expected = ["is empty", "not a valid", "schema \"highwater/99\"", "not a valid"];
+        for ((name, text), want) in cases.iter().zip(expected) {
+            let path = dir.path().join(name);
+            fs::write(&path, text).unwrap();
+            let message = Profile::load(&path).unwrap_err().to_string();
+            assert!(message.contains(want), "{name}: {message}");
+            assert!(message.contains(name), "{name}: {message}");
+        }
+        let missing = Profile::load(dir.path().join("missing.json")).unwrap_err();
+        assert!(matches!(missing, ProfileError::Read { .. }));
+    }
+
+    #[test]
+    fn failed_write_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where the file should go makes the final rename fail.
+        let path = dir.path().join("taken");
+        fs::create_dir(&path).unwrap();
+        fs::write(path.join("keep"), "x").unwrap();
+        assert!(Profile::empty().write(&path).is_err());
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("taken")]);
+    }
+}
