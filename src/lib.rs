@@ -3,13 +3,36 @@
 //! A memory profiler that a Rust training binary links in.
 
 #![warn(unreachable_pub)]
+// Under loom only the ring and the registry are built, so much of capture is unused there.
+#![cfg_attr(loom, allow(dead_code))]
 
 pub mod analysis;
+mod capture;
 mod model;
 mod profile;
 
+#[cfg(not(loom))]
+mod alloc;
+#[cfg(not(loom))]
+mod collector;
+#[cfg(not(loom))]
+mod error;
+#[cfg(not(loom))]
+mod session;
+#[cfg(not(loom))]
+mod span;
+
+#[cfg(not(loom))]
+pub use alloc::Alloc;
+#[cfg(not(loom))]
+pub use error::Error;
 pub use model::{Category, SpanLabel, Step};
 pub use profile::{
-    DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile, ProfileError,
-    RunMeta, SpanMetrics, Summary, TimelinePoint, MAX_PROFILE_BYTES, SCHEMA,
+    CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile,
+    ProfileError, RunMeta, SpanMetrics, Summary, ThreadCapture, TimelinePoint, MAX_PROFILE_BYTES,
+    SCHEMA,
 };
+#[cfg(not(loom))]
+pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};
+#[cfg(not(loom))]
+pub use span::SpanGuard;

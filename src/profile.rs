@@ -45,6 +45,9 @@ pub struct Profile {
     /// Device pool state over time (empty when no pool reported).
     #[serde(default)]
     pub pool_timeline: Vec<PoolPoint>,
+    /// How capture went: events per thread and what was dropped.
+    #[serde(default)]
+    pub capture: CaptureStats,
     /// Things the reader should know, in plain words (dropped events, growing residuals, …).
     #[serde(default)]
     pub warnings: Vec<String>,
@@ -241,6 +244,44 @@ pub struct PoolPoint {
     pub fragmentation: f64,
 }
 
+/// How capture went: what each thread recorded and what was lost.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CaptureStats {
+    /// Events per ring before one is dropped.
+    pub ring_events: u64,
+    /// Events dropped, by kind (`alloc`, `free`, `realloc`, `span`, `other`).
+    pub dropped_by_kind: BTreeMap<String, u64>,
+    /// Of those, events dropped with no thread to charge them to (no free ring, thread exiting).
+    pub unattributed_dropped: u64,
+    /// Per recording thread, in order of first event.
+    pub threads: Vec<ThreadCapture>,
+}
+
+/// What one thread recorded and lost.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ThreadCapture {
+    /// The thread's number in this profile's events.
+    pub thread: u32,
+    /// The operating system's id for it (`gettid` on Linux; 0 elsewhere).
+    pub os_tid: u64,
+    /// Allocations recorded.
+    pub allocs: u64,
+    /// Frees recorded.
+    pub frees: u64,
+    /// Reallocs recorded.
+    pub reallocs: u64,
+    /// Span entries and exits recorded.
+    pub span_events: u64,
+    /// Allocations dropped (ring full).
+    pub dropped_allocs: u64,
+    /// Frees dropped.
+    pub dropped_frees: u64,
+    /// Reallocs dropped.
+    pub dropped_reallocs: u64,
+    /// Other events dropped (spans, ops).
+    pub dropped_other: u64,
+}
+
 /// Why a profile could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
@@ -432,7 +473,11 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(leftovers.len(), 1, "temporary file left behind: {leftovers:?}");
+        assert_eq!(
+            leftovers.len(),
+            1,
+            "temporary file left behind: {leftovers:?}"
+        );
     }
 
     #[test]
@@ -444,7 +489,12 @@ mod tests {
             ("other.json", "{\"schema\": \"highwater/99\"}"),
             ("types.json", "{\"schema\": \"highwater/1\", \"meta\": 3}"),
         ];
-        let expected = ["is empty", "not a valid", "schema \"highwater/99\"", "not a valid"];
+        let expected = [
+            "is empty",
+            "not a valid",
+            "schema \"highwater/99\"",
+            "not a valid",
+        ];
         for ((name, text), want) in cases.iter().zip(expected) {
             let path = dir.path().join(name);
             fs::write(&path, text).unwrap();

@@ -1,0 +1,333 @@
+//! The hook side of capture: per-thread state and the functions user threads call.
+//!
+//! The per-thread state is one `Cell` in a `const`-initialised thread-local of a type with no
+//! destructor, so reading it never allocates or registers anything, even during thread exit.
+
+use std::cell::Cell;
+use std::sync::atomic::AtomicU64;
+
+use super::raw::{RawEvent, RawKind};
+use super::registry::REGISTRY;
+use super::ring::Pushed;
+use super::sync::{AtomicBool, Ordering};
+use super::{clock, lifecycle};
+use crate::model::{CategoryScope, SpanLabel};
+
+/// Open while a session records. Read on every hook call (Relaxed first, then SeqCst inside
+/// the ring's stop protocol); written only by the session.
+pub(crate) static RECORDING: AtomicBool = AtomicBool::new(false);
+
+/// Events dropped without a ring to count them in (no free ring, thread already exiting), by
+/// [`RawKind`]. Rare, so a shared read-modify-write is fine here.
+pub(crate) static UNATTRIBUTED_DROPS: [AtomicU64; RawKind::COUNT] =
+    [const { AtomicU64::new(0) }; RawKind::COUNT];
+
+/// `ThreadState::ring` before the thread has claimed a ring.
+const NO_RING: u16 = 0;
+/// `ThreadState::ring` after the thread handed its ring back (it is exiting).
+const RETIRED: u16 = u16::MAX;
+/// `ThreadState::ring` while every ring is taken (see `ThreadState::full_generation`).
+const TABLE_FULL: u16 = u16::MAX - 1;
+
+/// One thread's capture state. `Copy` and destructor-free by design.
+#[derive(Debug, Clone, Copy)]
+struct ThreadState {
+    /// `NO_RING`, `RETIRED`, `TABLE_FULL`, or the claimed ring's index + 1.
+    ring: u16,
+    /// Registry generation seen when the table was full; a claim is retried once it changes.
+    full_generation: u32,
+    /// Set while highwater itself runs on this thread: allocations pass straight through.
+    paused: bool,
+    /// Set on the collector thread: it never records.
+    internal: bool,
+    /// The innermost open span (`0`: none).
+    span: u32,
+    /// Sequence number of this thread's last span.
+    last_span: u32,
+    /// What the open spans say about categories.
+    scope: CategoryScope,
+}
+
+impl ThreadState {
+    const NEW: ThreadState = ThreadState {
+        ring: NO_RING,
+        full_generation: 0,
+        paused: false,
+        internal: false,
+        span: 0,
+        last_span: 0,
+        scope: CategoryScope {
+            named: None,
+            step: None,
+        },
+    };
+}
+
+thread_local! {
+    static STATE: Cell<ThreadState> = const { Cell::new(ThreadState::NEW) };
+}
+
+const _: () = assert!(!std::mem::needs_drop::<ThreadState>());
+
+/// Reads this thread's state; `None` only if the thread-local is unreachable.
+#[inline(always)]
+fn state() -> Option<ThreadState> {
+    STATE.try_with(Cell::get).ok()
+}
+
+#[inline(always)]
+fn set_state(state: ThreadState) {
+    let _ = STATE.try_with(|cell| cell.set(state));
+}
+
+/// Whether a session is recording right now (a cheap first check for callers).
+#[inline(always)]
+pub(crate) fn recording() -> bool {
+    RECORDING.load(Ordering::Relaxed)
+}
+
+/// Counts events lost without a ring to charge them to.
+#[cold]
+fn drop_unattributed(kinds: &[RawKind]) {
+    for kind in kinds {
+        UNATTRIBUTED_DROPS[*kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Writes the events built by `build` into this thread's ring, or counts them as dropped.
+/// `kinds` names the events, for counting them when no ring can take them.
+#[inline(always)]
+fn emit<const N: usize>(kinds: [RawKind; N], build: impl FnOnce(ThreadState) -> [RawEvent; N]) {
+    if !RECORDING.load(Ordering::Relaxed) {
+        return;
+    }
+    let Some(mut current) = state() else {
+        drop_unattributed(&kinds);
+        return;
+    };
+    if current.paused || current.internal {
+        return;
+    }
+    let index = match current.ring {
+        NO_RING | TABLE_FULL => match claim_ring(&mut current) {
+            Some(index) => index,
+            None => {
+                drop_unattributed(&kinds);
+                return;
+            }
+        },
+        RETIRED => {
+            drop_unattributed(&kinds);
+            return;
+        }
+        claimed => usize::from(claimed - 1),
+    };
+    let ring = &REGISTRY.slots()[index].ring;
+    // SAFETY: this thread claimed ring `index` (its state says so) and has not retired it, so it
+    // is the ring's only producer; `claim_ring` installed storage before recording the claim.
+    let _: Pushed = unsafe { ring.push(&RECORDING, || build(current)) };
+}
+
+/// Claims a ring for this thread (cold path: once per thread). Returns its index.
+#[cold]
+fn claim_ring(current: &mut ThreadState) -> Option<usize> {
+    if current.ring == TABLE_FULL && current.full_generation == REGISTRY.generation() {
+        return None;
+    }
+    // Whatever the claim calls (mmap, pthread_setspecific) must not record into a ring that
+    // is not ours yet.
+    set_state(ThreadState {
+        paused: true,
+        ..*current
+    });
+    let generation = REGISTRY.generation();
+    let claimed = REGISTRY.claim().and_then(|index| {
+        let ring = &REGISTRY.slots()[index].ring;
+        if !ring.has_storage() {
+            let capacity = lifecycle::ring_capacity();
+            let slots = lifecycle::alloc_ring_storage(capacity)?;
+            // SAFETY: we own the slot (claimed it) and it has no storage; `slots` holds
+            // `capacity` zeroed slots that are never freed; `capacity` is a power of two.
+            unsafe { ring.install(slots, capacity) };
+        }
+        REGISTRY.slots()[index].set_owner_tid(lifecycle::os_thread_id());
+        lifecycle::watch_thread_exit(index);
+        Some(index)
+    });
+    match claimed {
+        Some(index) => current.ring = index as u16 + 1,
+        None => {
+            current.ring = TABLE_FULL;
+            current.full_generation = generation;
+        }
+    }
+    set_state(*current);
+    claimed
+}
+
+/// Called at thread exit (from the thread-exit watcher) with the ring the thread claimed.
+pub(crate) fn retire_current_thread(index: usize) {
+    if let Some(mut current) = state() {
+        current.ring = RETIRED;
+        set_state(current);
+    }
+    REGISTRY.retire(index);
+}
+
+/// Records a heap allocation that the inner allocator just made.
+#[inline(always)]
+pub(crate) fn record_alloc(addr: usize, size: usize) {
+    emit([RawKind::Alloc], |current| {
+        [RawEvent {
+            ticks: clock::ticks(),
+            kind: RawKind::Alloc as u8,
+            flags: current.scope.category() as u8,
+            device: 0,
+            span: current.span,
+            a: addr as u64,
+            b: size as u64,
+        }]
+    });
+}
+
+/// Records a heap free that is about to happen.
+#[inline(always)]
+pub(crate) fn record_free(addr: usize, size: usize) {
+    emit([RawKind::Free], |current| {
+        [RawEvent {
+            ticks: clock::ticks(),
+            kind: RawKind::Free as u8,
+            flags: 0,
+            device: 0,
+            span: current.span,
+            a: addr as u64,
+            b: size as u64,
+        }]
+    });
+}
+
+/// Records a completed realloc as one unit. `ticks` was read before the inner realloc ran, so
+/// the event sorts before any reuse of the old block by another thread.
+#[inline(always)]
+pub(crate) fn record_realloc(
+    ticks: u64,
+    old_addr: usize,
+    old_size: usize,
+    new_addr: usize,
+    new_size: usize,
+) {
+    emit([RawKind::ReallocFrom, RawKind::ReallocTo], |current| {
+        let event = |kind: RawKind, addr: usize, size: usize| RawEvent {
+            ticks,
+            kind: kind as u8,
+            flags: current.scope.category() as u8,
+            device: 0,
+            span: current.span,
+            a: addr as u64,
+            b: size as u64,
+        };
+        [
+            event(RawKind::ReallocFrom, old_addr, old_size),
+            event(RawKind::ReallocTo, new_addr, new_size),
+        ]
+    });
+}
+
+/// Opens a span on this thread: updates the thread's span state (always, so spans opened before
+/// a session still name what runs inside them) and records the entry. Returns what to restore.
+pub(crate) fn span_enter(name: &'static str, label: SpanLabel) -> SpanRestore {
+    let Some(mut current) = state() else {
+        return SpanRestore::default();
+    };
+    let restore = SpanRestore {
+        span: current.span,
+        scope: current.scope,
+        id: current.last_span.wrapping_add(1).max(1),
+    };
+    current.last_span = restore.id;
+    current.span = restore.id;
+    current.scope = current.scope.enter(label);
+    set_state(current);
+    emit([RawKind::SpanEnter], |_| {
+        [RawEvent {
+            ticks: clock::ticks(),
+            kind: RawKind::SpanEnter as u8,
+            flags: label.to_byte(),
+            device: 0,
+            span: restore.span,
+            a: name.as_ptr() as u64,
+            b: (name.len() as u64 & 0xFFFF_FFFF) | (u64::from(restore.id) << 32),
+        }]
+    });
+    restore
+}
+
+/// Closes the span that [`span_enter`] opened and restores the thread's state to what it was.
+pub(crate) fn span_exit(restore: SpanRestore) {
+    if restore.id == 0 {
+        return;
+    }
+    emit([RawKind::SpanExit], |_| {
+        [RawEvent {
+            ticks: clock::ticks(),
+            kind: RawKind::SpanExit as u8,
+            flags: 0,
+            device: 0,
+            span: restore.id,
+            a: 0,
+            b: 0,
+        }]
+    });
+    if let Some(mut current) = state() {
+        current.span = restore.span;
+        current.scope = restore.scope;
+        set_state(current);
+    }
+}
+
+/// What a span guard puts back when it closes.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SpanRestore {
+    span: u32,
+    scope: CategoryScope,
+    /// The span this guard opened (`0`: none, the thread-local was unreachable).
+    id: u32,
+}
+
+/// Marks the calling thread as highwater's own: nothing it allocates is recorded.
+pub(crate) fn mark_internal_thread() {
+    if let Some(mut current) = state() {
+        current.internal = true;
+        set_state(current);
+    }
+}
+
+/// Runs `f` with recording paused on this thread, for highwater code that allocates on a user
+/// thread (interning a name, starting or finishing a session).
+pub(crate) fn paused<R>(f: impl FnOnce() -> R) -> R {
+    /// Puts the thread's `paused` flag back, even if `f` unwinds.
+    struct Resume(bool);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            if let Some(now) = state() {
+                set_state(ThreadState {
+                    paused: self.0,
+                    ..now
+                });
+            }
+        }
+    }
+    let _resume = state().map(|current| {
+        set_state(ThreadState {
+            paused: true,
+            ..current
+        });
+        Resume(current.paused)
+    });
+    f()
+}
+
+/// Opens the recording gate (the session, once everything is ready).
+pub(crate) fn open_gate() {
+    RECORDING.store(true, Ordering::SeqCst);
+}

@@ -1,0 +1,24 @@
+//! Capture: what runs inside user threads, including inside the allocator hook.
+//!
+//! Every entry point here follows the hot-path rules of `docs/ARCHITECTURE.md`: it never
+//! allocates through the global allocator, never takes a lock, never blocks and never panics.
+//! It writes fixed-size [`RawEvent`]s into the calling thread's [`Ring`](ring::Ring), and when
+//! it cannot (full ring, no free ring, thread exiting) it counts the event as dropped.
+
+pub(crate) mod raw;
+pub(crate) mod registry;
+pub(crate) mod ring;
+pub(crate) mod sync;
+
+#[cfg(not(loom))]
+pub(crate) mod clock;
+#[cfg(not(loom))]
+mod hook;
+#[cfg(not(loom))]
+pub(crate) mod lifecycle;
+
+#[cfg(not(loom))]
+pub(crate) use hook::*;
+
+#[cfg(all(test, loom))]
+mod loom_models;

@@ -1,0 +1,164 @@
+//! The static table of rings: threads claim one on their first recorded event and hand it back
+//! when they exit; the collector drains every claimed or handed-back ring.
+//!
+//! A slot's `state` moves `FREE → OWNED` (a producer's compare-and-swap, the only way to become
+//! the producer), `OWNED → RETIRED` (its producer, at thread exit) and `RETIRED → FREE` (the
+//! collector, after its last drain). So a ring has at most one producer, and it changes hands
+//! only after the collector has seen everything the previous owner wrote.
+
+use super::ring::Ring;
+use super::sync::{AtomicU32, AtomicU64, Ordering};
+
+/// Most threads that can record at the same time; events of further threads are counted as
+/// dropped until a ring is handed back.
+pub(crate) const MAX_THREADS: usize = 1024;
+
+const FREE: u32 = 0;
+const OWNED: u32 = 1;
+const RETIRED: u32 = 2;
+
+/// Whether a slot's ring is in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SlotState {
+    /// Nobody writes it; it may hold storage from an earlier owner.
+    Free,
+    /// A live thread writes it.
+    Owned,
+    /// Its thread has exited; the collector drains it and frees it.
+    Retired,
+}
+
+/// One table entry.
+#[derive(Debug)]
+pub(crate) struct Slot {
+    /// `FREE`, `OWNED` or `RETIRED`; transitions as described in the module docs.
+    state: AtomicU32,
+    /// The owner's OS thread id, written by the producer right after its claim (before its
+    /// first event); read by the collector to name threads in the profile.
+    owner_tid: AtomicU64,
+    /// The ring. Its producer is the thread that moved `state` to `OWNED`.
+    pub(crate) ring: Ring,
+}
+
+/// The table of rings. One static instance serves the process; loom models build their own.
+#[derive(Debug)]
+pub(crate) struct Registry<S = [Slot; MAX_THREADS]> {
+    slots: S,
+    /// Bumped whenever a ring is freed, so a thread that found the table full knows when to
+    /// try again without scanning it on every event.
+    generation: AtomicU32,
+}
+
+impl Slot {
+    #[cfg(not(loom))]
+    const fn new() -> Slot {
+        Slot {
+            state: AtomicU32::new(FREE),
+            owner_tid: AtomicU64::new(0),
+            ring: Ring::new(),
+        }
+    }
+
+    #[cfg(loom)]
+    pub(crate) fn new() -> Slot {
+        Slot {
+            state: AtomicU32::new(FREE),
+            owner_tid: AtomicU64::new(0),
+            ring: Ring::new(),
+        }
+    }
+
+    /// The OS thread id of the current (or last) owner.
+    pub(crate) fn owner_tid(&self) -> u64 {
+        self.owner_tid.load(Ordering::Acquire)
+    }
+
+    /// Records the owner's OS thread id; called by the producer after claiming.
+    pub(crate) fn set_owner_tid(&self, tid: u64) {
+        self.owner_tid.store(tid, Ordering::Release);
+    }
+
+    /// The slot's state.
+    pub(crate) fn state(&self) -> SlotState {
+        match self.state.load(Ordering::Acquire) {
+            OWNED => SlotState::Owned,
+            RETIRED => SlotState::Retired,
+            _ => SlotState::Free,
+        }
+    }
+}
+
+#[cfg(not(loom))]
+impl Registry {
+    /// An empty table.
+    pub(crate) const fn new() -> Registry {
+        #[allow(clippy::declare_interior_mutable_const)]
+        const SLOT: Slot = Slot::new();
+        Registry {
+            slots: [SLOT; MAX_THREADS],
+            generation: AtomicU32::new(0),
+        }
+    }
+}
+
+impl<S: AsRef<[Slot]>> Registry<S> {
+    /// A table over the given slots (loom models use a few).
+    #[cfg(loom)]
+    pub(crate) fn with_slots(slots: S) -> Registry<S> {
+        Registry {
+            slots,
+            generation: AtomicU32::new(0),
+        }
+    }
+
+    /// All slots, for the collector.
+    pub(crate) fn slots(&self) -> &[Slot] {
+        self.slots.as_ref()
+    }
+
+    /// The free-ring generation; see [`Registry::claim`].
+    pub(crate) fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Makes the calling thread the producer of a free slot and returns its index, or `None`
+    /// when every slot is taken. Lock-free: one compare-and-swap per free-looking slot.
+    pub(crate) fn claim(&self) -> Option<usize> {
+        self.slots().iter().position(|slot| {
+            slot.state.load(Ordering::Relaxed) == FREE
+                && slot
+                    .state
+                    .compare_exchange(FREE, OWNED, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+        })
+    }
+
+    /// Hands slot `index` back for a last drain. Called by its producer, which writes nothing
+    /// more to it afterwards.
+    pub(crate) fn retire(&self, index: usize) {
+        if let Some(slot) = self.slots().get(index) {
+            // Release: the collector that sees RETIRED also sees every event published before.
+            let _ =
+                slot.state
+                    .compare_exchange(OWNED, RETIRED, Ordering::Release, Ordering::Relaxed);
+        }
+    }
+
+    /// Makes a retired slot claimable again. Called by the collector after it drained the ring
+    /// with the slot seen as retired.
+    pub(crate) fn free(&self, index: usize) {
+        if let Some(slot) = self.slots().get(index) {
+            if slot
+                .state
+                .compare_exchange(RETIRED, FREE, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.generation.fetch_add(1, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// The process's table.
+#[cfg(not(loom))]
+pub(crate) static REGISTRY: Registry = Registry::new();

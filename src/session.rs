@@ -1,0 +1,422 @@
+//! [`Session`]: starts recording, and writes the profile when it ends.
+//!
+//! One session records at a time. It opens the capture gate, runs the collector thread, and on
+//! [`Session::finish`] — or when dropped, or when the process calls `exit` — closes the gate,
+//! merges what is left and writes the profile atomically.
+
+use std::path::PathBuf;
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::Sender;
+use parking_lot::Mutex;
+
+use crate::analysis::TimelineConfig;
+use crate::capture::{self, clock, lifecycle};
+use crate::collector::{self, CollectorConfig, Control};
+use crate::error::Error;
+use crate::profile::{Profile, RunMeta};
+
+/// Where the profile goes when neither the builder nor `HIGHWATER_OUT` says.
+pub const DEFAULT_OUTPUT: &str = "highwater-profile.json";
+
+/// The running session's parts, reachable from the `exit` handler.
+static ACTIVE: Mutex<Option<Running>> = Mutex::new(None);
+
+#[derive(Debug)]
+struct Running {
+    collector: JoinHandle<()>,
+    control: Sender<Control>,
+    output: PathBuf,
+    write: bool,
+    meta: RunMeta,
+}
+
+/// Settings for a [`Session`], read from the builder and the environment.
+///
+/// | variable | values | effect |
+/// |---|---|---|
+/// | `HIGHWATER` | `on`, `off` (also `1`/`0`, `true`/`false`) | `off` disables recording with no code change |
+/// | `HIGHWATER_OUT` | a path | where the profile goes unless [`SessionBuilder::output`] says |
+/// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | events per thread ring |
+/// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | force the portable clock |
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn main() -> Result<(), highwater::Error> {
+/// let session = highwater::Session::builder().output("out/profile.json").start()?;
+/// // … train …
+/// let profile = session.finish()?;
+/// println!("peak: {} bytes", profile.summary.peak_bytes);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default)]
+#[must_use = "a builder does nothing until `start` is called"]
+pub struct SessionBuilder {
+    output: Option<PathBuf>,
+    ring_events: Option<usize>,
+    write: Option<bool>,
+    timeline: TimelineConfig,
+}
+
+impl SessionBuilder {
+    /// Writes the profile to `path` (default: `$HIGHWATER_OUT`, else
+    /// `./highwater-profile.json`). Missing directories are created.
+    pub fn output(mut self, path: impl Into<PathBuf>) -> SessionBuilder {
+        self.output = Some(path.into());
+        self
+    }
+
+    /// Events each thread's ring holds before it drops (a power of two, 1024 to 16 Mi;
+    /// default 256 Ki, 8 MiB of address space per thread).
+    pub fn ring_events(mut self, events: usize) -> SessionBuilder {
+        self.ring_events = Some(events);
+        self
+    }
+
+    /// Whether finishing writes the profile file (default `true`); [`Session::finish`] returns
+    /// the profile either way.
+    pub fn write_profile(mut self, write: bool) -> SessionBuilder {
+        self.write = Some(write);
+        self
+    }
+
+    /// Analysis settings (timeline resolution, table sizes).
+    pub fn timeline(mut self, config: TimelineConfig) -> SessionBuilder {
+        self.timeline = config;
+        self
+    }
+
+    /// Starts recording.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] for an invalid `HIGHWATER_*` variable, [`Error::Setting`] for an
+    /// invalid builder setting, [`Error::AlreadyRunning`] if a session is recording,
+    /// [`Error::Spawn`] if the collector thread cannot start.
+    pub fn start(self) -> Result<Session, Error> {
+        capture::paused(|| self.start_paused())
+    }
+
+    fn start_paused(self) -> Result<Session, Error> {
+        let env = EnvConfig::read()?;
+        if !env.enabled {
+            return Ok(Session { recording: false });
+        }
+        let ring_events = self
+            .ring_events
+            .or(env.ring_events)
+            .unwrap_or(lifecycle::DEFAULT_RING_EVENTS);
+        check_ring_events(ring_events).map_err(|reason| Error::Setting {
+            setting: "ring_events",
+            reason,
+        })?;
+        let mut active = ACTIVE.lock();
+        if active.is_some() || capture::recording() {
+            return Err(Error::AlreadyRunning);
+        }
+        let clock_name = clock::init(env.force_monotonic);
+        lifecycle::set_ring_capacity(ring_events);
+        lifecycle::install();
+        install_exit_handler();
+        let calibration = clock::Calibration::measure(Duration::from_millis(5));
+        let (collector, control) = collector::spawn(CollectorConfig {
+            calibration,
+            interval: Duration::from_millis(2),
+            lag: Duration::from_millis(5),
+            timeline: self.timeline,
+        })
+        .map_err(Error::Spawn)?;
+        *active = Some(Running {
+            collector,
+            control,
+            output: self
+                .output
+                .or(env.output)
+                .unwrap_or_else(|| DEFAULT_OUTPUT.into()),
+            write: self.write.unwrap_or(true),
+            meta: RunMeta {
+                program: program_name(),
+                highwater_version: env!("CARGO_PKG_VERSION").to_string(),
+                started_unix_ms: SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|since| since.as_millis() as u64)
+                    .unwrap_or(0),
+                clock: clock_name.to_string(),
+                threads: 0,
+            },
+        });
+        capture::open_gate();
+        Ok(Session { recording: true })
+    }
+}
+
+/// A recording session. Dropping it finishes it (and writes the profile).
+///
+/// See [`SessionBuilder`] for settings and an example.
+#[derive(Debug)]
+#[must_use = "dropping the session ends recording at once"]
+pub struct Session {
+    /// False when `HIGHWATER=off` disabled recording.
+    recording: bool,
+}
+
+impl Session {
+    /// Settings for a new session.
+    pub fn builder() -> SessionBuilder {
+        SessionBuilder::default()
+    }
+
+    /// Starts a session with default settings.
+    ///
+    /// # Errors
+    ///
+    /// As [`SessionBuilder::start`].
+    pub fn start() -> Result<Session, Error> {
+        SessionBuilder::default().start()
+    }
+
+    /// Whether this session records (false when `HIGHWATER=off`).
+    pub fn is_recording(&self) -> bool {
+        self.recording
+    }
+
+    /// The profile as of now, while recording goes on. Nothing is written.
+    ///
+    /// Events younger than the collector's merge lag are included: a snapshot merges everything
+    /// published so far.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::CollectorLost`] if the collector thread died; with `HIGHWATER=off`, an empty
+    /// profile.
+    pub fn snapshot(&self) -> Result<Profile, Error> {
+        if !self.recording {
+            return Ok(Profile::empty());
+        }
+        capture::paused(|| {
+            let (reply, profile) = crossbeam_channel::bounded(1);
+            let active = ACTIVE.lock();
+            let running = active.as_ref().ok_or(Error::CollectorLost)?;
+            running
+                .control
+                .send(Control::Snapshot(reply))
+                .map_err(|_| Error::CollectorLost)?;
+            let mut profile = profile.recv().map_err(|_| Error::CollectorLost)?;
+            profile.meta = running.meta.clone();
+            Ok(profile)
+        })
+    }
+
+    /// Stops recording, analyses what is left, writes the profile and returns it.
+    ///
+    /// With `HIGHWATER=off` nothing was recorded: returns an empty profile that says so and
+    /// writes nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Profile`] when the profile cannot be written (no partial file is left),
+    /// [`Error::CollectorLost`] if the collector thread died.
+    pub fn finish(mut self) -> Result<Profile, Error> {
+        let recording = std::mem::replace(&mut self.recording, false);
+        if !recording {
+            let mut profile = Profile::empty();
+            profile
+                .warnings
+                .push("recording was disabled (HIGHWATER=off); nothing was recorded".into());
+            return Ok(profile);
+        }
+        capture::paused(finish_active).unwrap_or(Err(Error::CollectorLost))
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.recording {
+            if let Some(Err(error)) = capture::paused(finish_active) {
+                eprintln!("highwater: {error}");
+            }
+        }
+    }
+}
+
+/// Finishes the active session, if any: stops the collector and writes the profile.
+fn finish_active() -> Option<Result<Profile, Error>> {
+    let running = ACTIVE.lock().take()?;
+    Some(finish_running(running))
+}
+
+fn finish_running(running: Running) -> Result<Profile, Error> {
+    let (reply, profile) = crossbeam_channel::bounded(1);
+    let sent = running.control.send(Control::Stop(reply)).is_ok();
+    let profile = if sent { profile.recv().ok() } else { None };
+    let _ = running.collector.join();
+    let mut profile = profile.ok_or(Error::CollectorLost)?;
+    profile.meta = RunMeta {
+        threads: profile.meta.threads,
+        ..running.meta
+    };
+    if running.write {
+        profile.write(&running.output)?;
+    }
+    Ok(profile)
+}
+
+/// Finishes the session when the process calls `exit` (including `std::process::exit`) before
+/// the session was finished or dropped.
+fn install_exit_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `finish_at_exit` is an `extern "C" fn()` that does not unwind.
+        unsafe { libc::atexit(finish_at_exit) };
+    });
+}
+
+extern "C" fn finish_at_exit() {
+    // A forked child shares the parent's statics but not its collector thread.
+    if !lifecycle::is_owner_process() {
+        return;
+    }
+    // Never wait on the lock at exit: whoever holds it is already finishing.
+    let Some(running) = ACTIVE.try_lock().and_then(|mut active| active.take()) else {
+        return;
+    };
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        capture::paused(|| finish_running(running))
+    }));
+    if let Ok(Err(error)) = result {
+        eprintln!("highwater: {error}");
+    }
+}
+
+fn program_name() -> String {
+    std::env::args_os()
+        .next()
+        .map(PathBuf::from)
+        .and_then(|path| {
+            path.file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+        })
+        .unwrap_or_default()
+}
+
+fn check_ring_events(events: usize) -> Result<(), String> {
+    if events.is_power_of_two() && (1 << 10..=1 << 24).contains(&events) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{events} is not a power of two between 1024 and 16777216"
+        ))
+    }
+}
+
+/// What the `HIGHWATER_*` environment variables say.
+#[derive(Debug, Clone, PartialEq)]
+struct EnvConfig {
+    enabled: bool,
+    output: Option<PathBuf>,
+    ring_events: Option<usize>,
+    force_monotonic: bool,
+}
+
+impl EnvConfig {
+    fn read() -> Result<EnvConfig, Error> {
+        EnvConfig::parse(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    fn parse(var: impl Fn(&str) -> Option<String>) -> Result<EnvConfig, Error> {
+        let invalid = |var: &'static str, value: &str, expected: &'static str| Error::Config {
+            var,
+            value: value.to_string(),
+            expected,
+        };
+        let enabled = match var("HIGHWATER") {
+            None => true,
+            Some(value) => parse_switch(&value)
+                .ok_or_else(|| invalid("HIGHWATER", &value, "on or off (1/0, true/false)"))?,
+        };
+        let output = match var("HIGHWATER_OUT") {
+            None => None,
+            Some(value) if value.trim().is_empty() => {
+                return Err(invalid("HIGHWATER_OUT", &value, "a file path"))
+            }
+            Some(value) => Some(PathBuf::from(value)),
+        };
+        let ring_events = match var("HIGHWATER_RING_EVENTS") {
+            None => None,
+            Some(value) => {
+                let expected = "a power of two between 1024 and 16777216";
+                let events: usize = value
+                    .trim()
+                    .parse()
+                    .map_err(|_| invalid("HIGHWATER_RING_EVENTS", &value, expected))?;
+                check_ring_events(events)
+                    .map_err(|_| invalid("HIGHWATER_RING_EVENTS", &value, expected))?;
+                Some(events)
+            }
+        };
+        let force_monotonic = match var("HIGHWATER_CLOCK").as_deref().map(str::trim) {
+            None | Some("tsc") => false,
+            Some("monotonic") => true,
+            Some(value) => return Err(invalid("HIGHWATER_CLOCK", value, "tsc or monotonic")),
+        };
+        Ok(EnvConfig {
+            enabled,
+            output,
+            ring_events,
+            force_monotonic,
+        })
+    }
+}
+
+/// Parses an on/off value.
+pub(crate) fn parse_switch(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "on" | "true" | "yes" => Some(true),
+        "0" | "off" | "false" | "no" => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(vars: &[(&str, &str)]) -> Result<EnvConfig, Error> {
+        EnvConfig::parse(|name| {
+            vars.iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| value.to_string())
+        })
+    }
+
+    #[test]
+    fn defaults_record_with_no_variables() {
+        let config = parse(&[]).unwrap();
+        assert!(config.enabled);
+        assert_eq!(config.output, None);
+    }
+
+    #[test]
+    fn off_disables_and_out_sets_the_path() {
+        let config = parse(&[("HIGHWATER", "off"), ("HIGHWATER_OUT", "x/p.json")]).unwrap();
+        assert!(!config.enabled);
+        assert_eq!(config.output, Some(PathBuf::from("x/p.json")));
+    }
+
+    #[test]
+    fn invalid_values_name_the_variable() {
+        for (var, value) in [
+            ("HIGHWATER", "maybe"),
+            ("HIGHWATER_RING_EVENTS", "1000"),
+            ("HIGHWATER_RING_EVENTS", "lots"),
+            ("HIGHWATER_CLOCK", "sundial"),
+            ("HIGHWATER_OUT", " "),
+        ] {
+            let message = parse(&[(var, value)]).unwrap_err().to_string();
+            assert!(message.contains(var), "{message}");
+            assert!(message.contains(value), "{message}");
+        }
+    }
+}
