@@ -1,0 +1,139 @@
+//! How a session ends: `process::exit` still writes the profile, `HIGHWATER=off` records
+//! nothing, a bad `HIGHWATER_*` value is a clear error, a second session is refused, and
+//! dropping the session writes the profile. Cases that need a fresh process re-run this test
+//! binary as a child with `HW_CHILD` naming the case.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use highwater::{Alloc, Error, Profile, Session, Step};
+
+#[global_allocator]
+static ALLOC: Alloc = Alloc::system();
+
+/// Runs test `name` of this binary in a child process with `HW_CHILD=name` and extra `env`.
+fn child(name: &str, env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env("HW_CHILD", name);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().unwrap()
+}
+
+fn is_child(name: &str) -> bool {
+    std::env::var("HW_CHILD").as_deref() == Ok(name)
+}
+
+fn allocate_a_little() -> Vec<Vec<u8>> {
+    let _fwd = highwater::profile!("forward", Step::Forward);
+    (0..100).map(|i| vec![0u8; 1000 + i]).collect()
+}
+
+#[test]
+fn process_exit_during_a_session_still_writes_the_profile() {
+    let name = "process_exit_during_a_session_still_writes_the_profile";
+    if is_child(name) {
+        let path = std::env::var("HW_OUT").unwrap();
+        let session = Session::builder().output(path).start().unwrap();
+        let kept = allocate_a_little();
+        std::mem::forget(session);
+        std::mem::forget(kept);
+        std::process::exit(3);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("exit.json");
+    let output = child(name, &[("HW_OUT", path.to_str().unwrap())]);
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    let profile = Profile::load(&path).unwrap();
+    assert!(profile.summary.alloc_count >= 100);
+    assert!(profile.summary.peak_bytes >= 100 * 1000);
+}
+
+#[test]
+fn highwater_off_records_nothing_and_writes_nothing() {
+    let name = "highwater_off_records_nothing_and_writes_nothing";
+    if is_child(name) {
+        let path = std::env::var("HW_OUT").unwrap();
+        let session = Session::builder().output(&path).start().unwrap();
+        assert!(!session.is_recording());
+        let _kept = allocate_a_little();
+        let profile = session.finish().unwrap();
+        assert_eq!(profile.summary.alloc_count, 0);
+        assert!(profile.warnings.iter().any(|w| w.contains("HIGHWATER=off")));
+        assert!(!Path::new(&path).exists());
+        println!("child-ok");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("off.json");
+    let output = child(
+        name,
+        &[("HIGHWATER", "off"), ("HW_OUT", path.to_str().unwrap())],
+    );
+    assert!(output.status.success(), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("child-ok"));
+    assert!(!path.exists());
+}
+
+#[test]
+fn invalid_environment_value_is_a_clear_error() {
+    let name = "invalid_environment_value_is_a_clear_error";
+    if is_child(name) {
+        match Session::builder().write_profile(false).start() {
+            Err(error @ Error::Config { .. }) => println!("child-error: {error}"),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+        return;
+    }
+    let output = child(name, &[("HIGHWATER_RING_EVENTS", "lots")]);
+    assert!(output.status.success(), "{output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("child-error: invalid HIGHWATER_RING_EVENTS=\"lots\""),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn environment_output_path_is_used_and_drop_writes_the_profile() {
+    let name = "environment_output_path_is_used_and_drop_writes_the_profile";
+    if is_child(name) {
+        let session = Session::start().unwrap();
+        let _kept = allocate_a_little();
+        drop(session);
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nested/from-env.json");
+    let output = child(name, &[("HIGHWATER_OUT", path.to_str().unwrap())]);
+    assert!(output.status.success(), "{output:?}");
+    let profile = Profile::load(&path).unwrap();
+    assert!(profile.summary.alloc_count >= 100);
+    assert_eq!(profile.meta.highwater_version, env!("CARGO_PKG_VERSION"));
+}
+
+#[test]
+fn a_second_session_is_refused_while_one_runs() {
+    let name = "a_second_session_is_refused_while_one_runs";
+    if is_child(name) {
+        let first = Session::builder().write_profile(false).start().unwrap();
+        assert!(matches!(
+            Session::builder().write_profile(false).start(),
+            Err(Error::AlreadyRunning)
+        ));
+        first.finish().unwrap();
+        // Once finished, a new session may start and records afresh.
+        let second = Session::builder().write_profile(false).start().unwrap();
+        let _kept = allocate_a_little();
+        let profile = second.finish().unwrap();
+        assert!(profile.summary.alloc_count >= 100);
+        println!("child-ok");
+        return;
+    }
+    let output = child(name, &[]);
+    assert!(output.status.success(), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("child-ok"));
+}
