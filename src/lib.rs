@@ -5,11 +5,14 @@
 #![warn(unreachable_pub)]
 
 pub mod analysis;
+pub mod export;
 mod model;
 mod profile;
+pub mod report;
 
 pub use model::{Category, SpanLabel, Step};
 pub use profile::{
     DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile, ProfileError,
-    RunMeta, SpanMetrics, Summary, TimelinePoint, MAX_PROFILE_BYTES, SCHEMA,
+    RunMeta, SpanEvent, SpanMetrics, Summary, TimelinePoint, MAX_PROFILE_BYTES, MAX_SPAN_EVENTS,
+    SCHEMA,
 };
