@@ -12,6 +12,25 @@ use clap::Parser;
 #[path = "../cli/mod.rs"]
 mod cli;
 
+/// The error and its causes on one line, each cause once (a cause whose text the message
+/// already quotes is not repeated) and control characters blanked.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            if !message.is_empty() {
+                message.push_str(": ");
+            }
+            message.push_str(&text);
+        }
+    }
+    message
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect()
+}
+
 fn main() -> ExitCode {
     let args = match cli::Cli::try_parse() {
         Ok(args) => args,
@@ -28,11 +47,7 @@ fn main() -> ExitCode {
     match cli::run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            let message: String = format!("{error:#}")
-                .chars()
-                .map(|c| if c.is_control() { ' ' } else { c })
-                .collect();
-            let _ = writeln!(std::io::stderr(), "highwater: error: {message}");
+            let _ = writeln!(std::io::stderr(), "highwater: error: {}", one_line(&error));
             ExitCode::from(cli::exit_code(&error))
         }
     }

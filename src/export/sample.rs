@@ -90,8 +90,14 @@ fn live_at(device: &DeviceModel, iteration: u64, frac: f64) -> [u64; Category::C
         optimizer += device.optimizer / 10;
     }
     // A little noise, and on the CPU the slow leak.
-    let wobble = ((iteration * 7 + (frac * 40.0) as u64 * 13) % 17) as f64 / 17.0;
-    let mut other = scale(device.other, 0.6 + 0.4 * wobble);
+    // (zero at iteration boundaries, so the residuals show the leak alone).
+    let k = (frac * POINTS_PER_ITERATION as f64).round() as u64 % POINTS_PER_ITERATION;
+    let wobble = if k == 0 {
+        0.0
+    } else {
+        ((iteration * 7 + k * 13) % 17) as f64 / 17.0
+    };
+    let mut other = scale(device.other, 0.85 + 0.15 * wobble);
     if device.name == "cpu" {
         other += LEAK_PER_ITERATION * iteration + scale(LEAK_PER_ITERATION, frac);
     }
@@ -175,7 +181,7 @@ pub fn sample_profile() -> Profile {
                     // A caching pool: reserved rounds live up to 2 MiB blocks and keeps a cache.
                     let cached = GIB / 4 + (k % 5) * 64 * MIB;
                     let reserved = (live.div_ceil(2 * MIB) * 2 * MIB + cached).min(capacity);
-                    let fragmentation = 0.05 + 0.25 * ((k * 7 + iteration) % 11) as f64 / 11.0;
+                    let fragmentation = 0.05 + 0.2 * frac + 0.02 * (iteration % 3) as f64;
                     let free = capacity - reserved;
                     max_reserved = max_reserved.max(reserved);
                     max_fragmentation = max_fragmentation.max(fragmentation);

@@ -62,11 +62,12 @@ pub fn format_bytes_delta(delta: i64) -> String {
 /// ```
 pub fn format_duration_ns(ns: u64) -> String {
     let value = ns as f64;
+    // Thresholds sit where one decimal would round up to 1000 of the smaller unit.
     if ns < 1_000 {
         format!("{ns} ns")
-    } else if ns < 1_000_000 {
+    } else if ns < 999_950 {
         format!("{:.1} µs", value / 1e3)
-    } else if ns < 1_000_000_000 {
+    } else if ns < 999_950_000 {
         format!("{:.1} ms", value / 1e6)
     } else {
         format!("{:.2} s", value / 1e9)
@@ -125,5 +126,7 @@ mod tests {
         assert_eq!(format_duration_ns(12_500), "12.5 µs");
         assert_eq!(format_duration_ns(3_200_000), "3.2 ms");
         assert_eq!(format_duration_ns(1_250_000_000), "1.25 s");
+        assert_eq!(format_duration_ns(999_999_999), "1.00 s");
+        assert_eq!(format_duration_ns(999_960), "1.0 ms");
     }
 }

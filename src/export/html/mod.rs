@@ -167,7 +167,13 @@ fn chart_data(profile: &Profile) -> ChartData {
     let summary = &profile.summary;
     let mut devices = Vec::new();
     let mut pools = Vec::new();
-    for name in device_order(profile) {
+    let mut order = device_order(profile);
+    // The device that peaked comes first: its chart is the one a reader came for.
+    if let Some(i) = order.iter().position(|d| *d == summary.peak_device) {
+        let peak = order.remove(i);
+        order.insert(0, peak);
+    }
+    for name in order {
         let stats = profile.devices.iter().find(|d| d.device == name);
         let mut points: Vec<&TimelinePoint> = profile
             .timeline
@@ -440,8 +446,8 @@ fn span_section(out: &mut String, profile: &Profile) {
 fn iterations_section(out: &mut String, profile: &Profile) {
     out.push_str(
         "<section id=\"iterations\"><h2>Per iteration</h2>\
-         <p class=\"note\">Live bytes when each iteration ended. A steady climb is the \
-         signature of a leak.</p><div class=\"chart\" id=\"iteration-chart\"></div>",
+         <p class=\"note\">How live bytes changed from one iteration's end to the next \
+         (orange: grew). Growth in every iteration is the signature of a leak.</p><div class=\"chart\" id=\"iteration-chart\"></div>",
     );
     if profile.iterations.is_empty() {
         out.push_str("<p class=\"note\">No iterations were recorded.</p></section>");
@@ -522,6 +528,29 @@ fn devices_section(out: &mut String, profile: &Profile) {
     out.push_str("</tbody></table><div id=\"pool-charts\"></div></section>");
 }
 
+/// `ms` since the Unix epoch as `YYYY-MM-DD HH:MM:SS UTC` (proleptic Gregorian calendar).
+fn format_unix_ms(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Days to civil date, after Howard Hinnant's `civil_from_days`.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
 /// Renders `profile` as one self-contained HTML page.
 ///
 /// # Examples
@@ -546,13 +575,13 @@ pub fn render(profile: &Profile) -> String {
          style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">\
          <title>highwater: {}</title><style>{STYLE}</style></head><body>\
          <header><h1>highwater <span>memory profile of <b>{}</b></span></h1>\
-         <p class=\"meta\">highwater {} · {} threads · {} clock · started {} ms after the Unix epoch</p></header><main>",
+         <p class=\"meta\">highwater {} · {} threads · {} clock · started {}</p></header><main>",
         escape_html(program),
         escape_html(program),
         escape_html(&meta.highwater_version),
         meta.threads,
         escape_html(&meta.clock),
-        meta.started_unix_ms
+        format_unix_ms(meta.started_unix_ms)
     );
     if let Some(warning) = dropped_events_warning(&profile.summary) {
         let _ = write!(
@@ -667,6 +696,14 @@ mod tests {
         let small = render(&sample_profile()).len();
         let big = render(&profile).len();
         assert!(big < small + 400_000, "{small} -> {big}");
+    }
+
+    #[test]
+    fn unix_milliseconds_read_as_a_utc_date() {
+        assert_eq!(format_unix_ms(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(format_unix_ms(1_764_489_600_000), "2025-11-30 08:00:00 UTC");
+        assert_eq!(format_unix_ms(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert!(format_unix_ms(u64::MAX).ends_with("UTC"));
     }
 
     #[test]

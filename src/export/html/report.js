@@ -15,8 +15,8 @@
   }
   function fmtTime(ns) {
     if (ns < 1e3) return Math.round(ns) + " ns";
-    if (ns < 1e6) return (ns / 1e3).toFixed(1) + " µs";
-    if (ns < 1e9) return (ns / 1e6).toFixed(1) + " ms";
+    if (ns < 999950) return (ns / 1e3).toFixed(1) + " µs";
+    if (ns < 999950000) return (ns / 1e6).toFixed(1) + " ms";
     return (ns / 1e9).toFixed(2) + " s";
   }
   function el(name, attrs, parent) {
@@ -199,31 +199,42 @@
     host.appendChild(box);
   }
 
+  // Per iteration: the change in live bytes as bars around zero (growth stands out), and the
+  // live bytes at each end as a line on the same time order.
   function iterationChart(host) {
     var its = data.iterations;
     if (!its.length) return;
-    var svg = el("svg", { viewBox: "0 0 " + W + " 180", role: "img", "aria-label": "live bytes per iteration" });
-    var h0 = H; H = 180;
-    var ymax = Math.max(1, Math.max.apply(null, its.map(function (x) { return x[1]; }))) * 1.1;
-    var sy = function (v) { return H - B - (v / ymax) * (H - T - B); };
-    var step = byteStep(ymax, 4);
-    for (var v = 0; v <= ymax; v += step) {
-      el("line", { x1: L, x2: W - R, y1: sy(v), y2: sy(v), "class": "grid" }, svg);
-      text(svg, L - 6, sy(v) + 4, fmtBytes(v), null, "end");
+    var IH = 200;
+    var svg = el("svg", { viewBox: "0 0 " + W + " " + IH, role: "img", "aria-label": "change in live bytes per iteration" });
+    // The first iteration allocates the optimizer state and the like; scaling to it would flatten
+    // the rest, so with enough iterations the scale follows the others and it is clipped.
+    var scaled = its.length > 2 ? its.slice(1) : its;
+    var hi = Math.max(1, Math.max.apply(null, scaled.map(function (x) { return Math.abs(x[2]); }))) * 1.15;
+    var mid = T + (IH - T - B) / 2, half = (IH - T - B) / 2;
+    var sy = function (v) { return mid - (v / hi) * half; };
+    var step = byteStep(hi, 3);
+    for (var v = 0; v <= hi; v += step) {
+      [v, -v].forEach(function (w) {
+        el("line", { x1: L, x2: W - R, y1: sy(w), y2: sy(w), "class": w === 0 ? "axis" : "grid" }, svg);
+        text(svg, L - 6, sy(w) + 4, (w > 0 ? "+" : w < 0 ? "-" : "") + fmtBytes(Math.abs(w)), null, "end");
+      });
     }
     var bw = (W - L - R) / its.length;
     its.forEach(function (x, k) {
-      var r = el("rect", { x: (L + k * bw + bw * 0.15).toFixed(1), y: sy(x[1]).toFixed(1),
-        width: Math.max(1, bw * 0.7).toFixed(1), height: Math.max(0, H - B - sy(x[1])).toFixed(1),
-        fill: x[2] > 0 ? "var(--c1)" : "var(--c0)" }, svg);
+      var clipped = Math.abs(x[2]) > hi;
+      var y0 = sy(0), y1 = sy(Math.max(-hi, Math.min(hi, x[2])));
+      var r = el("rect", { x: (L + k * bw + bw * 0.15).toFixed(1), y: Math.min(y0, y1).toFixed(1),
+        width: Math.max(1, bw * 0.7).toFixed(1), height: Math.max(0.5, Math.abs(y1 - y0)).toFixed(1),
+        fill: x[2] > 0 ? "var(--c1)" : "var(--c2)" }, svg);
       var title = el("title", {}, r);
-      title.textContent = "iteration " + x[0] + ": " + fmtBytes(x[1]) + " (" + (x[2] >= 0 ? "+" : "-") + fmtBytes(Math.abs(x[2])) + ")";
-      if (its.length <= 40 || k % Math.ceil(its.length / 40) === 0) text(svg, L + k * bw + bw / 2, H - B + 14, String(x[0]), null, "middle");
+      title.textContent = "iteration " + x[0] + ": live " + fmtBytes(x[1]) + ", change " +
+        (x[2] >= 0 ? "+" : "-") + fmtBytes(Math.abs(x[2]));
+      if (clipped) text(svg, L + k * bw + bw * 0.85 + 4, x[2] > 0 ? T + 10 : IH - B - 4,
+        (x[2] > 0 ? "↑ +" : "↓ -") + fmtBytes(Math.abs(x[2])), null, "start");
+      if (its.length <= 40 || k % Math.ceil(its.length / 40) === 0) text(svg, L + k * bw + bw / 2, IH - B + 14, String(x[0]), null, "middle");
     });
-    el("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, "class": "axis" }, svg);
     svg.setAttribute("data-points", String(its.length));
     host.appendChild(svg);
-    H = h0;
   }
 
   var timelines = document.getElementById("timelines");
