@@ -89,7 +89,7 @@ fn top_lists_the_largest_rows_first() {
     assert!(lines[1].contains("BYTES") && lines[1].contains("SPAN PATH"));
     let profile = sample_profile();
     let mut rows = profile.peak_breakdown.clone();
-    rows.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    rows.sort_by_key(|row| std::cmp::Reverse(row.bytes));
     assert!(lines[2].contains(&format_bytes(rows[0].bytes)), "{text}");
     assert!(lines[2].contains(&rows[0].span_path), "{text}");
 

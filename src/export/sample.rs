@@ -422,7 +422,7 @@ fn peak_rows(by_category: &BTreeMap<String, u64>, device: &str) -> Vec<PeakRow> 
         });
     }
     rows.retain(|r| r.bytes > 0);
-    rows.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    rows.sort_by_key(|row| std::cmp::Reverse(row.bytes));
     rows
 }
 

@@ -16,4 +16,4 @@ pub use text::{
     summary_text, top_rows, top_text, SpanRow, SummaryJson,
 };
 pub use tree::{span_tree, TreeRow};
-pub use units::{format_bytes, format_bytes_delta, format_duration_ns, signed_delta};
+pub use units::{format_bytes, format_bytes_delta, format_count, format_duration_ns, signed_delta};

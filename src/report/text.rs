@@ -207,7 +207,7 @@ fn devices_table(devices: &[DeviceStats]) -> Table {
 /// The live-at-peak rows, largest first, at most `limit` of them.
 pub fn top_rows(profile: &Profile, limit: usize) -> Vec<&PeakRow> {
     let mut rows: Vec<&PeakRow> = profile.peak_breakdown.iter().collect();
-    rows.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    rows.sort_by_key(|row| std::cmp::Reverse(row.bytes));
     rows.truncate(limit);
     rows
 }

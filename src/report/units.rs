@@ -74,6 +74,25 @@ pub fn format_duration_ns(ns: u64) -> String {
     }
 }
 
+/// Formats a count with thousands separators: `1,234,567`.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(highwater::report::format_count(1234567), "1,234,567");
+/// ```
+pub fn format_count(count: u64) -> String {
+    let digits = count.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
 /// The difference `after - before` as an `i64`, saturating at the ends of its range.
 pub fn signed_delta(before: u64, after: u64) -> i64 {
     let delta = i128::from(after) - i128::from(before);
@@ -118,6 +137,14 @@ mod tests {
         assert_eq!(format_bytes_delta(i64::MIN), "-8.0 EiB");
         assert_eq!(signed_delta(u64::MAX, 0), i64::MIN);
         assert_eq!(signed_delta(5, 3), -2);
+    }
+
+    #[test]
+    fn counts_are_grouped_by_thousands() {
+        assert_eq!(format_count(0), "0");
+        assert_eq!(format_count(999), "999");
+        assert_eq!(format_count(1000), "1,000");
+        assert_eq!(format_count(u64::MAX), "18,446,744,073,709,551,615");
     }
 
     #[test]

@@ -26,8 +26,8 @@ use serde::Serialize;
 
 use crate::profile::write_atomically;
 use crate::report::{
-    dropped_events_warning, format_bytes, format_bytes_delta, format_duration_ns, format_shape,
-    span_tree,
+    dropped_events_warning, format_bytes, format_bytes_delta, format_count, format_duration_ns,
+    format_shape, span_tree,
 };
 use crate::{Category, Profile, ProfileError, TimelinePoint};
 
@@ -185,7 +185,9 @@ fn chart_data(profile: &Profile) -> ChartData {
             let live: Vec<u64> = points.iter().map(|p| p.live_bytes).collect();
             let peak_index = (0..live.len()).max_by_key(|&i| (live[i], usize::MAX - i));
             let keep = downsample(&live, MAX_CHART_POINTS, peak_index);
-            let mut series = vec![Vec::with_capacity(keep.len()); Category::COUNT];
+            let mut series: Vec<Vec<u64>> = (0..Category::COUNT)
+                .map(|_| Vec::with_capacity(keep.len()))
+                .collect();
             for &i in &keep {
                 let mut slots = [0u64; Category::COUNT];
                 for (category, &bytes) in &points[i].by_category {
@@ -296,11 +298,19 @@ fn summary_section(out: &mut String, profile: &Profile) {
         ("Kept for backward", format_bytes(s.autograd_retained_bytes)),
         (
             "Allocations / frees",
-            format!("{} / {}", s.alloc_count, s.free_count),
+            format!(
+                "{} / {}",
+                format_count(s.alloc_count),
+                format_count(s.free_count)
+            ),
         ),
         (
             "Events dropped",
-            format!("{} of {}", s.dropped_events, s.event_count),
+            format!(
+                "{} of {}",
+                format_count(s.dropped_events),
+                format_count(s.event_count)
+            ),
         ),
     ];
     for (label, value) in cards {
@@ -352,7 +362,7 @@ fn peak_table(out: &mut String, profile: &Profile) {
          </tr></thead><tbody>",
     );
     let mut rows: Vec<_> = profile.peak_breakdown.iter().collect();
-    rows.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    rows.sort_by_key(|row| std::cmp::Reverse(row.bytes));
     for row in rows.iter().take(MAX_TABLE_ROWS) {
         out.push_str("<tr>");
         let path = if row.span_path.is_empty() {
@@ -522,7 +532,7 @@ fn devices_section(out: &mut String, profile: &Profile) {
             fragmentation.unwrap_or(0.0),
             &fragmentation.map_or("-".into(), |f| format!("{:.1}%", f * 100.0)),
         );
-        num_cell(out, d.alloc_count, &d.alloc_count.to_string());
+        num_cell(out, d.alloc_count, &format_count(d.alloc_count));
         out.push_str("</tr>");
     }
     out.push_str("</tbody></table><div id=\"pool-charts\"></div></section>");
@@ -609,12 +619,12 @@ pub fn render(profile: &Profile) -> String {
     span_section(&mut out, profile);
     iterations_section(&mut out, profile);
     devices_section(&mut out, profile);
-    let _ = write!(
+    let _ = writeln!(
         out,
         "</main><footer>Written by highwater from the profile alone: this file loads nothing \
          from the network.</footer><div id=\"tip\" hidden></div>\
          <script type=\"application/json\" id=\"hw-data\">{}</script>\
-         <script>{SCRIPT}</script></body></html>\n",
+         <script>{SCRIPT}</script></body></html>",
         json_for_script(&chart_data(profile))
     );
     out
