@@ -312,3 +312,26 @@ fn screenshot_of_the_report_is_not_blank() {
     let keep = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("html_report.png");
     let _ = std::fs::copy(&shot, &keep);
 }
+
+#[test]
+fn empty_and_extreme_profiles_still_render_to_the_end() {
+    let Some(browser) = browser() else { return };
+    let mut extreme = sample_profile();
+    extreme.summary.peak_bytes = u64::MAX;
+    extreme.summary.duration_ns = u64::MAX;
+    extreme.timeline[5].live_bytes = u64::MAX;
+    extreme.timeline[5].by_category = [("gradient".to_string(), u64::MAX)].into_iter().collect();
+    extreme.timeline[7].timestamp_ns = u64::MAX;
+    extreme.iterations[3].delta_bytes = i64::MIN;
+    extreme.pool_timeline[2].fragmentation = f64::MAX;
+    extreme.spans[2].parent = Some(2);
+    for (name, profile) in [("empty", Profile::empty()), ("extreme", extreme)] {
+        let dir = tempfile::tempdir().unwrap();
+        let dom = rendered_dom(&browser, dir.path(), &profile, "");
+        assert!(dom.contains("data-rendered=\"yes\""), "{name}: the report script failed");
+        if name == "empty" {
+            assert!(dom.contains("The profile holds no timeline points."));
+            assert!(dom.contains("No spans were recorded."));
+        }
+    }
+}

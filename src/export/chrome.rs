@@ -7,7 +7,8 @@
 //!   events, nested as they ran.
 //! - Each device is a process of its own (`memory cuda:0`, …) with counter (`C`) tracks:
 //!   `live bytes` with one series per category (parameter, activation, gradient, optimizer,
-//!   other — the viewers stack them into the memory curve), and, where a pool reported,
+//!   other — `chrome://tracing` stacks them into the memory curve), `live bytes total` (Perfetto
+//!   draws series side by side, so the total is its own track) and, where a pool reported,
 //!   `pool reserved bytes` and `pool fragmentation %`. The global peak is an instant event on
 //!   its device.
 //! - Timestamps are microseconds since the session started, as the format requires.
@@ -66,6 +67,7 @@ enum Args<'a> {
     SortIndex { sort_index: u32 },
     Categories(CategoryBytes),
     Reserved { reserved: u64 },
+    Total { total: u64 },
     Fragmentation { fragmentation: f64 },
     Span { path: &'a str },
     Peak { bytes: u64, device: &'a str },
@@ -248,6 +250,16 @@ pub fn render(profile: &Profile) -> String {
             point.timestamp_ns,
             Args::Categories(CategoryBytes::from_point(point)),
         ));
+        // Perfetto draws each series as its own track rather than stacking them; the total
+        // is the curve a reader looks for first.
+        events.push(counter(
+            "live bytes total",
+            pid,
+            point.timestamp_ns,
+            Args::Total {
+                total: point.live_bytes,
+            },
+        ));
     }
     let mut pools: Vec<_> = profile.pool_timeline.iter().collect();
     pools.sort_by_key(|p| p.timestamp_ns);
@@ -358,6 +370,11 @@ mod tests {
             .filter(|e| e["ph"] == "C" && e["name"] == "live bytes")
             .collect();
         assert_eq!(counters.len(), profile.timeline.len());
+        let totals = events(&trace)
+            .iter()
+            .filter(|e| e["name"] == "live bytes total")
+            .count();
+        assert_eq!(totals, profile.timeline.len());
         let pids: std::collections::BTreeSet<u64> = counters
             .iter()
             .map(|e| e["pid"].as_u64().unwrap())
