@@ -328,7 +328,10 @@ fn empty_and_extreme_profiles_still_render_to_the_end() {
     for (name, profile) in [("empty", Profile::empty()), ("extreme", extreme)] {
         let dir = tempfile::tempdir().unwrap();
         let dom = rendered_dom(&browser, dir.path(), &profile, "");
-        assert!(dom.contains("data-rendered=\"yes\""), "{name}: the report script failed");
+        assert!(
+            dom.contains("data-rendered=\"yes\""),
+            "{name}: the report script failed"
+        );
         if name == "empty" {
             assert!(dom.contains("The profile holds no timeline points."));
             assert!(dom.contains("No spans were recorded."));
