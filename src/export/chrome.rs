@@ -342,6 +342,12 @@ pub fn render(profile: &Profile) -> String {
     serde_json::to_string(&trace).unwrap_or_default()
 }
 
+/// Where the trace of the profile at `profile_path` goes by default: beside it, its `.json`
+/// extension replaced by `.trace.json` (`run/highwater-profile.json` → `run/highwater-profile.trace.json`).
+pub fn path_beside(profile_path: &Path) -> std::path::PathBuf {
+    super::beside(profile_path, ".trace.json")
+}
+
 /// Writes [`render`]`(profile)` to `path` atomically (a temporary sibling renamed into place).
 ///
 /// # Errors

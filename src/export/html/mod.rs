@@ -395,7 +395,48 @@ fn peak_table(out: &mut String, profile: &Profile) {
     if profile.peak_breakdown.is_empty() {
         out.push_str("<p class=\"note\">No allocations were live at the peak.</p>");
     }
+    largest_table(out, profile);
     out.push_str("</section>");
+}
+
+fn largest_table(out: &mut String, profile: &Profile) {
+    if profile.largest_at_peak.is_empty() {
+        return;
+    }
+    out.push_str(
+        "<h3>Largest single allocations live at the peak</h3>\
+         <table id=\"largest-table\" class=\"sortable\"><thead><tr>\
+         <th data-type=\"text\">Span path</th><th data-type=\"text\">Op</th>\
+         <th data-type=\"text\">Shape</th><th data-type=\"text\">Category</th>\
+         <th data-type=\"text\">Device</th><th data-type=\"num\" class=\"num\" aria-sort=\"descending\">Bytes</th>\
+         <th data-type=\"num\" class=\"num\">Allocated at</th><th data-type=\"num\" class=\"num\">Thread</th>\
+         </tr></thead><tbody>",
+    );
+    let mut rows: Vec<_> = profile.largest_at_peak.iter().collect();
+    rows.sort_by_key(|row| std::cmp::Reverse(row.bytes));
+    for row in rows.iter().take(MAX_TABLE_ROWS) {
+        let path = if row.span_path.is_empty() {
+            "(outside spans)"
+        } else {
+            &row.span_path
+        };
+        let _ = write!(out, "<tr><td class=\"path\">{}</td>", escape_html(path));
+        text_cell(out, row.op.as_deref().unwrap_or("-"));
+        text_cell(out, &format_shape(row.shape.as_deref()));
+        let _ = write!(
+            out,
+            "<td><i class=\"dot c{}\"></i>{}</td>",
+            row.category.index(),
+            row.category
+        );
+        text_cell(out, &row.device);
+        num_cell(out, row.bytes, &format_bytes(row.bytes));
+        num_cell(out, row.timestamp_ns, &format_duration_ns(row.timestamp_ns));
+        num_cell(out, row.thread, &row.thread.to_string());
+        out.push_str("</tr>");
+    }
+    out.push_str("</tbody></table>");
+    more_rows_note(out, rows.len());
 }
 
 fn span_section(out: &mut String, profile: &Profile) {
@@ -628,6 +669,12 @@ pub fn render(profile: &Profile) -> String {
         json_for_script(&chart_data(profile))
     );
     out
+}
+
+/// Where the report of the profile at `profile_path` goes by default: beside it, its `.json`
+/// extension replaced by `.html` (`run/highwater-profile.json` → `run/highwater-profile.html`).
+pub fn path_beside(profile_path: &Path) -> std::path::PathBuf {
+    super::beside(profile_path, ".html")
 }
 
 /// Writes [`render`]`(profile)` to `path` atomically (a temporary sibling renamed into place).
