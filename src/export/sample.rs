@@ -228,7 +228,12 @@ pub fn sample_profile() -> Profile {
             span_path: row.span_path.clone(),
             op: row.op.clone(),
             shape: row.shape.clone(),
-            timestamp_ns: peak_ts.saturating_sub(ITERATION_NS / 10),
+            // Weights and optimizer state are made early; the rest in the peak's iteration.
+            timestamp_ns: match row.category {
+                Category::Parameter => ITERATION_NS / 20,
+                Category::Optimizer => ITERATION_NS * 85 / 100,
+                _ => peak_ts.saturating_sub(ITERATION_NS / 10),
+            },
             thread: 1,
         })
         .collect();

@@ -444,7 +444,7 @@ fn span_section(out: &mut String, profile: &Profile) {
         "<section id=\"spans\"><h2>Spans</h2>\
          <p class=\"note\">Every path of the span tree, all calls added up. Peak is the highest \
          live bytes while the span was open; residual is what it allocated and left live at \
-         exit. Click a row with ▸ to fold its children.</p>\
+         exit. Click a row marked ▾ to fold its children.</p>\
          <table id=\"span-table\" class=\"tree\"><thead><tr><th>Span</th><th>Step</th>\
          <th class=\"num\">Calls</th><th class=\"num\">Time</th><th class=\"num\">Allocated</th>\
          <th class=\"num\">Peak</th><th class=\"num\">Residual</th></tr></thead><tbody>",
