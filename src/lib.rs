@@ -8,8 +8,10 @@
 
 pub mod analysis;
 mod capture;
+pub mod export;
 mod model;
 mod profile;
+pub mod report;
 
 #[cfg(not(loom))]
 mod alloc;
@@ -29,7 +31,8 @@ pub use error::Error;
 pub use model::{Category, SpanLabel, Step};
 pub use profile::{
     CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile,
-    ProfileError, RunMeta, SpanMetrics, Summary, ThreadCapture, TimelinePoint, MAX_PROFILE_BYTES,
+    ProfileError, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint,
+    MAX_PROFILE_BYTES, MAX_SPAN_EVENTS,
     SCHEMA,
 };
 #[cfg(not(loom))]

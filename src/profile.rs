@@ -51,6 +51,35 @@ pub struct Profile {
     /// Things the reader should know, in plain words (dropped events, growing residuals, …).
     #[serde(default)]
     pub warnings: Vec<String>,
+    /// Individual span instances with their times, for trace viewers, at most
+    /// [`MAX_SPAN_EVENTS`]; when a run has more, the analysis keeps an even sample across the run
+    /// (whole iterations, so a kept span's children are kept too) and says so in
+    /// [`Profile::warnings`]. Empty in profiles written before this field existed.
+    #[serde(default)]
+    pub span_events: Vec<SpanEvent>,
+}
+
+/// Most [`SpanEvent`]s a profile keeps, whatever the run's length.
+pub const MAX_SPAN_EVENTS: usize = 20_000;
+
+/// One instance of a span: which thread ran it, when and for how long.
+///
+/// [`SpanMetrics`] aggregates all instances at a path; these keep the individual intervals so a
+/// trace viewer can draw them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpanEvent {
+    /// The thread that entered the span (the same numbering as [`LiveAllocation::thread`]).
+    pub thread: u32,
+    /// Span name.
+    pub name: String,
+    /// Names from the outermost span, joined with `/` (matches [`SpanMetrics::path`]).
+    pub path: String,
+    /// When the span was entered, ns since the session started.
+    pub start_ns: u64,
+    /// Time from enter to exit, ns.
+    pub duration_ns: u64,
+    /// Nesting depth on its thread, 0 for a top-level span.
+    pub depth: u32,
 }
 
 /// About the run that produced a profile.

@@ -1,0 +1,78 @@
+//! The `highwater` command: argument parsing, one file per subcommand, and how failures map to
+//! exit codes. Subcommands only load profiles and call library functions.
+
+mod args;
+mod diff;
+mod export;
+mod spans;
+mod summary;
+mod top;
+
+use std::io::{self, Write};
+use std::path::Path;
+
+use highwater::{Profile, ProfileError};
+
+pub(crate) use args::Cli;
+use args::Command;
+
+/// Exit code for a profile that cannot be read: missing, empty, not JSON, wrong schema.
+pub(crate) const EXIT_BAD_INPUT: u8 = 2;
+/// Exit code for every other failure (an output that cannot be written).
+pub(crate) const EXIT_FAILURE: u8 = 1;
+
+/// Runs the parsed command.
+pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Summary { profile, json } => summary::run(&profile, json),
+        Command::Top {
+            profile,
+            limit,
+            json,
+        } => top::run(&profile, limit, json),
+        Command::Spans { profile, json } => spans::run(&profile, json),
+        Command::Diff {
+            before,
+            after,
+            limit,
+            json,
+        } => diff::run(&before, &after, limit, json),
+        Command::Export {
+            profile,
+            format,
+            output,
+        } => export::run(&profile, format, output.as_deref()),
+    }
+}
+
+/// The exit code for an error returned by [`run`].
+pub(crate) fn exit_code(error: &anyhow::Error) -> u8 {
+    match error.downcast_ref::<ProfileError>() {
+        Some(ProfileError::Write { .. }) | None => EXIT_FAILURE,
+        Some(_) => EXIT_BAD_INPUT,
+    }
+}
+
+/// Loads a profile; its errors already name the file and the problem.
+fn load(path: &Path) -> anyhow::Result<Profile> {
+    Ok(Profile::load(path)?)
+}
+
+/// Writes `text` to standard output. A closed pipe (`highwater top p | head -1`) is not an
+/// error: the reader has what it wanted.
+fn emit(text: &str) -> anyhow::Result<()> {
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(error) if error.kind() != io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::new(error).context("cannot write to standard output"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Writes `value` as pretty JSON and a newline to standard output.
+fn emit_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+    let mut text = serde_json::to_string_pretty(value)?;
+    text.push('\n');
+    emit(&text)
+}

@@ -1,0 +1,701 @@
+//! A realistic hand-built profile for tests, examples and trying the outputs without a run.
+//!
+//! It describes eight training steps of a small transformer on two GPUs with a CPU heap: four
+//! categories with the classic shape (activations climb through forward and fall through
+//! backward, gradients climb through backward, optimizer state appears at the first update), a
+//! span tree `step → forward/backward/optimizer → layers`, live-at-peak rows with ops and
+//! shapes, a slow CPU leak visible in the per-iteration residuals, and device pools.
+
+use std::collections::BTreeMap;
+
+use crate::{
+    CaptureStats,
+    Category, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile, RunMeta,
+    SpanEvent, SpanMetrics, Step, Summary, TimelinePoint, SCHEMA,
+};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const ITERATIONS: u64 = 8;
+const POINTS_PER_ITERATION: u64 = 40;
+const ITERATION_NS: u64 = 500_000_000;
+const LAYERS: u64 = 8;
+/// Bytes the CPU heap leaks per iteration.
+const LEAK_PER_ITERATION: u64 = 4 * MIB;
+
+/// Per-device sizes of each category at its highest.
+struct DeviceModel {
+    name: &'static str,
+    parameter: u64,
+    activation: u64,
+    gradient: u64,
+    optimizer: u64,
+    other: u64,
+    capacity: Option<u64>,
+}
+
+const DEVICES: [DeviceModel; 3] = [
+    DeviceModel {
+        name: "cpu",
+        parameter: 0,
+        activation: 96 * MIB,
+        gradient: 0,
+        optimizer: 0,
+        other: 180 * MIB,
+        capacity: None,
+    },
+    DeviceModel {
+        name: "cuda:0",
+        parameter: 3 * GIB / 2,
+        activation: 5 * GIB / 2,
+        gradient: 3 * GIB / 2,
+        optimizer: 3 * GIB,
+        other: 64 * MIB,
+        capacity: Some(24 * GIB),
+    },
+    DeviceModel {
+        name: "cuda:1",
+        parameter: 3 * GIB / 2,
+        activation: 2 * GIB,
+        gradient: 3 * GIB / 2,
+        optimizer: 3 * GIB,
+        other: 32 * MIB,
+        capacity: Some(24 * GIB),
+    },
+];
+
+/// Live bytes by category on `device` at `iteration` + `frac` of it (frac in 0..=1).
+fn live_at(device: &DeviceModel, iteration: u64, frac: f64) -> [u64; Category::COUNT] {
+    let scale = |bytes: u64, x: f64| (bytes as f64 * x.clamp(0.0, 1.0)) as u64;
+    let activation = if frac <= 0.4 {
+        scale(device.activation, frac / 0.4)
+    } else if frac <= 0.8 {
+        scale(device.activation, 1.0 - (frac - 0.4) / 0.4)
+    } else {
+        0
+    };
+    let gradient = if frac <= 0.4 {
+        0
+    } else if frac <= 0.8 {
+        scale(device.gradient, (frac - 0.4) / 0.4)
+    } else {
+        device.gradient
+    };
+    let optimizer_started = iteration > 0 || frac > 0.8;
+    let mut optimizer = if optimizer_started {
+        device.optimizer
+    } else {
+        0
+    };
+    if frac > 0.8 {
+        optimizer += device.optimizer / 10;
+    }
+    // A little noise, and on the CPU the slow leak.
+    // (zero at iteration boundaries, so the residuals show the leak alone).
+    let k = (frac * POINTS_PER_ITERATION as f64).round() as u64 % POINTS_PER_ITERATION;
+    let wobble = if k == 0 {
+        0.0
+    } else {
+        ((iteration * 7 + k * 13) % 17) as f64 / 17.0
+    };
+    let mut other = scale(device.other, 0.85 + 0.15 * wobble);
+    if device.name == "cpu" {
+        other += LEAK_PER_ITERATION * iteration + scale(LEAK_PER_ITERATION, frac);
+    }
+    [device.parameter, activation, gradient, optimizer, other]
+}
+
+fn by_category(values: [u64; Category::COUNT]) -> BTreeMap<String, u64> {
+    Category::ALL
+        .iter()
+        .zip(values)
+        .filter(|(_, v)| *v > 0)
+        .map(|(c, v)| (c.as_str().to_string(), v))
+        .collect()
+}
+
+fn span(
+    spans: &mut Vec<SpanMetrics>,
+    parent: Option<u32>,
+    name: &str,
+    step: Option<Step>,
+    calls: u64,
+    total_ns: u64,
+    bytes: (u64, u64, u64),
+) -> u32 {
+    let id = spans.len() as u32;
+    let path = match parent {
+        Some(p) => format!("{}/{name}", spans[p as usize].path),
+        None => name.to_string(),
+    };
+    spans.push(SpanMetrics {
+        id,
+        parent,
+        name: name.to_string(),
+        path,
+        step,
+        category: None,
+        calls,
+        total_ns,
+        bytes_allocated: bytes.0,
+        alloc_count: bytes.0 / (3 * MIB) + calls,
+        peak_bytes: bytes.1,
+        residual_bytes: bytes.2,
+    });
+    id
+}
+
+/// A profile of eight training steps on `cpu`, `cuda:0` and `cuda:1` with no dropped events.
+pub fn sample_profile() -> Profile {
+    let duration_ns = ITERATIONS * ITERATION_NS;
+    let mut timeline = Vec::new();
+    let mut pool_timeline = Vec::new();
+    let mut devices = Vec::new();
+    let mut peak = (0u64, 0u64, String::new(), BTreeMap::new());
+    let mut final_live = 0u64;
+    for device in &DEVICES {
+        let mut stats = DeviceStats {
+            device: device.name.to_string(),
+            capacity_bytes: device.capacity,
+            ..DeviceStats::default()
+        };
+        let mut max_reserved = 0u64;
+        let mut max_fragmentation = 0f64;
+        for iteration in 0..ITERATIONS {
+            for k in 0..POINTS_PER_ITERATION {
+                let frac = k as f64 / POINTS_PER_ITERATION as f64;
+                let t = iteration * ITERATION_NS + ITERATION_NS * k / POINTS_PER_ITERATION;
+                let values = live_at(device, iteration, frac);
+                let live: u64 = values.iter().sum();
+                if live > stats.peak_bytes {
+                    stats.peak_bytes = live;
+                    stats.peak_timestamp_ns = t;
+                    stats.peak_by_category = by_category(values);
+                }
+                timeline.push(TimelinePoint {
+                    timestamp_ns: t,
+                    device: device.name.to_string(),
+                    live_bytes: live,
+                    by_category: by_category(values),
+                });
+                if let Some(capacity) = device.capacity {
+                    // A caching pool: reserved rounds live up to 2 MiB blocks and keeps a cache.
+                    let cached = GIB / 4 + (k % 5) * 64 * MIB;
+                    let reserved = (live.div_ceil(2 * MIB) * 2 * MIB + cached).min(capacity);
+                    let fragmentation = 0.05 + 0.2 * frac + 0.02 * (iteration % 3) as f64;
+                    let free = capacity - reserved;
+                    max_reserved = max_reserved.max(reserved);
+                    max_fragmentation = max_fragmentation.max(fragmentation);
+                    pool_timeline.push(PoolPoint {
+                        timestamp_ns: t,
+                        device: device.name.to_string(),
+                        capacity_bytes: capacity,
+                        reserved_bytes: reserved,
+                        largest_free_bytes: (free as f64 * (1.0 - fragmentation)) as u64,
+                        fragmentation,
+                    });
+                }
+            }
+        }
+        let end = live_at(device, ITERATIONS - 1, 1.0);
+        stats.final_live_bytes = end.iter().sum();
+        final_live += stats.final_live_bytes;
+        stats.alloc_count = 40_000 + stats.peak_bytes / MIB;
+        stats.free_count = stats.alloc_count - 1_200;
+        if device.capacity.is_some() {
+            stats.peak_reserved_bytes = Some(max_reserved);
+            stats.max_fragmentation = Some(max_fragmentation);
+        }
+        if stats.peak_bytes > peak.0 {
+            peak = (
+                stats.peak_bytes,
+                stats.peak_timestamp_ns,
+                device.name.to_string(),
+                stats.peak_by_category.clone(),
+            );
+        }
+        devices.push(stats);
+    }
+    let (peak_bytes, peak_ts, peak_device, peak_by_category) = peak;
+
+    let peak_breakdown = peak_rows(&peak_by_category, &peak_device);
+    let largest_at_peak = peak_breakdown
+        .iter()
+        .take(10)
+        .map(|row| LiveAllocation {
+            bytes: row.bytes / row.count.max(1),
+            device: row.device.clone(),
+            category: row.category,
+            span_path: row.span_path.clone(),
+            op: row.op.clone(),
+            shape: row.shape.clone(),
+            // Weights and optimizer state are made early; the rest in the peak's iteration.
+            timestamp_ns: match row.category {
+                Category::Parameter => ITERATION_NS / 20,
+                Category::Optimizer => ITERATION_NS * 85 / 100,
+                _ => peak_ts.saturating_sub(ITERATION_NS / 10),
+            },
+            thread: 1,
+        })
+        .collect();
+
+    let (spans, span_events) = span_tree_and_events();
+
+    let iterations = (0..ITERATIONS)
+        .map(|index| {
+            let live: u64 = DEVICES
+                .iter()
+                .map(|d| live_at(d, index, 1.0).iter().sum::<u64>())
+                .sum();
+            let previous: u64 = if index == 0 {
+                DEVICES.iter().map(|d| d.parameter + d.other * 6 / 10).sum()
+            } else {
+                DEVICES
+                    .iter()
+                    .map(|d| live_at(d, index - 1, 1.0).iter().sum::<u64>())
+                    .sum()
+            };
+            IterationResidual {
+                index,
+                span: "step".to_string(),
+                end_timestamp_ns: (index + 1) * ITERATION_NS - 1,
+                live_bytes: live,
+                delta_bytes: live as i64 - previous as i64,
+            }
+        })
+        .collect();
+
+    let alloc_count: u64 = devices.iter().map(|d| d.alloc_count).sum();
+    let free_count: u64 = devices.iter().map(|d| d.free_count).sum();
+    Profile {
+        schema: SCHEMA.to_string(),
+        capture: CaptureStats::default(),
+        meta: RunMeta {
+            program: "train_gpt".to_string(),
+            highwater_version: "0.1.0".to_string(),
+            started_unix_ms: 1_764_489_600_000,
+            clock: "tsc".to_string(),
+            threads: 3,
+        },
+        summary: Summary {
+            peak_bytes,
+            peak_timestamp_ns: peak_ts,
+            peak_device,
+            peak_by_category,
+            alloc_count,
+            free_count,
+            realloc_count: 3_120,
+            total_alloc_bytes: 171 * GIB + 300 * MIB,
+            autograd_retained_bytes: DEVICES[1].activation,
+            dropped_events: 0,
+            unknown_frees: 0,
+            reorder_repairs: 2,
+            final_live_bytes: final_live,
+            duration_ns,
+            event_count: 2 * alloc_count + 5_000,
+        },
+        timeline,
+        peak_breakdown,
+        largest_at_peak,
+        spans,
+        iterations,
+        devices,
+        pool_timeline,
+        warnings: vec![format!(
+            "live bytes after `step` grew in each of the last 7 iterations, by {} per iteration \
+             on average: a leak?",
+            crate::report::format_bytes(LEAK_PER_ITERATION)
+        )],
+        span_events,
+    }
+}
+
+/// [`sample_profile`] with events dropped while recording, and the warning that goes with it.
+pub fn sample_profile_with_drops() -> Profile {
+    let mut profile = sample_profile();
+    profile.summary.dropped_events = 1_234;
+    profile.summary.unknown_frees = 87;
+    profile.warnings.insert(
+        0,
+        "1234 events were dropped (a thread's ring was full); figures are lower bounds".to_string(),
+    );
+    profile
+}
+
+/// Live-at-peak rows on `device` whose bytes add up to `by_category` exactly.
+fn peak_rows(by_category: &BTreeMap<String, u64>, device: &str) -> Vec<PeakRow> {
+    let get = |c: Category| by_category.get(c.as_str()).copied().unwrap_or(0);
+    let row = |path: String, op: &str, shape: &[u64], category, bytes: u64, count| PeakRow {
+        span_path: path,
+        op: Some(op.to_string()),
+        shape: Some(shape.to_vec()),
+        dtype: Some("bf16".to_string()),
+        category,
+        device: device.to_string(),
+        bytes,
+        count,
+    };
+    let mut rows = Vec::new();
+    // Activations: per layer, attention and MLP intermediates; later layers a little bigger.
+    let activation = get(Category::Activation);
+    let mut given = 0;
+    let parts: [(&str, &str, &[u64], u64); 4] = [
+        ("attn", "matmul", &[16, 1024, 3, 2048], 5),
+        ("attn", "softmax", &[16, 16, 1024, 1024], 3),
+        ("mlp", "linear", &[16, 1024, 8192], 4),
+        ("mlp", "gelu", &[16, 1024, 8192], 2),
+    ];
+    let weight_sum: u64 = (0..LAYERS).map(|l| 10 + l).sum::<u64>() * 14;
+    for layer in 0..LAYERS {
+        for (block, op, shape, weight) in parts {
+            let bytes = activation * (10 + layer) * weight / weight_sum;
+            given += bytes;
+            rows.push(row(
+                format!("step/forward/layer{layer}/{block}"),
+                op,
+                shape,
+                Category::Activation,
+                bytes,
+                1 + weight % 3,
+            ));
+        }
+    }
+    rows.push(row(
+        "step/forward/embed".to_string(),
+        "embedding",
+        &[16, 1024, 2048],
+        Category::Activation,
+        activation - given,
+        1,
+    ));
+    // Parameters: one row per layer plus the embedding.
+    let parameter = get(Category::Parameter);
+    let per_layer = parameter / (LAYERS + 2);
+    for layer in 0..LAYERS {
+        rows.push(row(
+            format!("init/layer{layer}"),
+            "randn",
+            &[2048, 6144],
+            Category::Parameter,
+            per_layer,
+            6,
+        ));
+    }
+    rows.push(row(
+        "init/embed".to_string(),
+        "randn",
+        &[50304, 2048],
+        Category::Parameter,
+        parameter - per_layer * LAYERS,
+        1,
+    ));
+    // Optimizer state: Adam's two moments.
+    let optimizer = get(Category::Optimizer);
+    for (op, share) in [
+        ("exp_avg", optimizer / 2),
+        ("exp_avg_sq", optimizer - optimizer / 2),
+    ] {
+        rows.push(row(
+            "step/optimizer/adam".to_string(),
+            op,
+            &[2048, 6144],
+            Category::Optimizer,
+            share,
+            2 * LAYERS + 2,
+        ));
+    }
+    let gradient = get(Category::Gradient);
+    if gradient > 0 {
+        rows.push(row(
+            "step/backward".to_string(),
+            "matmul_backward",
+            &[2048, 6144],
+            Category::Gradient,
+            gradient,
+            LAYERS + 1,
+        ));
+    }
+    let other = get(Category::Other);
+    if other > 0 {
+        rows.push(PeakRow {
+            span_path: String::new(),
+            op: None,
+            shape: None,
+            dtype: None,
+            category: Category::Other,
+            device: device.to_string(),
+            bytes: other,
+            count: 412,
+        });
+    }
+    rows.retain(|r| r.bytes > 0);
+    rows.sort_by_key(|row| std::cmp::Reverse(row.bytes));
+    rows
+}
+
+/// The span tree with metrics, and every span instance on two threads.
+fn span_tree_and_events() -> (Vec<SpanMetrics>, Vec<SpanEvent>) {
+    let n = ITERATIONS;
+    let it = ITERATION_NS;
+    let mut spans = Vec::new();
+    let mut events = Vec::new();
+    let act = DEVICES[1].activation + DEVICES[2].activation;
+    let grad = DEVICES[1].gradient + DEVICES[2].gradient;
+    let opt = DEVICES[1].optimizer + DEVICES[2].optimizer;
+    let peak = 7 * GIB;
+    let init = span(
+        &mut spans,
+        None,
+        "init",
+        None,
+        1,
+        it / 5,
+        (3 * GIB, 3 * GIB, 3 * GIB),
+    );
+    let step = span(
+        &mut spans,
+        None,
+        "step",
+        None,
+        n,
+        n * it * 98 / 100,
+        (
+            n * (act + grad + opt / 10) + opt,
+            peak,
+            opt + n * LEAK_PER_ITERATION,
+        ),
+    );
+    let fwd = span(
+        &mut spans,
+        Some(step),
+        "forward",
+        Some(Step::Forward),
+        n,
+        n * it * 2 / 5,
+        (n * act, peak, act),
+    );
+    span(
+        &mut spans,
+        Some(fwd),
+        "embed",
+        None,
+        n,
+        n * it / 50,
+        (n * 64 * MIB, 4 * GIB, 64 * MIB),
+    );
+    for layer in 0..LAYERS {
+        let l = span(
+            &mut spans,
+            Some(fwd),
+            &format!("layer{layer}"),
+            None,
+            n,
+            n * it * 38 / 100 / LAYERS,
+            (
+                n * act / LAYERS,
+                4 * GIB + layer * act / LAYERS,
+                act / LAYERS,
+            ),
+        );
+        for (block, share) in [("attn", 3), ("mlp", 2)] {
+            span(
+                &mut spans,
+                Some(l),
+                block,
+                None,
+                n,
+                n * it * 38 / 100 / LAYERS * share / 5,
+                (
+                    n * act / LAYERS * share / 5,
+                    4 * GIB + layer * act / LAYERS,
+                    act / LAYERS * share / 5,
+                ),
+            );
+        }
+    }
+    let bwd = span(
+        &mut spans,
+        Some(step),
+        "backward",
+        Some(Step::Backward),
+        n,
+        n * it * 2 / 5,
+        (n * grad, peak - GIB / 2, grad),
+    );
+    for layer in (0..LAYERS).rev() {
+        span(
+            &mut spans,
+            Some(bwd),
+            &format!("layer{layer}"),
+            None,
+            n,
+            n * it * 39 / 100 / LAYERS,
+            (n * grad / LAYERS, peak - GIB, grad / LAYERS),
+        );
+    }
+    let optim = span(
+        &mut spans,
+        Some(step),
+        "optimizer",
+        Some(Step::Optimizer),
+        n,
+        n * it * 18 / 100,
+        (opt + n * opt / 10, 6 * GIB, opt),
+    );
+    span(
+        &mut spans,
+        Some(optim),
+        "adam",
+        None,
+        n,
+        n * it * 15 / 100,
+        (opt + n * opt / 10, 6 * GIB, opt),
+    );
+    span(
+        &mut spans,
+        Some(optim),
+        "zero_grad",
+        None,
+        n,
+        n * it * 2 / 100,
+        (0, 5 * GIB, 0),
+    );
+    span(
+        &mut spans,
+        None,
+        "data_loader",
+        None,
+        n,
+        n * it * 30 / 100,
+        (n * 96 * MIB, 300 * MIB, n * LEAK_PER_ITERATION),
+    );
+    let _ = init;
+
+    // Instances: step and its children on thread 1, data loading on thread 2.
+    let mut push = |thread, name: &str, path: String, start_ns, duration_ns, depth| {
+        events.push(SpanEvent {
+            thread,
+            name: name.to_string(),
+            path,
+            start_ns,
+            duration_ns,
+            depth,
+        });
+    };
+    for i in 0..n {
+        let t0 = i * it;
+        push(1, "step", "step".into(), t0 + it / 100, it * 98 / 100, 0);
+        push(
+            1,
+            "forward",
+            "step/forward".into(),
+            t0 + it / 100,
+            it * 39 / 100,
+            1,
+        );
+        push(
+            1,
+            "embed",
+            "step/forward/embed".into(),
+            t0 + it / 100,
+            it / 50,
+            2,
+        );
+        let layer_ns = it * 36 / 100 / LAYERS;
+        for layer in 0..LAYERS {
+            let start = t0 + it * 3 / 100 + layer * layer_ns;
+            let path = format!("step/forward/layer{layer}");
+            push(
+                1,
+                &format!("layer{layer}"),
+                path.clone(),
+                start,
+                layer_ns,
+                2,
+            );
+            let attn = layer_ns * 3 / 5;
+            push(1, "attn", format!("{path}/attn"), start, attn, 3);
+            push(
+                1,
+                "mlp",
+                format!("{path}/mlp"),
+                start + attn,
+                layer_ns - attn,
+                3,
+            );
+        }
+        push(
+            1,
+            "backward",
+            "step/backward".into(),
+            t0 + it * 40 / 100,
+            it * 40 / 100,
+            1,
+        );
+        for (k, layer) in (0..LAYERS).rev().enumerate() {
+            let start = t0 + it * 40 / 100 + k as u64 * it * 5 / 100;
+            let path = format!("step/backward/layer{layer}");
+            push(1, &format!("layer{layer}"), path, start, it * 5 / 100, 2);
+        }
+        push(
+            1,
+            "optimizer",
+            "step/optimizer".into(),
+            t0 + it * 80 / 100,
+            it * 18 / 100,
+            1,
+        );
+        push(
+            1,
+            "adam",
+            "step/optimizer/adam".into(),
+            t0 + it * 80 / 100,
+            it * 15 / 100,
+            2,
+        );
+        push(
+            1,
+            "zero_grad",
+            "step/optimizer/zero_grad".into(),
+            t0 + it * 95 / 100,
+            it * 2 / 100,
+            2,
+        );
+        push(
+            2,
+            "data_loader",
+            "data_loader".into(),
+            t0 + it * 60 / 100,
+            it * 30 / 100,
+            0,
+        );
+    }
+    (spans, events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_is_coherent() {
+        let p = sample_profile();
+        assert_eq!(p.summary.peak_device, "cuda:0");
+        let at_peak = p
+            .timeline
+            .iter()
+            .find(|t| t.timestamp_ns == p.summary.peak_timestamp_ns && t.device == "cuda:0")
+            .unwrap();
+        assert_eq!(at_peak.live_bytes, p.summary.peak_bytes);
+        let rows: u64 = p.peak_breakdown.iter().map(|r| r.bytes).sum();
+        assert_eq!(rows, p.summary.peak_bytes);
+        assert!(p.timeline.len() >= 900);
+        let categories: std::collections::BTreeSet<_> = p
+            .timeline
+            .iter()
+            .flat_map(|t| t.by_category.keys())
+            .collect();
+        assert_eq!(categories.len(), 5);
+        assert!(p.spans.iter().all(|s| s.parent.map_or(true, |x| x < s.id)));
+    }
+}

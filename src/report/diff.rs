@@ -1,0 +1,244 @@
+//! Comparing two profiles: what grew and what shrank.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+use super::units::signed_delta;
+use crate::{Profile, SpanMetrics};
+
+/// A figure in the two profiles and its change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Delta {
+    /// Value in the first (baseline) profile.
+    pub before: u64,
+    /// Value in the second profile.
+    pub after: u64,
+    /// `after - before`, saturating.
+    pub delta: i64,
+}
+
+impl Delta {
+    /// The change from `before` to `after`.
+    pub fn new(before: u64, after: u64) -> Delta {
+        Delta {
+            before,
+            after,
+            delta: signed_delta(before, after),
+        }
+    }
+}
+
+/// How live-at-peak bytes of one category changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CategoryDelta {
+    /// Lower-case category name.
+    pub category: String,
+    /// Bytes of the category live at each profile's peak.
+    pub bytes: Delta,
+}
+
+/// How one node of the span tree changed, matched by path.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SpanDelta {
+    /// Span path (names joined with `/`).
+    pub path: String,
+    /// Whether the path exists in the baseline.
+    pub in_before: bool,
+    /// Whether the path exists in the second profile.
+    pub in_after: bool,
+    /// Highest live bytes while the span was open.
+    pub peak_bytes: Delta,
+    /// Bytes allocated inside and still live at exit.
+    pub residual_bytes: Delta,
+    /// Bytes allocated inside.
+    pub bytes_allocated: Delta,
+}
+
+impl SpanDelta {
+    /// The largest absolute change among the span's figures; what [`diff`] sorts by.
+    pub fn magnitude(&self) -> u64 {
+        [self.peak_bytes, self.residual_bytes, self.bytes_allocated]
+            .iter()
+            .map(|d| d.delta.unsigned_abs())
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The difference between two profiles, from a baseline to a second run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProfileDiff {
+    /// The global peak.
+    pub peak_bytes: Delta,
+    /// Device of the baseline's peak.
+    pub peak_device_before: String,
+    /// Device of the second profile's peak.
+    pub peak_device_after: String,
+    /// Bytes live when each session ended.
+    pub final_live_bytes: Delta,
+    /// Bytes allocated over each session.
+    pub total_alloc_bytes: Delta,
+    /// Live-at-peak bytes per category, largest absolute change first.
+    pub categories: Vec<CategoryDelta>,
+    /// Spans that changed, matched by path, largest absolute change first; unchanged spans are
+    /// left out.
+    pub spans: Vec<SpanDelta>,
+}
+
+/// Compares `before` (the baseline) with `after`.
+///
+/// Categories present in either profile are compared (missing counts as zero). Spans are matched
+/// by path; a span in only one profile compares with zeros and says which side it is on. When a
+/// damaged profile repeats a path, its first node counts.
+pub fn diff(before: &Profile, after: &Profile) -> ProfileDiff {
+    let names: BTreeSet<&String> = before
+        .summary
+        .peak_by_category
+        .keys()
+        .chain(after.summary.peak_by_category.keys())
+        .collect();
+    let mut categories: Vec<CategoryDelta> = names
+        .into_iter()
+        .map(|name| CategoryDelta {
+            category: name.clone(),
+            bytes: Delta::new(
+                before
+                    .summary
+                    .peak_by_category
+                    .get(name)
+                    .copied()
+                    .unwrap_or(0),
+                after
+                    .summary
+                    .peak_by_category
+                    .get(name)
+                    .copied()
+                    .unwrap_or(0),
+            ),
+        })
+        .collect();
+    categories.sort_by(|a, b| {
+        b.bytes
+            .delta
+            .unsigned_abs()
+            .cmp(&a.bytes.delta.unsigned_abs())
+            .then_with(|| a.category.cmp(&b.category))
+    });
+
+    let by_path = |spans: &[SpanMetrics]| {
+        let mut map: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
+        for span in spans {
+            map.entry(span.path.clone()).or_insert((
+                span.peak_bytes,
+                span.residual_bytes,
+                span.bytes_allocated,
+            ));
+        }
+        map
+    };
+    let old = by_path(&before.spans);
+    let new = by_path(&after.spans);
+    let paths: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    let mut spans: Vec<SpanDelta> = paths
+        .into_iter()
+        .map(|path| {
+            let a = old.get(path).copied();
+            let b = new.get(path).copied();
+            let (pa, ra, aa) = a.unwrap_or_default();
+            let (pb, rb, ab) = b.unwrap_or_default();
+            SpanDelta {
+                path: path.clone(),
+                in_before: a.is_some(),
+                in_after: b.is_some(),
+                peak_bytes: Delta::new(pa, pb),
+                residual_bytes: Delta::new(ra, rb),
+                bytes_allocated: Delta::new(aa, ab),
+            }
+        })
+        .filter(|span| span.magnitude() > 0 || span.in_before != span.in_after)
+        .collect();
+    spans.sort_by(|a, b| {
+        b.magnitude()
+            .cmp(&a.magnitude())
+            .then_with(|| a.path.cmp(&b.path))
+    });
+
+    ProfileDiff {
+        peak_bytes: Delta::new(before.summary.peak_bytes, after.summary.peak_bytes),
+        peak_device_before: before.summary.peak_device.clone(),
+        peak_device_after: after.summary.peak_device.clone(),
+        final_live_bytes: Delta::new(
+            before.summary.final_live_bytes,
+            after.summary.final_live_bytes,
+        ),
+        total_alloc_bytes: Delta::new(
+            before.summary.total_alloc_bytes,
+            after.summary.total_alloc_bytes,
+        ),
+        categories,
+        spans,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(path: &str, peak: u64, residual: u64, allocated: u64) -> SpanMetrics {
+        SpanMetrics {
+            name: path.rsplit('/').next().unwrap_or(path).to_string(),
+            path: path.to_string(),
+            peak_bytes: peak,
+            residual_bytes: residual,
+            bytes_allocated: allocated,
+            ..SpanMetrics::default()
+        }
+    }
+
+    #[test]
+    fn spans_are_matched_by_path_and_sorted_by_largest_change() {
+        let mut a = Profile::empty();
+        a.summary.peak_bytes = 100;
+        a.summary.peak_by_category.insert("activation".into(), 60);
+        a.summary.peak_by_category.insert("parameter".into(), 40);
+        a.spans = vec![
+            span("step", 100, 0, 500),
+            span("step/forward", 80, 10, 300),
+            span("step/gone", 5, 0, 5),
+        ];
+        let mut b = a.clone();
+        b.summary.peak_bytes = 70;
+        b.summary.peak_by_category.insert("activation".into(), 30);
+        b.summary.peak_by_category.insert("gradient".into(), 5);
+        b.spans = vec![
+            span("step", 100, 0, 500),
+            span("step/forward", 50, 10, 300),
+            span("step/new", 0, 7, 7),
+        ];
+        let d = diff(&a, &b);
+        assert_eq!(d.peak_bytes.delta, -30);
+        let cats: Vec<_> = d
+            .categories
+            .iter()
+            .map(|c| (c.category.as_str(), c.bytes.delta))
+            .collect();
+        assert_eq!(
+            cats,
+            [("activation", -30), ("gradient", 5), ("parameter", 0)]
+        );
+        let paths: Vec<_> = d.spans.iter().map(|s| s.path.as_str()).collect();
+        assert_eq!(paths, ["step/forward", "step/new", "step/gone"]);
+        assert!(!d.spans[1].in_before && d.spans[1].in_after);
+        assert!(d.spans[2].in_before && !d.spans[2].in_after);
+    }
+
+    #[test]
+    fn identical_profiles_have_no_span_changes() {
+        let mut a = Profile::empty();
+        a.spans = vec![span("step", 1, 2, 3)];
+        let d = diff(&a, &a);
+        assert!(d.spans.is_empty());
+        assert_eq!(d.peak_bytes.delta, 0);
+    }
+}

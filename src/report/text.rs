@@ -1,0 +1,456 @@
+//! Plain-text and JSON views of a profile for a terminal: the `highwater` commands' output.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::diff::{Delta, ProfileDiff};
+use super::tree::span_tree;
+use super::units::{format_bytes, format_bytes_delta, format_duration_ns};
+use crate::{DeviceStats, PeakRow, Profile, RunMeta, SpanMetrics, Summary};
+
+/// Replaces control characters (newlines, escape sequences) in profile strings, which are user
+/// data, so they cannot move the cursor or forge lines in a terminal.
+pub fn clean(text: &str) -> Cow<'_, str> {
+    if text.chars().any(char::is_control) {
+        Cow::Owned(
+            text.chars()
+                .map(|c| if c.is_control() { '\u{FFFD}' } else { c })
+                .collect(),
+        )
+    } else {
+        Cow::Borrowed(text)
+    }
+}
+
+/// The warning every view shows when the profile lost events, or `None` when it lost none.
+pub fn dropped_events_warning(summary: &Summary) -> Option<String> {
+    (summary.dropped_events > 0).then(|| {
+        format!(
+            "{} events were dropped while recording; every figure is a lower bound",
+            summary.dropped_events
+        )
+    })
+}
+
+/// A shape as `[2, 3, 4]`, or `-` when unknown.
+pub fn format_shape(shape: Option<&[u64]>) -> String {
+    match shape {
+        Some(dims) => {
+            let dims: Vec<String> = dims.iter().map(u64::to_string).collect();
+            format!("[{}]", dims.join(", "))
+        }
+        None => "-".to_string(),
+    }
+}
+
+/// `part` as a percentage of `whole`, one decimal (`0.0%` when `whole` is zero).
+fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        return "0.0%".to_string();
+    }
+    format!("{:.1}%", part as f64 * 100.0 / whole as f64)
+}
+
+/// A text table with a header row; columns listed in `right` are right-aligned.
+struct Table {
+    header: Vec<&'static str>,
+    right: Vec<bool>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(columns: &[(&'static str, bool)]) -> Table {
+        Table {
+            header: columns.iter().map(|c| c.0).collect(),
+            right: columns.iter().map(|c| c.1).collect(),
+            rows: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, row: Vec<String>) {
+        self.rows.push(row);
+    }
+
+    fn render(&self, out: &mut String, indent: &str) {
+        let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (width, cell) in widths.iter_mut().zip(row) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        let header: Vec<String> = self.header.iter().map(|h| h.to_string()).collect();
+        for row in std::iter::once(&header).chain(&self.rows) {
+            let mut line = String::from(indent);
+            let last = row.len().saturating_sub(1);
+            for (i, cell) in row.iter().enumerate() {
+                let pad = widths[i].saturating_sub(cell.chars().count());
+                if self.right[i] {
+                    line.push_str(&" ".repeat(pad));
+                    line.push_str(cell);
+                } else {
+                    line.push_str(cell);
+                    if i != last {
+                        line.push_str(&" ".repeat(pad));
+                    }
+                }
+                if i != last {
+                    line.push_str("  ");
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+    }
+}
+
+/// The `summary` view: peak (when, where, by category), counts, devices and warnings.
+pub fn summary_text(profile: &Profile) -> String {
+    let s = &profile.summary;
+    let m = &profile.meta;
+    let mut out = String::new();
+    let program = if m.program.is_empty() {
+        "(unnamed program)"
+    } else {
+        &m.program
+    };
+    let _ = writeln!(
+        out,
+        "highwater profile of {} (highwater {}, {} threads, {} clock)",
+        clean(program),
+        clean(&m.highwater_version),
+        m.threads,
+        clean(&m.clock)
+    );
+    if let Some(warning) = dropped_events_warning(s) {
+        let _ = writeln!(out, "WARNING: {warning}");
+    }
+    let _ = writeln!(
+        out,
+        "peak:        {} on {} at {} (run lasted {})",
+        format_bytes(s.peak_bytes),
+        clean(&s.peak_device),
+        format_duration_ns(s.peak_timestamp_ns),
+        format_duration_ns(s.duration_ns)
+    );
+    let mut categories: Vec<(&String, &u64)> = s.peak_by_category.iter().collect();
+    categories.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+    let mut table = Table::new(&[("CATEGORY", false), ("AT PEAK", true), ("SHARE", true)]);
+    for (name, bytes) in categories {
+        table.push(vec![
+            clean(name).into_owned(),
+            format_bytes(*bytes),
+            percent(*bytes, s.peak_bytes),
+        ]);
+    }
+    table.render(&mut out, "  ");
+    let _ = writeln!(
+        out,
+        "allocations: {} allocs, {} frees, {} reallocs, {} allocated in total",
+        s.alloc_count,
+        s.free_count,
+        s.realloc_count,
+        format_bytes(s.total_alloc_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "final live:  {}   autograd retained: {}",
+        format_bytes(s.final_live_bytes),
+        format_bytes(s.autograd_retained_bytes)
+    );
+    let _ = writeln!(
+        out,
+        "events:      {} applied, {} dropped, {} unknown frees, {} reorder repairs",
+        s.event_count, s.dropped_events, s.unknown_frees, s.reorder_repairs
+    );
+    if !profile.devices.is_empty() {
+        out.push_str("devices:\n");
+        devices_table(&profile.devices).render(&mut out, "  ");
+    }
+    if !profile.warnings.is_empty() {
+        out.push_str("warnings:\n");
+        for warning in &profile.warnings {
+            let _ = writeln!(out, "  - {}", clean(warning));
+        }
+    }
+    out
+}
+
+fn devices_table(devices: &[DeviceStats]) -> Table {
+    let mut table = Table::new(&[
+        ("DEVICE", false),
+        ("PEAK", true),
+        ("AT", true),
+        ("CAPACITY", true),
+        ("FINAL", true),
+        ("POOL PEAK", true),
+        ("MAX FRAG", true),
+    ]);
+    let optional = |v: Option<u64>| v.map(format_bytes).unwrap_or_else(|| "-".into());
+    for d in devices {
+        table.push(vec![
+            clean(&d.device).into_owned(),
+            format_bytes(d.peak_bytes),
+            format_duration_ns(d.peak_timestamp_ns),
+            optional(d.capacity_bytes),
+            format_bytes(d.final_live_bytes),
+            optional(d.peak_reserved_bytes),
+            d.max_fragmentation
+                .map(|f| format!("{:.1}%", f * 100.0))
+                .unwrap_or_else(|| "-".into()),
+        ]);
+    }
+    table
+}
+
+/// The live-at-peak rows, largest first, at most `limit` of them.
+pub fn top_rows(profile: &Profile, limit: usize) -> Vec<&PeakRow> {
+    let mut rows: Vec<&PeakRow> = profile.peak_breakdown.iter().collect();
+    rows.sort_by_key(|row| std::cmp::Reverse(row.bytes));
+    rows.truncate(limit);
+    rows
+}
+
+/// The `top` view: the largest live-at-peak groups.
+pub fn top_text(profile: &Profile, limit: usize) -> String {
+    let rows = top_rows(profile, limit);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "live at the peak ({} on {}): {} of {} groups",
+        format_bytes(profile.summary.peak_bytes),
+        clean(&profile.summary.peak_device),
+        rows.len(),
+        profile.peak_breakdown.len()
+    );
+    let mut table = Table::new(&[
+        ("BYTES", true),
+        ("SHARE", true),
+        ("COUNT", true),
+        ("CATEGORY", false),
+        ("DEVICE", false),
+        ("OP", false),
+        ("SHAPE", false),
+        ("SPAN PATH", false),
+    ]);
+    for row in rows {
+        let path = if row.span_path.is_empty() {
+            "(outside spans)"
+        } else {
+            &row.span_path
+        };
+        table.push(vec![
+            format_bytes(row.bytes),
+            percent(row.bytes, profile.summary.peak_bytes),
+            row.count.to_string(),
+            row.category.to_string(),
+            clean(&row.device).into_owned(),
+            clean(row.op.as_deref().unwrap_or("-")).into_owned(),
+            format_shape(row.shape.as_deref()),
+            clean(path).into_owned(),
+        ]);
+    }
+    table.render(&mut out, "");
+    out
+}
+
+/// One span tree node with its depth, as `spans --json` prints it.
+#[derive(Debug, Serialize)]
+pub struct SpanRow<'a> {
+    /// Distance from the root.
+    pub depth: usize,
+    /// The node's metrics.
+    #[serde(flatten)]
+    pub span: &'a SpanMetrics,
+}
+
+/// The span tree in display order (parents before children) with depths.
+pub fn span_rows(profile: &Profile) -> Vec<SpanRow<'_>> {
+    span_tree(&profile.spans)
+        .into_iter()
+        .map(|row| SpanRow {
+            depth: row.depth,
+            span: &profile.spans[row.index],
+        })
+        .collect()
+}
+
+/// Deepest indentation the text tree draws; deeper nodes are drawn at this depth.
+const MAX_TEXT_INDENT: usize = 32;
+
+/// The `spans` view: the span tree with calls, time and memory metrics.
+pub fn spans_text(profile: &Profile) -> String {
+    let mut table = Table::new(&[
+        ("SPAN", false),
+        ("CALLS", true),
+        ("TIME", true),
+        ("ALLOCATED", true),
+        ("PEAK", true),
+        ("RESIDUAL", true),
+    ]);
+    for row in span_rows(profile) {
+        let span = row.span;
+        table.push(vec![
+            format!(
+                "{}{}",
+                "  ".repeat(row.depth.min(MAX_TEXT_INDENT)),
+                clean(&span.name)
+            ),
+            span.calls.to_string(),
+            format_duration_ns(span.total_ns),
+            format_bytes(span.bytes_allocated),
+            format_bytes(span.peak_bytes),
+            format_bytes(span.residual_bytes),
+        ]);
+    }
+    let mut out = String::new();
+    if profile.spans.is_empty() {
+        out.push_str("no spans were recorded\n");
+    } else {
+        table.render(&mut out, "");
+    }
+    out
+}
+
+fn delta_cells(delta: &Delta) -> [String; 3] {
+    [
+        format_bytes(delta.before),
+        format_bytes(delta.after),
+        format_bytes_delta(delta.delta),
+    ]
+}
+
+/// The `diff` view: peak, categories and the spans that changed most, at most `limit` spans.
+pub fn diff_text(diff: &ProfileDiff, limit: usize) -> String {
+    let mut out = String::new();
+    let [before, after, delta] = delta_cells(&diff.peak_bytes);
+    let _ = writeln!(
+        out,
+        "peak:        {before} ({}) -> {after} ({})   {delta}",
+        clean(&diff.peak_device_before),
+        clean(&diff.peak_device_after)
+    );
+    let [before, after, delta] = delta_cells(&diff.final_live_bytes);
+    let _ = writeln!(out, "final live:  {before} -> {after}   {delta}");
+    let [before, after, delta] = delta_cells(&diff.total_alloc_bytes);
+    let _ = writeln!(out, "allocated:   {before} -> {after}   {delta}");
+    out.push_str("categories at the peak:\n");
+    let mut table = Table::new(&[
+        ("CATEGORY", false),
+        ("BEFORE", true),
+        ("AFTER", true),
+        ("CHANGE", true),
+    ]);
+    for c in &diff.categories {
+        let [before, after, delta] = delta_cells(&c.bytes);
+        table.push(vec![clean(&c.category).into_owned(), before, after, delta]);
+    }
+    table.render(&mut out, "  ");
+    if diff.spans.is_empty() {
+        out.push_str("spans: no changes\n");
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "spans that changed (largest first, {} of {}):",
+        diff.spans.len().min(limit),
+        diff.spans.len()
+    );
+    let mut table = Table::new(&[
+        ("PEAK", true),
+        ("RESIDUAL", true),
+        ("ALLOCATED", true),
+        ("SPAN PATH", false),
+    ]);
+    for span in diff.spans.iter().take(limit) {
+        let note = match (span.in_before, span.in_after) {
+            (false, true) => " (new)",
+            (true, false) => " (gone)",
+            _ => "",
+        };
+        table.push(vec![
+            format_bytes_delta(span.peak_bytes.delta),
+            format_bytes_delta(span.residual_bytes.delta),
+            format_bytes_delta(span.bytes_allocated.delta),
+            format!("{}{note}", clean(&span.path)),
+        ]);
+    }
+    table.render(&mut out, "  ");
+    out
+}
+
+/// What `summary --json` prints: the run, the headline figures, devices and warnings.
+#[derive(Debug, Serialize)]
+pub struct SummaryJson<'a> {
+    /// About the run.
+    pub meta: &'a RunMeta,
+    /// The headline figures.
+    pub summary: &'a Summary,
+    /// Per-device figures.
+    pub devices: &'a [DeviceStats],
+    /// Warnings, the dropped-events one included when events were dropped.
+    pub warnings: Vec<String>,
+}
+
+/// The `summary --json` document of `profile`.
+pub fn summary_json(profile: &Profile) -> SummaryJson<'_> {
+    let mut warnings = Vec::new();
+    if let Some(w) = dropped_events_warning(&profile.summary) {
+        if !profile.warnings.iter().any(|x| x.contains("dropped")) {
+            warnings.push(w);
+        }
+    }
+    warnings.extend(profile.warnings.iter().cloned());
+    SummaryJson {
+        meta: &profile.meta,
+        summary: &profile.summary,
+        devices: &profile.devices,
+        warnings,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::export::sample::{sample_profile, sample_profile_with_drops};
+
+    #[test]
+    fn summary_names_peak_device_and_categories() {
+        let p = sample_profile();
+        let text = summary_text(&p);
+        assert!(text.contains(&format_bytes(p.summary.peak_bytes)), "{text}");
+        assert!(text.contains("cuda:0"), "{text}");
+        assert!(text.contains("activation"), "{text}");
+        assert!(!text.contains("WARNING"), "{text}");
+        assert!(!text.contains(" GB") && !text.contains(" MB"), "{text}");
+    }
+
+    #[test]
+    fn summary_warns_when_events_were_dropped() {
+        let text = summary_text(&sample_profile_with_drops());
+        assert!(
+            text.contains("WARNING:") && text.contains("dropped"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn control_characters_in_names_are_neutralised() {
+        let mut p = sample_profile();
+        p.spans[0].name = "evil\x1b[2J\nname".into();
+        let text = spans_text(&p);
+        assert!(!text.contains('\x1b'));
+        assert_eq!(text.lines().count(), p.spans.len() + 1);
+    }
+
+    #[test]
+    fn top_is_sorted_and_limited() {
+        let p = sample_profile();
+        let rows = top_rows(&p, 5);
+        assert_eq!(rows.len(), 5);
+        assert!(rows.windows(2).all(|w| w[0].bytes >= w[1].bytes));
+        let text = top_text(&p, 5);
+        assert_eq!(text.lines().count(), 7, "{text}");
+    }
+}
