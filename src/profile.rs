@@ -432,7 +432,11 @@ mod tests {
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(leftovers.len(), 1, "temporary file left behind: {leftovers:?}");
+        assert_eq!(
+            leftovers.len(),
+            1,
+            "temporary file left behind: {leftovers:?}"
+        );
     }
 
     #[test]
@@ -444,7 +448,12 @@ mod tests {
             ("other.json", "{\"schema\": \"highwater/99\"}"),
             ("types.json", "{\"schema\": \"highwater/1\", \"meta\": 3}"),
         ];
-        let expected = ["is empty", "not a valid", "schema \"highwater/99\"", "not a valid"];
+        let expected = [
+            "is empty",
+            "not a valid",
+            "schema \"highwater/99\"",
+            "not a valid",
+        ];
         for ((name, text), want) in cases.iter().zip(expected) {
             let path = dir.path().join(name);
             fs::write(&path, text).unwrap();

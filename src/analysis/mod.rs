@@ -10,3 +10,10 @@
 mod event;
 
 pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq};
+mod downsample;
+mod intern;
+mod live;
+mod spans;
+mod timeline;
+
+pub use timeline::{Timeline, TimelineConfig};

@@ -1,0 +1,949 @@
+//! The streaming state machine: [`Timeline::apply`] one event at a time, [`Timeline::finish`]
+//! for a [`Profile`] at any moment.
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+
+use crate::model::{Category, SpanLabel, Step};
+use crate::profile::{
+    DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile, SpanMetrics,
+    Summary, TimelinePoint, SCHEMA,
+};
+
+use super::downsample::{Downsampler, Sample};
+use super::event::{DeviceId, Event, EventKind, NameId, ShapeId};
+use super::intern::Interner;
+use super::live::{self, Freed, LiveEntry, LiveSet, Origin, NONE};
+use super::spans::Spans;
+
+/// Bounds on what a [`Timeline`] keeps and reports.
+///
+/// # Examples
+///
+/// ```
+/// use highwater::analysis::TimelineConfig;
+///
+/// let config = TimelineConfig { top_allocations: 8, ..TimelineConfig::default() };
+/// assert_eq!(config.max_points_per_device, 2048);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimelineConfig {
+    /// Most points of the memory curve kept per device (the exact peak is always one of them).
+    /// Also bounds each device's pool timeline.
+    pub max_points_per_device: usize,
+    /// How many of the largest allocations live at the peak to list individually.
+    pub top_allocations: usize,
+    /// Most rows of the aggregated live-at-peak breakdown; the rest fold into one `(other)` row.
+    pub max_breakdown_rows: usize,
+}
+
+impl Default for TimelineConfig {
+    fn default() -> Self {
+        TimelineConfig {
+            max_points_per_device: 2048,
+            top_allocations: 32,
+            max_breakdown_rows: 256,
+        }
+    }
+}
+
+/// Category counters of one device: live bytes per [`Category::index`].
+type ByCategory = [u64; Category::COUNT];
+
+/// One point of a device's memory curve, before names are attached.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CurvePoint {
+    ts: u64,
+    live: u64,
+    by_category: ByCategory,
+}
+
+impl Sample for CurvePoint {
+    fn ts(&self) -> u64 {
+        self.ts
+    }
+    /// Slot 0 keeps the highest live bytes, slot 1 the lowest.
+    fn beats(&self, kept: &Self, slot: usize) -> bool {
+        if slot == 0 {
+            self.live > kept.live
+        } else {
+            self.live < kept.live
+        }
+    }
+}
+
+/// One pool report, before names are attached.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct PoolSample {
+    ts: u64,
+    capacity: u64,
+    reserved: u64,
+    largest_free: u64,
+    fragmentation: f64,
+}
+
+impl Sample for PoolSample {
+    fn ts(&self) -> u64 {
+        self.ts
+    }
+    /// Slot 0 keeps the most reserved bytes, slot 1 the highest fragmentation.
+    fn beats(&self, kept: &Self, slot: usize) -> bool {
+        if slot == 0 {
+            self.reserved > kept.reserved
+        } else {
+            self.fragmentation > kept.fragmentation
+        }
+    }
+}
+
+/// What a pool reported about one device.
+#[derive(Debug, Clone)]
+struct PoolStats {
+    capacity: u64,
+    peak_reserved: u64,
+    max_fragmentation: f64,
+    curve: Downsampler<PoolSample>,
+}
+
+/// Everything kept per device.
+#[derive(Debug, Clone)]
+struct DeviceState {
+    /// Some event named this device.
+    touched: bool,
+    live: u64,
+    by_category: ByCategory,
+    allocs: u64,
+    frees: u64,
+    peak: u64,
+    peak_ts: u64,
+    peak_by_category: ByCategory,
+    curve: Downsampler<CurvePoint>,
+    pool: Option<PoolStats>,
+}
+
+impl DeviceState {
+    fn new(max_buckets: usize) -> DeviceState {
+        DeviceState {
+            touched: false,
+            live: 0,
+            by_category: [0; Category::COUNT],
+            allocs: 0,
+            frees: 0,
+            peak: 0,
+            peak_ts: 0,
+            peak_by_category: [0; Category::COUNT],
+            curve: Downsampler::new(max_buckets),
+            pool: None,
+        }
+    }
+
+    fn add(&mut self, category: Category, size: u64) {
+        self.live = self.live.saturating_add(size);
+        let slot = &mut self.by_category[category.index()];
+        *slot = slot.saturating_add(size);
+    }
+
+    fn sub(&mut self, category: Category, size: u64) {
+        self.live = self.live.saturating_sub(size);
+        let slot = &mut self.by_category[category.index()];
+        *slot = slot.saturating_sub(size);
+    }
+}
+
+/// The highest live bytes any one device reached.
+#[derive(Debug, Clone, Copy, Default)]
+struct GlobalPeak {
+    bytes: u64,
+    ts: u64,
+    device: Option<DeviceId>,
+    by_category: ByCategory,
+}
+
+/// The innermost-op stack of one thread.
+#[derive(Debug, Default)]
+struct ThreadOps {
+    /// Open ops, innermost last, as (name, shape, dtype) ids ([`NONE`] for unknown).
+    stack: Vec<[u32; 3]>,
+    /// `OpBegin`s beyond [`MAX_OP_DEPTH`] not pushed, so their `OpEnd`s pop nothing.
+    overflow: u64,
+}
+
+/// Deeper op nesting than this is garbage; it is counted, not stored.
+const MAX_OP_DEPTH: usize = 256;
+
+/// Counters of the summary.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    allocs: u64,
+    frees: u64,
+    reallocs: u64,
+    total_alloc_bytes: u64,
+    unknown_frees: u64,
+    reorder_repairs: u64,
+}
+
+/// The streaming memory analysis: apply merged events in time order, take a [`Profile`] at
+/// any time.
+///
+/// Each [`Timeline::apply`] is O(1) amortised (a span exit is O(log n) in the open spans), does
+/// not allocate once tables have grown, and never panics, whatever the events say: frees of
+/// blocks never seen, duplicate allocations, late frees of reused addresses and exits of spans
+/// never entered are tolerated and counted in the summary. Memory is O(live blocks + open spans
+/// + span tree nodes + iterations), plus the bounded curves.
+///
+/// # Examples
+///
+/// ```
+/// use highwater::analysis::{DeviceId, Event, EventKind, Timeline, TimelineConfig};
+/// use highwater::Category;
+///
+/// let mut timeline = Timeline::new(TimelineConfig::default());
+/// let alloc = |ts, addr, size| Event {
+///     ts_ns: ts,
+///     thread: 1,
+///     span: 0,
+///     kind: EventKind::Alloc { device: DeviceId::CPU, addr, size, category: Category::Other },
+/// };
+/// timeline.apply(&alloc(10, 0x1000, 4096));
+/// timeline.apply(&alloc(20, 0x2000, 1024));
+/// timeline.apply(&Event {
+///     ts_ns: 30,
+///     thread: 1,
+///     span: 0,
+///     kind: EventKind::Free { device: DeviceId::CPU, addr: 0x1000, size: 4096 },
+/// });
+/// assert_eq!(timeline.live_bytes(DeviceId::CPU), 1024);
+/// let profile = timeline.finish(40);
+/// assert_eq!(profile.summary.peak_bytes, 5120);
+/// assert_eq!(profile.summary.peak_timestamp_ns, 20);
+/// ```
+#[derive(Debug)]
+pub struct Timeline {
+    config: TimelineConfig,
+    names: Interner,
+    live: LiveSet,
+    devices: Vec<DeviceState>,
+    spans: Spans,
+    threads: FxHashMap<u32, ThreadOps>,
+    /// Open ops on all threads (skips the per-thread lookup when zero).
+    open_ops: u64,
+    /// Events applied; the next event's sequence number.
+    seq: u64,
+    dropped: u64,
+    counts: Counts,
+    /// Highest live bytes of any one device now (the span peak measure).
+    measure: u64,
+    peak: GlobalPeak,
+    /// Activation bytes live when the first backward span entered.
+    autograd_retained: Option<u64>,
+    /// Exits of top-level spans by name: (timestamp, live bytes on all devices).
+    top_level_exits: FxHashMap<NameId, Vec<(u64, u64)>>,
+}
+
+impl Timeline {
+    /// An empty timeline that knows only the `cpu` device.
+    pub fn new(config: TimelineConfig) -> Timeline {
+        Timeline {
+            config,
+            names: Interner::new(),
+            live: LiveSet::default(),
+            devices: Vec::new(),
+            spans: Spans::default(),
+            threads: FxHashMap::default(),
+            open_ops: 0,
+            seq: 0,
+            dropped: 0,
+            counts: Counts::default(),
+            measure: 0,
+            peak: GlobalPeak::default(),
+            autograd_retained: None,
+            top_level_exits: FxHashMap::default(),
+        }
+    }
+
+    /// The id of a span, op or dtype name; the same string always gets the same id.
+    pub fn intern_name(&mut self, name: &str) -> NameId {
+        self.names.name(name)
+    }
+
+    /// The id of a device name; `"cpu"` is always [`DeviceId::CPU`].
+    pub fn intern_device(&mut self, name: &str) -> DeviceId {
+        self.names.device(name)
+    }
+
+    /// The id of a tensor shape; the same dims always get the same id.
+    pub fn intern_shape(&mut self, dims: &[u64]) -> ShapeId {
+        self.names.shape(dims)
+    }
+
+    /// Records that `count` events were lost before reaching the analysis.
+    pub fn note_dropped(&mut self, count: u64) {
+        self.dropped = self.dropped.saturating_add(count);
+    }
+
+    /// Bytes live on `device` now.
+    pub fn live_bytes(&self, device: DeviceId) -> u64 {
+        self.devices
+            .get(usize::from(device.0))
+            .map_or(0, |state| state.live)
+    }
+
+    /// Events applied so far.
+    pub fn event_count(&self) -> u64 {
+        self.seq
+    }
+
+    fn curve_buckets(&self) -> usize {
+        // Two points per bucket, and room for the exact peak.
+        (self.config.max_points_per_device.saturating_sub(1) / 2).max(1)
+    }
+
+    fn device(&mut self, device: DeviceId) -> &mut DeviceState {
+        let index = usize::from(device.0);
+        if index >= self.devices.len() {
+            let buckets = self.curve_buckets();
+            self.devices
+                .resize_with(index + 1, || DeviceState::new(buckets));
+        }
+        let state = &mut self.devices[index];
+        state.touched = true;
+        state
+    }
+
+    /// Applies one event. Events should come in time order; late ones are tolerated.
+    pub fn apply(&mut self, event: &Event) {
+        let seq = self.seq;
+        self.seq += 1;
+        let ts = event.ts_ns;
+        match event.kind {
+            EventKind::Alloc {
+                device,
+                addr,
+                size,
+                category,
+            } => {
+                self.counts.allocs += 1;
+                self.counts.total_alloc_bytes = self.counts.total_alloc_bytes.saturating_add(size);
+                self.device(device).allocs += 1;
+                self.make_live(event, seq, device, addr, size, size, category, true);
+                self.changed(device, ts, seq);
+            }
+            EventKind::Free { device, addr, .. } => {
+                self.device(device);
+                match self.live.free(device, addr, ts) {
+                    Freed::Ended(entry) => {
+                        self.device(device).frees += 1;
+                        self.counts.frees += 1;
+                        self.end(device, &entry);
+                        self.changed(device, ts, seq);
+                    }
+                    Freed::Straggler => self.counts.reorder_repairs += 1,
+                    Freed::Unknown => self.counts.unknown_frees += 1,
+                }
+            }
+            EventKind::Realloc {
+                old_addr,
+                new_addr,
+                new_size,
+                category,
+                ..
+            } => {
+                let device = DeviceId::CPU;
+                self.device(device);
+                self.counts.reallocs += 1;
+                let growth = match self.live.free(device, old_addr, ts) {
+                    Freed::Ended(entry) => {
+                        self.end(device, &entry);
+                        new_size.saturating_sub(entry.size)
+                    }
+                    Freed::Straggler => {
+                        self.counts.reorder_repairs += 1;
+                        new_size
+                    }
+                    Freed::Unknown => {
+                        self.counts.unknown_frees += 1;
+                        new_size
+                    }
+                };
+                self.counts.total_alloc_bytes =
+                    self.counts.total_alloc_bytes.saturating_add(growth);
+                self.make_live(
+                    event, seq, device, new_addr, new_size, growth, category, false,
+                );
+                self.changed(device, ts, seq);
+            }
+            EventKind::SetCategory {
+                device,
+                addr,
+                category,
+            } => {
+                self.device(device);
+                if let Some((size, old)) = self.live.set_category(device, addr, category, seq) {
+                    let state = self.device(device);
+                    state.sub(old, size);
+                    state.add(category, size);
+                    self.changed(device, ts, seq);
+                }
+            }
+            EventKind::SpanEnter { id, name, label } => {
+                if label == SpanLabel::Step(Step::Backward) && self.autograd_retained.is_none() {
+                    let activation = Category::Activation.index();
+                    let retained = self
+                        .devices
+                        .iter()
+                        .fold(0u64, |sum, d| sum.saturating_add(d.by_category[activation]));
+                    self.autograd_retained = Some(retained);
+                }
+                let reopened = self.spans.enter(
+                    event.thread,
+                    event.span,
+                    id,
+                    name,
+                    label,
+                    ts,
+                    seq,
+                    self.measure,
+                );
+                if let Some(closed) = reopened {
+                    self.closed(closed.node, ts);
+                }
+            }
+            EventKind::SpanExit { id } => {
+                if let Some(closed) = self.spans.exit(event.thread, id, ts, self.measure) {
+                    self.closed(closed.node, ts);
+                }
+            }
+            EventKind::OpBegin {
+                name, shape, dtype, ..
+            } => {
+                let ops = self.threads.entry(event.thread).or_default();
+                if ops.stack.len() < MAX_OP_DEPTH {
+                    ops.stack.push([
+                        name.0,
+                        shape.map_or(NONE, |s| s.0),
+                        dtype.map_or(NONE, |d| d.0),
+                    ]);
+                    self.open_ops += 1;
+                } else {
+                    ops.overflow += 1;
+                }
+            }
+            EventKind::OpEnd => {
+                if let Some(ops) = self.threads.get_mut(&event.thread) {
+                    if ops.overflow > 0 {
+                        ops.overflow -= 1;
+                    } else if ops.stack.pop().is_some() {
+                        self.open_ops = self.open_ops.saturating_sub(1);
+                    }
+                }
+            }
+            EventKind::PoolState {
+                device,
+                capacity,
+                reserved,
+                largest_free,
+                fragmentation,
+            } => {
+                let buckets = self.curve_buckets();
+                let fragmentation = if fragmentation.is_finite() {
+                    fragmentation
+                } else {
+                    0.0
+                };
+                let state = self.device(device);
+                let pool = state.pool.get_or_insert_with(|| PoolStats {
+                    capacity,
+                    peak_reserved: 0,
+                    max_fragmentation: 0.0,
+                    curve: Downsampler::new(buckets),
+                });
+                pool.capacity = capacity;
+                pool.peak_reserved = pool.peak_reserved.max(reserved);
+                pool.max_fragmentation = pool.max_fragmentation.max(fragmentation);
+                pool.curve.push(PoolSample {
+                    ts,
+                    capacity,
+                    reserved,
+                    largest_free,
+                    fragmentation,
+                });
+            }
+        }
+    }
+
+    /// Where a block allocated by `event` comes from: innermost op and span.
+    fn origin(&self, event: &Event) -> (Origin, u32) {
+        let owner = self.spans.lookup(event.thread, event.span).unwrap_or(NONE);
+        let mut origin = Origin::NOWHERE;
+        origin.node = self.spans.node_of(owner);
+        if self.open_ops > 0 {
+            if let Some([op, shape, dtype]) = self
+                .threads
+                .get(&event.thread)
+                .and_then(|ops| ops.stack.last().copied())
+            {
+                origin.op = op;
+                origin.shape = shape;
+                origin.dtype = dtype;
+            }
+        }
+        (origin, owner)
+    }
+
+    /// Inserts a live block for an alloc or the new side of a realloc; a block already live at
+    /// the key is ended first and counted as a repair. `counted` is what span bytes grow by.
+    #[allow(clippy::too_many_arguments)]
+    fn make_live(
+        &mut self,
+        event: &Event,
+        seq: u64,
+        device: DeviceId,
+        addr: u64,
+        size: u64,
+        counted: u64,
+        category: Category,
+        is_alloc: bool,
+    ) {
+        let (origin, owner) = self.origin(event);
+        let entry = LiveEntry {
+            size,
+            ts: event.ts_ns,
+            seq,
+            thread: event.thread,
+            owner,
+            origin,
+            category,
+        };
+        if let Some(old) = self.live.insert(device, addr, entry) {
+            self.counts.reorder_repairs += 1;
+            self.end(device, &old);
+        }
+        self.device(device).add(category, size);
+        self.spans.on_alloc(owner, size, counted, is_alloc);
+    }
+
+    /// Takes an ended block off the counters and its span's residual.
+    fn end(&mut self, device: DeviceId, entry: &LiveEntry) {
+        self.device(device).sub(entry.category, entry.size);
+        self.spans.on_end(entry.owner, entry.size);
+    }
+
+    /// The counters of `device` changed at event `seq`: peaks, measure and curve follow.
+    fn changed(&mut self, device: DeviceId, ts: u64, seq: u64) {
+        let state = self.device(device);
+        let live = state.live;
+        if live > state.peak {
+            state.peak = live;
+            state.peak_ts = ts;
+            state.peak_by_category = state.by_category;
+        }
+        state.curve.push(CurvePoint {
+            ts,
+            live,
+            by_category: state.by_category,
+        });
+        let by_category = state.by_category;
+        if live > self.peak.bytes {
+            self.peak = GlobalPeak {
+                bytes: live,
+                ts,
+                device: Some(device),
+                by_category,
+            };
+            self.live.mark_peak(seq);
+        }
+        let measure = if live >= self.measure {
+            live
+        } else {
+            self.devices.iter().map(|d| d.live).max().unwrap_or(0)
+        };
+        if measure != self.measure {
+            self.measure = measure;
+            self.spans.record_measure(seq, measure);
+        }
+    }
+
+    /// A span instance of `node` closed at `ts`: top-level exits mark iterations.
+    fn closed(&mut self, node: u32, ts: u64) {
+        let Some(n) = self.spans.nodes.get(node as usize) else {
+            return;
+        };
+        if n.parent != NONE {
+            return;
+        }
+        let live = self.total_live();
+        self.top_level_exits
+            .entry(n.name)
+            .or_default()
+            .push((ts, live));
+    }
+
+    fn total_live(&self) -> u64 {
+        self.devices
+            .iter()
+            .fold(0u64, |sum, d| sum.saturating_add(d.live))
+    }
+
+    /// The profile as of now, with spans still open closed at `end_ns` (the timeline itself is
+    /// not changed, so this can be called mid-run). `meta` is left for the session to fill.
+    pub fn finish(&self, end_ns: u64) -> Profile {
+        let paths = self.span_paths();
+        let iterations = self.iterations();
+        let mut warnings = Vec::new();
+        if self.dropped > 0 {
+            warnings.push(format!(
+                "{} events were dropped during capture (full rings or exited threads); \
+                 figures may be low",
+                self.dropped
+            ));
+        }
+        warnings.extend(leak_warning(&iterations));
+        Profile {
+            schema: SCHEMA.to_string(),
+            meta: Default::default(),
+            summary: self.summary(end_ns),
+            timeline: self.curve(),
+            peak_breakdown: self.breakdown(&paths),
+            largest_at_peak: self.largest(&paths),
+            spans: self.span_metrics(&paths, end_ns),
+            iterations,
+            devices: self.device_stats(),
+            pool_timeline: self.pool_timeline(),
+            warnings,
+        }
+    }
+
+    fn summary(&self, end_ns: u64) -> Summary {
+        Summary {
+            peak_bytes: self.peak.bytes,
+            peak_timestamp_ns: self.peak.ts,
+            peak_device: self
+                .peak
+                .device
+                .map(|d| self.names.device_str(d))
+                .unwrap_or_default(),
+            peak_by_category: category_map(&self.peak.by_category),
+            alloc_count: self.counts.allocs,
+            free_count: self.counts.frees,
+            realloc_count: self.counts.reallocs,
+            total_alloc_bytes: self.counts.total_alloc_bytes,
+            autograd_retained_bytes: self.autograd_retained.unwrap_or(0),
+            dropped_events: self.dropped,
+            unknown_frees: self.counts.unknown_frees,
+            reorder_repairs: self.counts.reorder_repairs,
+            final_live_bytes: self.total_live(),
+            duration_ns: end_ns,
+            event_count: self.seq,
+        }
+    }
+
+    /// Each node's path, by node id (parents come before children).
+    fn span_paths(&self) -> Vec<String> {
+        let mut paths: Vec<String> = Vec::with_capacity(self.spans.nodes.len());
+        for node in &self.spans.nodes {
+            let name = self.names.name_str(node.name);
+            let path = match paths.get(node.parent as usize) {
+                Some(parent) => format!("{parent}/{name}"),
+                None => name,
+            };
+            paths.push(path);
+        }
+        paths
+    }
+
+    fn path_of<'a>(&self, paths: &'a [String], node: u32) -> &'a str {
+        paths.get(node as usize).map_or("", String::as_str)
+    }
+
+    fn name_opt(&self, id: u32) -> Option<String> {
+        (id != NONE).then(|| self.names.name_str(NameId(id)))
+    }
+
+    fn shape_opt(&self, id: u32) -> Option<Vec<u64>> {
+        if id == NONE {
+            return None;
+        }
+        self.names.shape_dims(ShapeId(id))
+    }
+
+    fn curve(&self) -> Vec<TimelinePoint> {
+        let mut out = Vec::new();
+        for (index, state) in self.devices.iter().enumerate() {
+            let device = DeviceId(u16::try_from(index).unwrap_or(u16::MAX));
+            let mut points: Vec<CurvePoint> = state.curve.points().collect();
+            if self.peak.device == Some(device) {
+                let peak = CurvePoint {
+                    ts: self.peak.ts,
+                    live: self.peak.bytes,
+                    by_category: self.peak.by_category,
+                };
+                if !points.contains(&peak) {
+                    points.push(peak);
+                }
+            }
+            points.sort_by_key(|p| p.ts);
+            let name = self.names.device_str(device);
+            out.extend(points.into_iter().map(|p| TimelinePoint {
+                timestamp_ns: p.ts,
+                device: name.clone(),
+                live_bytes: p.live,
+                by_category: category_map(&p.by_category),
+            }));
+        }
+        out
+    }
+
+    fn breakdown(&self, paths: &[String]) -> Vec<PeakRow> {
+        let mut rows: Vec<PeakRow> = live::group_at_peak(&self.live)
+            .into_iter()
+            .map(|(key, bytes, count)| PeakRow {
+                span_path: self.path_of(paths, key.origin.node).to_string(),
+                op: self.name_opt(key.origin.op),
+                shape: self.shape_opt(key.origin.shape),
+                dtype: self.name_opt(key.origin.dtype),
+                category: key.category,
+                device: self.names.device_str(key.device),
+                bytes,
+                count,
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            b.bytes
+                .cmp(&a.bytes)
+                .then(b.count.cmp(&a.count))
+                .then_with(|| a.span_path.cmp(&b.span_path))
+                .then_with(|| a.op.cmp(&b.op))
+                .then_with(|| a.shape.cmp(&b.shape))
+                .then_with(|| a.dtype.cmp(&b.dtype))
+                .then(a.category.cmp(&b.category))
+                .then_with(|| a.device.cmp(&b.device))
+        });
+        let max = self.config.max_breakdown_rows;
+        if rows.len() > max {
+            let rest = rows.split_off(max.saturating_sub(1));
+            if max > 0 {
+                rows.push(fold_rows(rest));
+            }
+        }
+        rows
+    }
+
+    fn largest(&self, paths: &[String]) -> Vec<LiveAllocation> {
+        live::largest_at_peak(&self.live, self.config.top_allocations)
+            .into_iter()
+            .map(|(device, entry)| LiveAllocation {
+                bytes: entry.size,
+                device: self.names.device_str(device),
+                category: entry.category,
+                span_path: self.path_of(paths, entry.origin.node).to_string(),
+                op: self.name_opt(entry.origin.op),
+                shape: self.shape_opt(entry.origin.shape),
+                timestamp_ns: entry.ts,
+                thread: entry.thread,
+            })
+            .collect()
+    }
+
+    fn span_metrics(&self, paths: &[String], end_ns: u64) -> Vec<SpanMetrics> {
+        let nodes = &self.spans.nodes;
+        let mut bytes: Vec<u64> = nodes.iter().map(|n| n.own_bytes).collect();
+        let mut allocs: Vec<u64> = nodes.iter().map(|n| n.own_allocs).collect();
+        // Children have higher ids than their parents: one reverse pass rolls everything up.
+        for index in (0..nodes.len()).rev() {
+            let parent = nodes[index].parent as usize;
+            if parent < index {
+                bytes[parent] = bytes[parent].saturating_add(bytes[index]);
+                allocs[parent] = allocs[parent].saturating_add(allocs[index]);
+            }
+        }
+        let mut metrics: Vec<SpanMetrics> = nodes
+            .iter()
+            .enumerate()
+            .map(|(index, node)| {
+                let (step, category) = match node.label {
+                    SpanLabel::Plain => (None, None),
+                    SpanLabel::Step(step) => (Some(step), None),
+                    SpanLabel::Category(category) => (None, Some(category)),
+                };
+                SpanMetrics {
+                    id: u32::try_from(index).unwrap_or(NONE),
+                    parent: (node.parent != NONE).then_some(node.parent),
+                    name: self.names.name_str(node.name),
+                    path: paths[index].clone(),
+                    step,
+                    category,
+                    calls: node.calls,
+                    total_ns: node.total_ns,
+                    bytes_allocated: bytes[index],
+                    alloc_count: allocs[index],
+                    peak_bytes: node.peak,
+                    residual_bytes: node.residual,
+                }
+            })
+            .collect();
+        for (node, enter_ts, peak, residual) in self.spans.open_at_end(self.measure) {
+            if let Some(m) = metrics.get_mut(node as usize) {
+                m.total_ns = m.total_ns.saturating_add(end_ns.saturating_sub(enter_ts));
+                m.peak_bytes = m.peak_bytes.max(peak);
+                m.residual_bytes = m.residual_bytes.saturating_add(residual);
+            }
+        }
+        metrics
+    }
+
+    /// Residuals at the exits of the top-level span entered most often (at least twice).
+    fn iterations(&self) -> Vec<IterationResidual> {
+        let mut calls: Vec<(NameId, u64, usize)> = Vec::new();
+        for (index, node) in self.spans.nodes.iter().enumerate() {
+            if node.parent != NONE {
+                continue;
+            }
+            match calls.iter_mut().find(|(name, _, _)| *name == node.name) {
+                Some(entry) => entry.1 += node.calls,
+                None => calls.push((node.name, node.calls, index)),
+            }
+        }
+        // Most calls; on a tie, the name that appeared first.
+        let chosen = calls
+            .iter()
+            .filter(|(_, calls, _)| *calls >= 2)
+            .min_by_key(|(_, calls, first)| (std::cmp::Reverse(*calls), *first));
+        let Some(&(name, _, _)) = chosen else {
+            return Vec::new();
+        };
+        let span = self.names.name_str(name);
+        let exits = self
+            .top_level_exits
+            .get(&name)
+            .map_or(&[][..], Vec::as_slice);
+        let mut previous = None;
+        exits
+            .iter()
+            .enumerate()
+            .map(|(index, &(ts, live))| {
+                let delta = previous.map_or(0, |prev| signed_delta(prev, live));
+                previous = Some(live);
+                IterationResidual {
+                    index: index as u64,
+                    span: span.clone(),
+                    end_timestamp_ns: ts,
+                    live_bytes: live,
+                    delta_bytes: delta,
+                }
+            })
+            .collect()
+    }
+
+    fn device_stats(&self) -> Vec<DeviceStats> {
+        self.devices
+            .iter()
+            .enumerate()
+            .filter(|(_, state)| state.touched)
+            .map(|(index, state)| DeviceStats {
+                device: self
+                    .names
+                    .device_str(DeviceId(u16::try_from(index).unwrap_or(u16::MAX))),
+                capacity_bytes: state.pool.as_ref().map(|p| p.capacity),
+                peak_bytes: state.peak,
+                peak_timestamp_ns: state.peak_ts,
+                peak_by_category: category_map(&state.peak_by_category),
+                alloc_count: state.allocs,
+                free_count: state.frees,
+                final_live_bytes: state.live,
+                peak_reserved_bytes: state.pool.as_ref().map(|p| p.peak_reserved),
+                max_fragmentation: state.pool.as_ref().map(|p| p.max_fragmentation),
+            })
+            .collect()
+    }
+
+    fn pool_timeline(&self) -> Vec<PoolPoint> {
+        let mut out = Vec::new();
+        for (index, state) in self.devices.iter().enumerate() {
+            let Some(pool) = &state.pool else {
+                continue;
+            };
+            let name = self
+                .names
+                .device_str(DeviceId(u16::try_from(index).unwrap_or(u16::MAX)));
+            let mut points: Vec<PoolSample> = pool.curve.points().collect();
+            points.sort_by_key(|p| p.ts);
+            out.extend(points.into_iter().map(|p| PoolPoint {
+                timestamp_ns: p.ts,
+                device: name.clone(),
+                capacity_bytes: p.capacity,
+                reserved_bytes: p.reserved,
+                largest_free_bytes: p.largest_free,
+                fragmentation: p.fragmentation,
+            }));
+        }
+        out
+    }
+}
+
+/// Live bytes by category name, zero categories left out.
+fn category_map(by_category: &ByCategory) -> BTreeMap<String, u64> {
+    Category::ALL
+        .iter()
+        .filter(|c| by_category[c.index()] > 0)
+        .map(|c| (c.as_str().to_string(), by_category[c.index()]))
+        .collect()
+}
+
+/// `after - before` as a signed number, saturating.
+fn signed_delta(before: u64, after: u64) -> i64 {
+    if after >= before {
+        i64::try_from(after - before).unwrap_or(i64::MAX)
+    } else {
+        i64::try_from(before - after).map_or(i64::MIN, |d| -d)
+    }
+}
+
+/// One row standing for every breakdown row past the limit.
+fn fold_rows(rest: Vec<PeakRow>) -> PeakRow {
+    let mut devices = rest.iter().map(|r| r.device.as_str());
+    let first = devices.next().unwrap_or_default().to_string();
+    let device = if devices.all(|d| d == first) {
+        first
+    } else {
+        "(mixed)".to_string()
+    };
+    PeakRow {
+        span_path: "(other)".to_string(),
+        op: None,
+        shape: None,
+        dtype: None,
+        category: Category::Other,
+        device,
+        bytes: rest.iter().fold(0u64, |sum, r| sum.saturating_add(r.bytes)),
+        count: rest.iter().map(|r| r.count).sum(),
+    }
+}
+
+/// Iterations looked at by the leak rule, and the fewest it needs.
+const LEAK_WINDOW: usize = 16;
+const LEAK_MIN_ITERATIONS: usize = 8;
+
+/// The leak signal: over the last [`LEAK_WINDOW`] iteration deltas (at least
+/// [`LEAK_MIN_ITERATIONS`] of them; the first iteration has none), at least 80 % grew and the
+/// total growth is positive.
+fn leak_warning(iterations: &[IterationResidual]) -> Option<String> {
+    let deltas: Vec<i64> = iterations.iter().skip(1).map(|i| i.delta_bytes).collect();
+    let window = &deltas[deltas.len().saturating_sub(LEAK_WINDOW)..];
+    if window.len() < LEAK_MIN_ITERATIONS {
+        return None;
+    }
+    let grew = window.iter().filter(|&&d| d > 0).count();
+    let total: i64 = window.iter().fold(0i64, |sum, &d| sum.saturating_add(d));
+    if grew * 5 < window.len() * 4 || total <= 0 {
+        return None;
+    }
+    let span = iterations.first().map_or("", |i| i.span.as_str());
+    let per_iteration = total / window.len() as i64;
+    Some(format!(
+        "live memory grows across iterations of span `{span}`: +{per_iteration} bytes per \
+         iteration on average, {grew} of the last {} iterations grew ({total} bytes in total); \
+         something allocated each iteration is kept",
+        window.len()
+    ))
+}
