@@ -16,4 +16,7 @@ mod live;
 mod spans;
 mod timeline;
 
+#[cfg(test)]
+mod reference;
+
 pub use timeline::{Timeline, TimelineConfig};
