@@ -49,6 +49,9 @@ pub(super) struct NodeFigures {
     pub(super) residual_bytes: u64,
 }
 
+/// A span node as the profile shows it: (name, step, category) from the top.
+type NamedChain = Vec<(String, Option<Step>, Option<Category>)>;
+
 /// The naive replay.
 #[derive(Debug, Default)]
 pub(super) struct Model {
@@ -112,6 +115,7 @@ impl Model {
         *live -= block.size;
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn add_block(
         &mut self,
         event: &Event,
@@ -416,9 +420,8 @@ impl Model {
         }
 
         // Span tree.
-        let mut got_nodes: BTreeMap<Vec<(String, Option<Step>, Option<Category>)>, NodeFigures> =
-            BTreeMap::new();
-        let mut chains: Vec<Vec<(String, Option<Step>, Option<Category>)>> = Vec::new();
+        let mut got_nodes: BTreeMap<NamedChain, NodeFigures> = BTreeMap::new();
+        let mut chains: Vec<NamedChain> = Vec::new();
         for m in &profile.spans {
             let mut chain = m.parent.map_or(Vec::new(), |p| chains[p as usize].clone());
             chain.push((m.name.clone(), m.step, m.category));
@@ -455,7 +458,11 @@ impl Model {
             })
             .collect();
         for (chain, want) in &want_nodes {
-            assert_eq!(got_nodes.get(chain), Some(want), "span metrics of {chain:?}");
+            assert_eq!(
+                got_nodes.get(chain),
+                Some(want),
+                "span metrics of {chain:?}"
+            );
         }
         assert_eq!(got_nodes.len(), want_nodes.len(), "span nodes");
 
