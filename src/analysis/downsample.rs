@@ -69,16 +69,42 @@ impl<P: Sample> Downsampler<P> {
     /// Adds a sample. A sample older than the newest bucket (a late straggler) is offered to
     /// the newest bucket rather than reopening history.
     pub(crate) fn push(&mut self, sample: P) {
-        let origin = *self.origin.get_or_insert(sample.ts());
+        self.offer(
+            sample.ts(),
+            |kept, slot| sample.beats(kept, slot),
+            || sample,
+        );
+    }
+
+    /// Like [`Downsampler::push`] for a sample that is costly to build: `beats` says whether
+    /// the sample at `ts` would replace a kept one, and `make` builds it only when it is kept.
+    #[inline]
+    pub(crate) fn offer(
+        &mut self,
+        ts: u64,
+        beats: impl Fn(&P, usize) -> bool,
+        make: impl FnOnce() -> P,
+    ) {
+        let origin = *self.origin.get_or_insert(ts);
         loop {
-            let index = self.index_of(sample.ts(), origin);
+            let index = self.index_of(ts, origin);
             if let Some(last) = self.buckets.last_mut() {
                 if index <= last.index {
-                    last.offer(&sample);
+                    let (first, second) = (beats(&last.slots[0], 0), beats(&last.slots[1], 1));
+                    if first || second {
+                        let sample = make();
+                        if first {
+                            last.slots[0] = sample;
+                        }
+                        if second {
+                            last.slots[1] = sample;
+                        }
+                    }
                     return;
                 }
             }
             if self.buckets.len() < self.max_buckets {
+                let sample = make();
                 self.buckets.push(Bucket {
                     index,
                     slots: [sample; 2],

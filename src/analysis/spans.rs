@@ -158,6 +158,7 @@ impl Spans {
     }
 
     /// The measure changed to `value` at event `seq`.
+    #[inline]
     pub(crate) fn record_measure(&mut self, seq: u64, value: u64) {
         if self.any_open() {
             self.peaks.record(seq, value, false);
@@ -293,11 +294,14 @@ impl Spans {
     /// `start` if open, else its nearest open ancestor; [`NONE`] when there is none.
     fn nearest_open(&self, start: u32) -> u32 {
         let mut at = start;
-        while let Some(inst) = self.instances.get(at as usize) {
-            if inst.open {
-                return at;
+        // Parents are older than their children and outlive them, so chains are acyclic; the
+        // bound only guards against a bookkeeping bug turning into a hang.
+        for _ in 0..=self.instances.len() {
+            match self.instances.get(at as usize) {
+                Some(inst) if inst.open => return at,
+                Some(inst) => at = inst.parent,
+                None => return NONE,
             }
-            at = inst.parent;
         }
         NONE
     }

@@ -538,13 +538,26 @@ impl Timeline {
             state.peak_ts = ts;
             state.peak_by_category = state.by_category;
         }
-        state.curve.push(CurvePoint {
+        // The category array is copied only when the point is kept: a copy right after the
+        // counters were written would wait for every pending store, including the live map's.
+        let by_category = &state.by_category;
+        state.curve.offer(
             ts,
-            live,
-            by_category: state.by_category,
-        });
-        let by_category = state.by_category;
+            |kept, slot| {
+                if slot == 0 {
+                    live > kept.live
+                } else {
+                    live < kept.live
+                }
+            },
+            || CurvePoint {
+                ts,
+                live,
+                by_category: *by_category,
+            },
+        );
         if live > self.peak.bytes {
+            let by_category = self.devices[usize::from(device.0)].by_category;
             self.peak = GlobalPeak {
                 bytes: live,
                 ts,
@@ -553,7 +566,7 @@ impl Timeline {
             };
             self.live.mark_peak(seq);
         }
-        let measure = if live >= self.measure {
+        let measure = if live >= self.measure || self.devices.len() == 1 {
             live
         } else {
             self.devices.iter().map(|d| d.live).max().unwrap_or(0)
