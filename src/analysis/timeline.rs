@@ -1,5 +1,38 @@
 //! The streaming state machine: [`Timeline::apply`] one event at a time, [`Timeline::finish`]
 //! for a [`Profile`] at any moment.
+//!
+//! # What each event does
+//!
+//! - `Alloc` makes a block live at (device, address) with the event's category, attributed to
+//!   the innermost open op of its thread (any device) and to the span instance the event names.
+//!   A key that is already live is ended first, as if freed now, and counted as a repair.
+//! - `Free` ends the block. A key that is not live counts as an unknown free; a free stamped
+//!   earlier than the live block's allocation belongs to an earlier life of the address and is
+//!   ignored, counted as a repair. `free_count` counts only frees that ended a block.
+//! - `Realloc` ends the old heap block (same rules; an unknown one counts as an unknown free)
+//!   and makes the new one live in the same step. It counts in `realloc_count` only; total
+//!   bytes and the span's bytes grow by the growth over the ended block's size, or by the new
+//!   size when no block was ended.
+//! - `SetCategory` moves a live block's bytes between category counters. A key that is not
+//!   live is ignored and not counted: it changes no byte figure, and a hook racing a free is
+//!   expected.
+//! - `SpanEnter`/`SpanExit` open and close instances (see [`super::spans`]); an exit of an
+//!   instance that is not open is ignored. The first span labelled backward fixes the
+//!   autograd-retained bytes: activation bytes live on all devices at that moment.
+//! - `OpBegin`/`OpEnd` push and pop the thread's op stack; an `OpEnd` with nothing open is
+//!   ignored.
+//! - `PoolState` updates the device's pool figures and its bounded pool curve.
+//!
+//! After any event that changed a device's counters: that device's peak, the global peak (the
+//! highest live bytes of any one device; ties keep the first time), the curve, and the span
+//! peak measure (highest live bytes over devices) are updated.
+//!
+//! # Iterations and the leak signal
+//!
+//! The top-level span name entered most often (at least twice; ties go to the name seen first)
+//! marks iterations. Each exit of it records live bytes on all devices and the change since the
+//! previous exit (0 for the first). Instances still open at the end are not iterations. See
+//! [`leak_warning`] for when a growing residual becomes a warning.
 
 use std::collections::BTreeMap;
 
