@@ -196,8 +196,8 @@ struct GlobalPeak {
 /// The innermost-op stack of one thread.
 #[derive(Debug, Default)]
 struct ThreadOps {
-    /// Open ops, innermost last, as (name, shape, dtype) ids ([`NONE`] for unknown).
-    stack: Vec<[u32; 3]>,
+    /// Open ops, innermost last, as op ids of [`Timeline::op_keys`].
+    stack: Vec<u32>,
     /// `OpBegin`s beyond [`MAX_OP_DEPTH`] not pushed, so their `OpEnd`s pop nothing.
     overflow: u64,
 }
@@ -261,6 +261,9 @@ pub struct Timeline {
     threads: FxHashMap<u32, ThreadOps>,
     /// Open ops on all threads (skips the per-thread lookup when zero).
     open_ops: u64,
+    /// (op name, shape, dtype) of each op id, [`NONE`] for unknown parts.
+    op_keys: Vec<[u32; 3]>,
+    op_ids: FxHashMap<[u32; 3], u32>,
     /// Events applied; the next event's sequence number.
     seq: u64,
     dropped: u64,
@@ -285,6 +288,8 @@ impl Timeline {
             spans: Spans::default(),
             threads: FxHashMap::default(),
             open_ops: 0,
+            op_keys: Vec::new(),
+            op_ids: FxHashMap::default(),
             seq: 0,
             dropped: 0,
             counts: Counts::default(),
@@ -450,13 +455,23 @@ impl Timeline {
             EventKind::OpBegin {
                 name, shape, dtype, ..
             } => {
+                let key = [
+                    name.0,
+                    shape.map_or(NONE, |s| s.0),
+                    dtype.map_or(NONE, |d| d.0),
+                ];
+                let op = match self.op_ids.get(&key) {
+                    Some(&op) => op,
+                    None => {
+                        let op = u32::try_from(self.op_keys.len()).unwrap_or(NONE);
+                        self.op_keys.push(key);
+                        self.op_ids.insert(key, op);
+                        op
+                    }
+                };
                 let ops = self.threads.entry(event.thread).or_default();
                 if ops.stack.len() < MAX_OP_DEPTH {
-                    ops.stack.push([
-                        name.0,
-                        shape.map_or(NONE, |s| s.0),
-                        dtype.map_or(NONE, |d| d.0),
-                    ]);
+                    ops.stack.push(op);
                     self.open_ops += 1;
                 } else {
                     ops.overflow += 1;
@@ -511,14 +526,12 @@ impl Timeline {
         let mut origin = Origin::NOWHERE;
         origin.node = self.spans.node_of(owner);
         if self.open_ops > 0 {
-            if let Some([op, shape, dtype]) = self
+            if let Some(&op) = self
                 .threads
                 .get(&event.thread)
-                .and_then(|ops| ops.stack.last().copied())
+                .and_then(|ops| ops.stack.last())
             {
                 origin.op = op;
-                origin.shape = shape;
-                origin.dtype = dtype;
             }
         }
         (origin, owner)
@@ -548,11 +561,13 @@ impl Timeline {
             origin,
             category,
         };
+        // Counters first: `changed` copies them right after, and a copy of values written
+        // after the map insert would wait for the insert's store (often a cache miss).
+        self.device(device).add(category, size);
         if let Some(old) = self.live.insert(device, addr, entry) {
             self.counts.reorder_repairs += 1;
             self.end(device, &old);
         }
-        self.device(device).add(category, size);
         self.spans.on_alloc(owner, size, counted, is_alloc);
     }
 
@@ -702,6 +717,18 @@ impl Timeline {
         paths.get(node as usize).map_or("", String::as_str)
     }
 
+    /// (op name, shape, dtype) of an op id.
+    fn op_parts(&self, op: u32) -> (Option<String>, Option<Vec<u64>>, Option<String>) {
+        match self.op_keys.get(op as usize) {
+            Some(&[name, shape, dtype]) => (
+                self.name_opt(name),
+                self.shape_opt(shape),
+                self.name_opt(dtype),
+            ),
+            None => (None, None, None),
+        }
+    }
+
     fn name_opt(&self, id: u32) -> Option<String> {
         (id != NONE).then(|| self.names.name_str(NameId(id)))
     }
@@ -743,15 +770,18 @@ impl Timeline {
     fn breakdown(&self, paths: &[String]) -> Vec<PeakRow> {
         let mut rows: Vec<PeakRow> = live::group_at_peak(&self.live)
             .into_iter()
-            .map(|(key, bytes, count)| PeakRow {
-                span_path: self.path_of(paths, key.origin.node).to_string(),
-                op: self.name_opt(key.origin.op),
-                shape: self.shape_opt(key.origin.shape),
-                dtype: self.name_opt(key.origin.dtype),
-                category: key.category,
-                device: self.names.device_str(key.device),
-                bytes,
-                count,
+            .map(|(key, bytes, count)| {
+                let (op, shape, dtype) = self.op_parts(key.origin.op);
+                PeakRow {
+                    span_path: self.path_of(paths, key.origin.node).to_string(),
+                    op,
+                    shape,
+                    dtype,
+                    category: key.category,
+                    device: self.names.device_str(key.device),
+                    bytes,
+                    count,
+                }
             })
             .collect();
         rows.sort_by(|a, b| {
@@ -778,15 +808,18 @@ impl Timeline {
     fn largest(&self, paths: &[String]) -> Vec<LiveAllocation> {
         live::largest_at_peak(&self.live, self.config.top_allocations)
             .into_iter()
-            .map(|(device, entry)| LiveAllocation {
-                bytes: entry.size,
-                device: self.names.device_str(device),
-                category: entry.category,
-                span_path: self.path_of(paths, entry.origin.node).to_string(),
-                op: self.name_opt(entry.origin.op),
-                shape: self.shape_opt(entry.origin.shape),
-                timestamp_ns: entry.ts,
-                thread: entry.thread,
+            .map(|(device, entry)| {
+                let (op, shape, _) = self.op_parts(entry.origin.op);
+                LiveAllocation {
+                    bytes: entry.size,
+                    device: self.names.device_str(device),
+                    category: entry.category,
+                    span_path: self.path_of(paths, entry.origin.node).to_string(),
+                    op,
+                    shape,
+                    timestamp_ns: entry.ts,
+                    thread: entry.thread,
+                }
             })
             .collect()
     }
