@@ -679,7 +679,7 @@ fn timeline(config: TimelineConfig) -> Timeline {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
     fn timeline_matches_the_brute_force_model(
@@ -699,6 +699,13 @@ proptest! {
         model.check(&profile, 5);
         for point in &profile.timeline {
             prop_assert!(point.live_bytes <= profile.summary.peak_bytes);
+        }
+        if profile.summary.peak_bytes > 0 {
+            let s = &profile.summary;
+            prop_assert!(profile.timeline.iter().any(|p| p.device == s.peak_device
+                && p.timestamp_ns == s.peak_timestamp_ns
+                && p.live_bytes == s.peak_bytes
+                && p.by_category == s.peak_by_category));
         }
         prop_assert!(profile.timeline.iter().filter(|p| p.device == profile.summary.peak_device).count() <= 64);
     }

@@ -1348,6 +1348,31 @@ mod tests {
     }
 
     #[test]
+    fn out_of_order_exits_are_tolerated_and_forget_their_instances() {
+        let mut s = Script::new();
+        s.enter("outer", SpanLabel::Plain);
+        s.enter("inner", SpanLabel::Plain);
+        s.alloc(0x10, 8, Category::Other);
+        let (outer, inner) = (s.stack[0], s.stack[1]);
+        s.at(s.ts + 1, inner, EventKind::SpanExit { id: outer });
+        s.at(s.ts + 2, inner, EventKind::SpanExit { id: outer }); // twice
+        s.at(s.ts + 3, 0, EventKind::SpanExit { id: 777 }); // never entered
+        s.ts += 10;
+        s.alloc(0x20, 4, Category::Other); // still inside `inner`
+        s.at(s.ts + 1, inner, EventKind::SpanExit { id: inner });
+        s.stack.clear();
+        s.free(0x10);
+        s.free(0x20);
+        assert_eq!(s.timeline.spans.instances_in_use(), 0);
+        let profile = s.finish();
+        assert_eq!(span(&profile, "outer").calls, 1);
+        assert_eq!(span(&profile, "outer/inner").calls, 1);
+        assert_eq!(span(&profile, "outer/inner").residual_bytes, 12);
+        assert_eq!(span(&profile, "outer").bytes_allocated, 12);
+        assert_eq!(profile.summary.final_live_bytes, 0);
+    }
+
+    #[test]
     fn set_category_moves_live_bytes_between_categories() {
         let mut s = Script::new();
         s.alloc(0x10, 100, Category::Other);
