@@ -73,6 +73,20 @@ struct Instance {
     refs: u32,
 }
 
+/// What a `SpanEnter` event says, with where it sits in the stream.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SpanStart {
+    pub(crate) thread: u32,
+    /// The enclosing instance on the same thread (`0`: none).
+    pub(crate) parent_id: SpanSeq,
+    pub(crate) id: SpanSeq,
+    pub(crate) name: NameId,
+    pub(crate) label: SpanLabel,
+    pub(crate) ts: u64,
+    /// Sequence number of the event.
+    pub(crate) seq: u64,
+}
+
 /// What closing an instance reports back to the timeline.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Closed {
@@ -200,20 +214,18 @@ impl Spans {
         node
     }
 
-    /// Opens instance `id` on `thread` under the instance the event names as its parent.
-    /// Reopening an id that is still open closes the old instance first.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn enter(
-        &mut self,
-        thread: u32,
-        parent_id: SpanSeq,
-        id: SpanSeq,
-        name: NameId,
-        label: SpanLabel,
-        ts: u64,
-        seq: u64,
-        measure: u64,
-    ) -> Option<Closed> {
+    /// Opens an instance under the instance the event names as its parent, with the measure
+    /// at that moment. Reopening an id that is still open closes the old instance first.
+    pub(crate) fn enter(&mut self, start: SpanStart, measure: u64) -> Option<Closed> {
+        let SpanStart {
+            thread,
+            parent_id,
+            id,
+            name,
+            label,
+            ts,
+            seq,
+        } = start;
         let reopened = self.exit(thread, id, ts, measure);
         let parent = self.lookup(thread, parent_id).unwrap_or(NONE);
         let parent_node = self.node_of(parent);

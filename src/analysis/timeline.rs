@@ -48,7 +48,7 @@ use super::downsample::{Downsampler, Sample};
 use super::event::{DeviceId, Event, EventKind, NameId, ShapeId};
 use super::intern::Interner;
 use super::live::{self, Freed, LiveEntry, LiveSet, Origin, NONE};
-use super::spans::Spans;
+use super::spans::{SpanStart, Spans};
 
 /// Bounds on what a [`Timeline`] keeps and reports.
 ///
@@ -204,6 +204,19 @@ struct ThreadOps {
 
 /// Deeper op nesting than this is garbage; it is counted, not stored.
 const MAX_OP_DEPTH: usize = 256;
+
+/// A block an alloc or realloc makes live.
+#[derive(Debug, Clone, Copy)]
+struct NewBlock {
+    device: DeviceId,
+    addr: u64,
+    size: u64,
+    /// What the span's bytes-allocated and the total grow by (a realloc's growth).
+    counted: u64,
+    category: Category,
+    /// An alloc (counted in alloc counts), not a realloc.
+    is_alloc: bool,
+}
 
 /// Counters of the summary.
 #[derive(Debug, Clone, Copy, Default)]
@@ -364,7 +377,15 @@ impl Timeline {
                 self.counts.allocs += 1;
                 self.counts.total_alloc_bytes = self.counts.total_alloc_bytes.saturating_add(size);
                 self.device(device).allocs += 1;
-                self.make_live(event, seq, device, addr, size, size, category, true);
+                let block = NewBlock {
+                    device,
+                    addr,
+                    size,
+                    counted: size,
+                    category,
+                    is_alloc: true,
+                };
+                self.make_live(event, seq, block);
                 self.changed(device, ts, seq);
             }
             EventKind::Free { device, addr, .. } => {
@@ -406,9 +427,15 @@ impl Timeline {
                 };
                 self.counts.total_alloc_bytes =
                     self.counts.total_alloc_bytes.saturating_add(growth);
-                self.make_live(
-                    event, seq, device, new_addr, new_size, growth, category, false,
-                );
+                let block = NewBlock {
+                    device,
+                    addr: new_addr,
+                    size: new_size,
+                    counted: growth,
+                    category,
+                    is_alloc: false,
+                };
+                self.make_live(event, seq, block);
                 self.changed(device, ts, seq);
             }
             EventKind::SetCategory {
@@ -433,16 +460,16 @@ impl Timeline {
                         .fold(0u64, |sum, d| sum.saturating_add(d.by_category[activation]));
                     self.autograd_retained = Some(retained);
                 }
-                let reopened = self.spans.enter(
-                    event.thread,
-                    event.span,
+                let start = SpanStart {
+                    thread: event.thread,
+                    parent_id: event.span,
                     id,
                     name,
                     label,
                     ts,
                     seq,
-                    self.measure,
-                );
+                };
+                let reopened = self.spans.enter(start, self.measure);
                 if let Some(closed) = reopened {
                     self.closed(closed.node, ts);
                 }
@@ -538,19 +565,16 @@ impl Timeline {
     }
 
     /// Inserts a live block for an alloc or the new side of a realloc; a block already live at
-    /// the key is ended first and counted as a repair. `counted` is what span bytes grow by.
-    #[allow(clippy::too_many_arguments)]
-    fn make_live(
-        &mut self,
-        event: &Event,
-        seq: u64,
-        device: DeviceId,
-        addr: u64,
-        size: u64,
-        counted: u64,
-        category: Category,
-        is_alloc: bool,
-    ) {
+    /// the key is ended (as if freed now) and counted as a repair.
+    fn make_live(&mut self, event: &Event, seq: u64, block: NewBlock) {
+        let NewBlock {
+            device,
+            addr,
+            size,
+            counted,
+            category,
+            is_alloc,
+        } = block;
         let (origin, owner) = self.origin(event);
         let entry = LiveEntry {
             size,
