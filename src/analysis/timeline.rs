@@ -1499,6 +1499,12 @@ mod tests {
     }
 
     #[test]
+    fn a_timeline_can_move_to_the_collector_thread() {
+        fn assert_send<T: Send + 'static>() {}
+        assert_send::<Timeline>();
+    }
+
+    #[test]
     fn dropped_events_are_reported_with_a_warning() {
         let mut s = Script::new();
         s.timeline.note_dropped(5);
