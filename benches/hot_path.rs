@@ -13,6 +13,9 @@
 //! cargo bench --bench hot_path
 //! ```
 
+// criterion_group! generates an undocumented function.
+#![allow(missing_docs)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
@@ -82,9 +85,11 @@ fn hot_path(c: &mut Criterion) {
             &threads,
             |b, &t| b.iter_custom(|iters| pairs(&HIGHWATER, t, iters)),
         );
-        group.bench_with_input(BenchmarkId::new("stats_alloc", threads), &threads, |b, &t| {
-            b.iter_custom(|iters| pairs(&STATS_ALLOC, t, iters))
-        });
+        group.bench_with_input(
+            BenchmarkId::new("stats_alloc", threads),
+            &threads,
+            |b, &t| b.iter_custom(|iters| pairs(&STATS_ALLOC, t, iters)),
+        );
 
         let session = highwater::Session::builder()
             .write_profile(false)

@@ -5,8 +5,26 @@
 //! at it, span metrics and a bounded, downsampled curve. No clocks, threads or I/O live here, so
 //! every figure a profile shows can be reproduced from a hand-written list of events.
 //!
+//! The parts, one file each:
+//!
+//! - `timeline`: the state machine and the assembly of the [`Profile`];
+//! - `live`: the live map and live-at-peak without snapshots;
+//! - `spans`: span instances, the span tree, residuals and peaks inside spans;
+//! - `downsample`: bounded curves that keep their extremes;
+//! - `intern`: the tables behind [`NameId`], [`DeviceId`] and [`ShapeId`];
+//! - `reference` (tests only): a brute-force model the property tests compare against.
+//!
 //! [`Profile`]: crate::Profile
 
+mod downsample;
 mod event;
+mod intern;
+mod live;
+#[cfg(test)]
+mod reference;
+mod span_sample;
+mod spans;
+mod timeline;
 
 pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq};
+pub use timeline::{Timeline, TimelineConfig};

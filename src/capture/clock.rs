@@ -104,18 +104,18 @@ impl Calibration {
 
     /// The reading taken at the session start.
     #[cfg(test)]
-    pub(crate) fn origin(&self) -> u64 {
+    pub(crate) fn origin(self) -> u64 {
         self.origin
     }
 
     /// Nanoseconds since the session start, or `None` for a reading from before it.
-    pub(crate) fn to_ns(&self, ticks: u64) -> Option<u64> {
+    pub(crate) fn to_ns(self, ticks: u64) -> Option<u64> {
         let since = ticks.checked_sub(self.origin)?;
         Some((since as f64 * self.ns_per_tick) as u64)
     }
 
     /// Nanoseconds since the session start, now.
-    pub(crate) fn now_ns(&self) -> u64 {
+    pub(crate) fn now_ns(self) -> u64 {
         self.to_ns(ticks()).unwrap_or(0)
     }
 }

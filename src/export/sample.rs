@@ -9,9 +9,8 @@
 use std::collections::BTreeMap;
 
 use crate::{
-    CaptureStats,
-    Category, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile, RunMeta,
-    SpanEvent, SpanMetrics, Step, Summary, TimelinePoint, SCHEMA,
+    CaptureStats, Category, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint,
+    Profile, RunMeta, SpanEvent, SpanMetrics, Step, Summary, TimelinePoint, SCHEMA,
 };
 
 const MIB: u64 = 1 << 20;
