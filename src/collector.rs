@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::analysis::{DeviceId, Event, EventKind, NameId, Timeline, TimelineConfig};
+use crate::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, Timeline, TimelineConfig};
 use crate::capture::clock::Calibration;
 use crate::capture::raw::{RawEvent, RawKind};
 use crate::capture::registry::{SlotState, REGISTRY};
 use crate::capture::ring::close_gate;
-use crate::capture::{self, RECORDING, UNATTRIBUTED_DROPS};
+use crate::capture::{self, names, RECORDING, UNATTRIBUTED_DROPS};
 use crate::model::{Category, SpanLabel};
 use crate::profile::{CaptureStats, Profile, ThreadCapture};
 
@@ -91,8 +91,9 @@ struct RingCursor {
     thread: Option<u32>,
     /// Decoded events not yet merged, oldest first.
     staged: VecDeque<Event>,
-    /// The first half of a realloc, waiting for its second.
-    realloc_from: Option<RawEvent>,
+    /// The first half of a two-event record (realloc, annotation, pool report), waiting for
+    /// its second.
+    head: Option<RawEvent>,
     /// Drop counters as last read, to charge new drops to the current owner.
     dropped_seen: [u64; RawKind::COUNT],
 }
@@ -106,6 +107,10 @@ struct Merger {
     heap: BinaryHeap<Reverse<(u64, usize)>>,
     /// Span names by their `&'static str` address and length.
     names: HashMap<(u64, u64), NameId>,
+    /// Timeline ids of the process-wide interner's names, shapes and devices.
+    interned_names: HashMap<u32, NameId>,
+    interned_shapes: HashMap<u32, ShapeId>,
+    interned_devices: HashMap<u16, DeviceId>,
     threads: Vec<ThreadCapture>,
     scratch: Vec<RawEvent>,
     /// Newest timestamp merged, for `duration_ns`.
@@ -129,6 +134,9 @@ impl Merger {
                 .collect(),
             heap: BinaryHeap::new(),
             names: HashMap::new(),
+            interned_names: HashMap::new(),
+            interned_shapes: HashMap::new(),
+            interned_devices: HashMap::new(),
             threads: Vec::new(),
             scratch: Vec::new(),
             newest_ns: 0,
@@ -175,7 +183,7 @@ impl Merger {
             if state == SlotState::Retired {
                 // Everything it wrote before retiring was drained above.
                 self.cursors[index].thread = None;
-                self.cursors[index].realloc_from = None;
+                self.cursors[index].head = None;
                 REGISTRY.free(index);
             }
         }
@@ -197,8 +205,8 @@ impl Merger {
                 Some(RawKind::Alloc) => stats.dropped_allocs += new,
                 Some(RawKind::Free) => stats.dropped_frees += new,
                 Some(RawKind::ReallocTo) => stats.dropped_reallocs += new,
-                // The first half of a dropped realloc is counted by its second.
-                Some(RawKind::ReallocFrom) => {}
+                // The first half of a two-event record is counted by its second.
+                Some(head) if head.is_head() => {}
                 _ => stats.dropped_other += new,
             }
         }
@@ -212,61 +220,137 @@ impl Merger {
         let Some(ts_ns) = self.calibration.to_ns(raw.ticks) else {
             return; // from before this session started
         };
-        let stats = &mut self.threads[thread as usize];
-        let kind = match RawKind::from_byte(raw.kind) {
-            Some(RawKind::Alloc) => {
-                stats.allocs += 1;
-                EventKind::Alloc {
-                    device: DeviceId(raw.device),
-                    addr: raw.a,
-                    size: raw.b,
-                    category: Category::from_index(raw.flags),
-                }
-            }
-            Some(RawKind::Free) => {
-                stats.frees += 1;
-                EventKind::Free {
-                    device: DeviceId(raw.device),
-                    addr: raw.a,
-                    size: raw.b,
-                }
-            }
-            Some(RawKind::ReallocFrom) => {
-                self.cursors[index].realloc_from = Some(raw);
-                return;
-            }
-            Some(RawKind::ReallocTo) => {
-                stats.reallocs += 1;
-                let from = self.cursors[index].realloc_from.take().unwrap_or_default();
-                EventKind::Realloc {
-                    old_addr: from.a,
-                    old_size: from.b,
-                    new_addr: raw.a,
-                    new_size: raw.b,
-                    category: Category::from_index(raw.flags),
-                }
-            }
-            Some(RawKind::SpanEnter) => {
-                stats.span_events += 1;
-                let name = self.intern_static_name(raw.a, raw.b & 0xFFFF_FFFF);
-                EventKind::SpanEnter {
-                    id: (raw.b >> 32) as u32,
-                    name,
-                    label: SpanLabel::from_byte(raw.flags),
-                }
-            }
-            Some(RawKind::SpanExit) => {
-                stats.span_events += 1;
-                EventKind::SpanExit { id: raw.span }
-            }
-            Some(RawKind::Other) | None => return,
+        let Some(kind) = RawKind::from_byte(raw.kind) else {
+            return;
         };
+        if kind.is_head() {
+            self.cursors[index].head = Some(raw);
+            return;
+        }
+        let is_tail = matches!(
+            kind,
+            RawKind::ReallocTo | RawKind::AnnotateTail | RawKind::PoolTail
+        );
+        let first = if is_tail {
+            self.cursors[index].head.take().unwrap_or_default()
+        } else {
+            RawEvent::default()
+        };
+        let category = Category::from_index(raw.flags);
+        let event = match kind {
+            RawKind::Alloc => EventKind::Alloc {
+                device: DeviceId::CPU,
+                addr: raw.a,
+                size: raw.b,
+                category,
+            },
+            RawKind::Free => EventKind::Free {
+                device: DeviceId::CPU,
+                addr: raw.a,
+                size: raw.b,
+            },
+            RawKind::ReallocTo => EventKind::Realloc {
+                old_addr: first.a,
+                old_size: first.b,
+                new_addr: raw.a,
+                new_size: raw.b,
+                category,
+            },
+            RawKind::SpanEnter => EventKind::SpanEnter {
+                id: (raw.b >> 32) as u32,
+                name: self.intern_static_name(raw.a, raw.b & 0xFFFF_FFFF),
+                label: SpanLabel::from_byte(raw.flags),
+            },
+            RawKind::SpanExit => EventKind::SpanExit { id: raw.span },
+            RawKind::OpBegin => EventKind::OpBegin {
+                name: self.name(raw.a as u32),
+                output: 0,
+                shape: None,
+                dtype: None,
+            },
+            RawKind::OpEnd => EventKind::OpEnd,
+            RawKind::DeviceAlloc => EventKind::Alloc {
+                device: self.device(raw.device),
+                addr: raw.a,
+                size: raw.b,
+                category,
+            },
+            RawKind::DeviceFree => EventKind::Free {
+                device: self.device(raw.device),
+                addr: raw.a,
+                size: raw.b,
+            },
+            RawKind::SetCategory => EventKind::SetCategory {
+                device: self.device(raw.device),
+                addr: raw.a,
+                category,
+            },
+            RawKind::AnnotateTail => EventKind::Annotate {
+                device: self.device(raw.device),
+                addr: first.a,
+                op: self.name(first.b as u32),
+                shape: raw.a.checked_sub(1).map(|id| self.shape(id as u32)),
+                dtype: raw.b.checked_sub(1).map(|id| self.name(id as u32)),
+            },
+            RawKind::PoolTail => EventKind::PoolState {
+                device: self.device(raw.device),
+                capacity: first.a,
+                reserved: first.b,
+                largest_free: raw.a,
+                fragmentation: f64::from_bits(raw.b),
+            },
+            RawKind::ReallocFrom | RawKind::AnnotateHead | RawKind::PoolHead => return,
+        };
+        let stats = &mut self.threads[thread as usize];
+        match kind {
+            RawKind::Alloc => stats.allocs += 1,
+            RawKind::Free => stats.frees += 1,
+            RawKind::ReallocTo => stats.reallocs += 1,
+            RawKind::SpanEnter | RawKind::SpanExit => stats.span_events += 1,
+            _ => stats.other_events += 1,
+        }
         self.cursors[index].staged.push_back(Event {
             ts_ns,
             thread,
             span: raw.span,
-            kind,
+            kind: event,
         });
+    }
+
+    /// The timeline's id for the interner's name `id`.
+    fn name(&mut self, id: u32) -> NameId {
+        if let Some(name) = self.interned_names.get(&id) {
+            return *name;
+        }
+        let text = names::name_of(id).unwrap_or_else(|| format!("(name {id})"));
+        let name = self.timeline.intern_name(&text);
+        self.interned_names.insert(id, name);
+        name
+    }
+
+    /// The timeline's id for the interner's shape `id`.
+    fn shape(&mut self, id: u32) -> ShapeId {
+        if let Some(shape) = self.interned_shapes.get(&id) {
+            return *shape;
+        }
+        let dims = names::shape_of(id).unwrap_or_default();
+        let shape = self.timeline.intern_shape(&dims);
+        self.interned_shapes.insert(id, shape);
+        shape
+    }
+
+    /// The timeline's id for the interner's device `id`.
+    fn device(&mut self, id: u16) -> DeviceId {
+        if id == names::CPU {
+            return DeviceId::CPU;
+        }
+        if let Some(device) = self.interned_devices.get(&id) {
+            return *device;
+        }
+        let text = names::device_of(id).unwrap_or_else(|| format!("device:{id}"));
+        let device = self.timeline.intern_device(&text);
+        self.interned_devices.insert(id, device);
+        device
     }
 
     /// Interns a span name recorded as a `&'static str`'s address and length.
@@ -336,8 +420,14 @@ impl Merger {
         };
         let sum = |field: fn(&ThreadCapture) -> u64| self.threads.iter().map(field).sum::<u64>();
         let loose = |kind: RawKind| unattributed[kind as usize];
-        let loose_other =
-            loose(RawKind::SpanEnter) + loose(RawKind::SpanExit) + loose(RawKind::Other);
+        let loose_other = (0..RawKind::COUNT as u8)
+            .filter_map(RawKind::from_byte)
+            .filter(|kind| {
+                !kind.is_head()
+                    && !matches!(kind, RawKind::Alloc | RawKind::Free | RawKind::ReallocTo)
+            })
+            .map(loose)
+            .sum::<u64>();
         for (kind, total) in [
             ("alloc", sum(|t| t.dropped_allocs) + loose(RawKind::Alloc)),
             ("free", sum(|t| t.dropped_frees) + loose(RawKind::Free)),

@@ -20,6 +20,8 @@ mod collector;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
+pub mod ops;
+#[cfg(not(loom))]
 mod session;
 #[cfg(not(loom))]
 mod span;

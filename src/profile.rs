@@ -301,6 +301,9 @@ pub struct ThreadCapture {
     pub reallocs: u64,
     /// Span entries and exits recorded.
     pub span_events: u64,
+    /// Op, device-tensor, annotation and pool events recorded.
+    #[serde(default)]
+    pub other_events: u64,
     /// Allocations dropped (ring full).
     pub dropped_allocs: u64,
     /// Frees dropped.

@@ -116,6 +116,20 @@ pub enum EventKind {
         /// Its category from now on.
         category: Category,
     },
+    /// Names what a live block is: the op that made it and its shape (an op hook that learns
+    /// its output after the op ran). Unknown blocks are ignored.
+    Annotate {
+        /// Device the block lives on.
+        device: DeviceId,
+        /// Address or tensor id.
+        addr: u64,
+        /// Op that made it.
+        op: NameId,
+        /// Its shape, when known.
+        shape: Option<ShapeId>,
+        /// Its dtype, when known.
+        dtype: Option<NameId>,
+    },
     /// A device pool's state after a reservation or release.
     PoolState {
         /// The pool's device.

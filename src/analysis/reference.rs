@@ -272,6 +272,17 @@ impl Model {
                     stack.pop();
                 }
             }
+            EventKind::Annotate {
+                device, addr, op, ..
+            } => {
+                if let Some(block) = self
+                    .live
+                    .iter_mut()
+                    .find(|b| b.device == device.0 && b.addr == addr)
+                {
+                    block.op = Some(op.0);
+                }
+            }
             EventKind::PoolState { .. } => {}
         }
         // Peaks and the span measure, after the event.

@@ -486,20 +486,7 @@ impl Timeline {
             EventKind::OpBegin {
                 name, shape, dtype, ..
             } => {
-                let key = [
-                    name.0,
-                    shape.map_or(NONE, |s| s.0),
-                    dtype.map_or(NONE, |d| d.0),
-                ];
-                let op = match self.op_ids.get(&key) {
-                    Some(&op) => op,
-                    None => {
-                        let op = u32::try_from(self.op_keys.len()).unwrap_or(NONE);
-                        self.op_keys.push(key);
-                        self.op_ids.insert(key, op);
-                        op
-                    }
-                };
+                let op = self.op_id(name, shape, dtype);
                 let ops = self.threads.entry(event.thread).or_default();
                 if ops.stack.len() < MAX_OP_DEPTH {
                     ops.stack.push(op);
@@ -507,6 +494,16 @@ impl Timeline {
                 } else {
                     ops.overflow += 1;
                 }
+            }
+            EventKind::Annotate {
+                device,
+                addr,
+                op,
+                shape,
+                dtype,
+            } => {
+                let op = self.op_id(op, shape, dtype);
+                self.live.annotate(device, addr, op);
             }
             EventKind::OpEnd => {
                 if let Some(ops) = self.threads.get_mut(&event.thread) {
@@ -549,6 +546,22 @@ impl Timeline {
                 });
             }
         }
+    }
+
+    /// The id of an (op name, shape, dtype) triple, interned on first sight.
+    fn op_id(&mut self, name: NameId, shape: Option<ShapeId>, dtype: Option<NameId>) -> u32 {
+        let key = [
+            name.0,
+            shape.map_or(NONE, |s| s.0),
+            dtype.map_or(NONE, |d| d.0),
+        ];
+        if let Some(&op) = self.op_ids.get(&key) {
+            return op;
+        }
+        let op = u32::try_from(self.op_keys.len()).unwrap_or(NONE);
+        self.op_keys.push(key);
+        self.op_ids.insert(key, op);
+        op
     }
 
     /// Where a block allocated by `event` comes from: innermost op and span.

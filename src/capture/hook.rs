@@ -331,3 +331,105 @@ pub(crate) fn paused<R>(f: impl FnOnce() -> R) -> R {
 pub(crate) fn open_gate() {
     RECORDING.store(true, Ordering::SeqCst);
 }
+
+/// Records one event of `kind` stamped now, with the thread's current span.
+#[inline]
+fn record_now(kind: RawKind, device: u16, flags: u8, a: u64, b: u64) {
+    emit([kind], |current| {
+        [RawEvent {
+            ticks: clock::ticks(),
+            kind: kind as u8,
+            flags,
+            device,
+            span: current.span,
+            a,
+            b,
+        }]
+    });
+}
+
+/// Records a two-event record (head then tail) as one unit stamped now.
+#[inline]
+fn record_pair_now(kinds: [RawKind; 2], device: u16, flags: u8, words: [u64; 4]) {
+    emit(kinds, |current| {
+        let ticks = clock::ticks();
+        let event = |kind: RawKind, a: u64, b: u64| RawEvent {
+            ticks,
+            kind: kind as u8,
+            flags,
+            device,
+            span: current.span,
+            a,
+            b,
+        };
+        [
+            event(kinds[0], words[0], words[1]),
+            event(kinds[1], words[2], words[3]),
+        ]
+    });
+}
+
+/// The category the thread's open spans give a new block.
+pub(crate) fn scope_category() -> crate::model::Category {
+    state().map_or(crate::model::Category::Other, |current| {
+        current.scope.category()
+    })
+}
+
+/// Records the start of an op named by interned `name`.
+pub(crate) fn record_op_begin(name: u32) {
+    record_now(RawKind::OpBegin, 0, 0, u64::from(name), 0);
+}
+
+/// Records the end of the innermost op.
+pub(crate) fn record_op_end() {
+    record_now(RawKind::OpEnd, 0, 0, 0, 0);
+}
+
+/// Records a device tensor becoming live.
+pub(crate) fn record_device_alloc(device: u16, tensor: u64, bytes: u64, category: u8) {
+    record_now(RawKind::DeviceAlloc, device, category, tensor, bytes);
+}
+
+/// Records a device tensor dying.
+pub(crate) fn record_device_free(device: u16, tensor: u64, bytes: u64) {
+    record_now(RawKind::DeviceFree, device, 0, tensor, bytes);
+}
+
+/// Records that the live block `key` on `device` has category `category` from now on.
+pub(crate) fn record_set_category(device: u16, key: u64, category: u8) {
+    record_now(RawKind::SetCategory, device, category, key, 0);
+}
+
+/// Records what made the live block `key` on `device`: op name, shape and dtype ids.
+pub(crate) fn record_annotation(
+    device: u16,
+    key: u64,
+    op: u32,
+    shape: Option<u32>,
+    dtype: Option<u32>,
+) {
+    let plus_one = |id: Option<u32>| id.map_or(0, |id| u64::from(id) + 1);
+    record_pair_now(
+        [RawKind::AnnotateHead, RawKind::AnnotateTail],
+        device,
+        0,
+        [key, u64::from(op), plus_one(shape), plus_one(dtype)],
+    );
+}
+
+/// Records a device pool's state.
+pub(crate) fn record_pool_state(
+    device: u16,
+    capacity: u64,
+    reserved: u64,
+    largest_free: u64,
+    fragmentation: f64,
+) {
+    record_pair_now(
+        [RawKind::PoolHead, RawKind::PoolTail],
+        device,
+        0,
+        [capacity, reserved, largest_free, fragmentation.to_bits()],
+    );
+}
