@@ -62,6 +62,7 @@ fn run(config: CollectorConfig, requests: Receiver<Control>) {
     loop {
         match requests.recv_timeout(config.interval) {
             Err(RecvTimeoutError::Timeout) => {
+                capture::advance_epoch();
                 merger.drain();
                 let now = config.calibration.now_ns();
                 merger.merge_until(now.saturating_sub(lag_ns));
@@ -217,9 +218,9 @@ impl Merger {
 
     /// Turns one raw event into an analysis event on ring `index`'s queue.
     fn decode(&mut self, index: usize, thread: u32, raw: RawEvent) {
-        let Some(ts_ns) = self.calibration.to_ns(raw.ticks) else {
-            return; // from before this session started
-        };
+        // A realloc's first half is stamped just before the recording gate is checked, so it
+        // may predate the session by a moment: it counts as the session's start.
+        let ts_ns = self.calibration.to_ns(raw.ticks).unwrap_or(0);
         let Some(kind) = RawKind::from_byte(raw.kind) else {
             return;
         };
@@ -255,6 +256,7 @@ impl Merger {
                 new_addr: raw.a,
                 new_size: raw.b,
                 category,
+                released_ns: Some(self.calibration.to_ns(first.ticks).unwrap_or(0)),
             },
             RawKind::SpanEnter => EventKind::SpanEnter {
                 id: (raw.b >> 32) as u32,

@@ -12,6 +12,7 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use crate::analysis::TimelineConfig;
+use crate::capture::ring::enable_asymmetric_barrier;
 use crate::capture::{self, clock, lifecycle};
 use crate::collector::{self, CollectorConfig, Control};
 use crate::error::Error;
@@ -119,6 +120,8 @@ impl SessionBuilder {
         let clock_name = clock::init(env.force_monotonic);
         lifecycle::set_ring_capacity(ring_events);
         lifecycle::install();
+        enable_asymmetric_barrier();
+        capture::advance_epoch();
         install_exit_handler();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));
         let (collector, control) = collector::spawn(CollectorConfig {

@@ -78,6 +78,11 @@ pub enum EventKind {
         new_size: u64,
         /// Category decided by the span stack at the time of the resize.
         category: Category,
+        /// When the old block was given up, if earlier than the event's own time: the old
+        /// address is judged as of then (a later allocation of it by another thread is a new
+        /// life), while the new block is live from the event's time.
+        #[serde(default)]
+        released_ns: Option<u64>,
     },
     /// A span opened on this thread. The event's `span` field is the parent.
     SpanEnter {

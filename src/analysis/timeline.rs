@@ -410,12 +410,14 @@ impl Timeline {
                 new_addr,
                 new_size,
                 category,
+                released_ns,
                 ..
             } => {
                 let device = DeviceId::CPU;
                 self.device(device);
                 self.counts.reallocs += 1;
-                let growth = match self.live.free(device, old_addr, ts) {
+                let released = released_ns.map_or(ts, |at| at.min(ts));
+                let growth = match self.live.free(device, old_addr, released) {
                     Freed::Ended(entry) => {
                         self.end(device, &entry);
                         new_size.saturating_sub(entry.size)
@@ -1220,6 +1222,7 @@ mod tests {
             new_addr: 0x30,
             new_size: 2 * MIB,
             category: Category::Activation,
+            released_ns: None,
         });
         s.exit();
         s.enter("backward", SpanLabel::Step(Step::Backward));
@@ -1320,6 +1323,7 @@ mod tests {
             new_addr: 0x80,
             new_size: 16,
             category: Category::Other,
+            released_ns: None,
         }); // realloc of an unknown block
         s.push(EventKind::SpanExit { id: 42 });
         s.push(EventKind::OpEnd);

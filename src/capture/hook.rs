@@ -17,6 +17,27 @@ use crate::model::{CategoryScope, SpanLabel};
 /// the ring's stop protocol); written only by the session.
 pub(crate) static RECORDING: AtomicBool = AtomicBool::new(false);
 
+/// Advanced by the collector on every wake (and by a session's start). A free may reuse its
+/// thread's last clock reading while the epoch has not moved, so its timestamp is never later
+/// than the free and at most one collector interval early.
+pub(crate) static EPOCH: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Moves [`EPOCH`] on.
+pub(crate) fn advance_epoch() {
+    EPOCH.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How an event is timestamped.
+#[derive(Debug, Clone, Copy)]
+enum Stamp {
+    /// Read the clock now. Allocations need this: their timestamp must not be earlier than the
+    /// allocation, or a reuse of the address could sort before the free that released it.
+    Fresh,
+    /// Any reading not later than now will do (frees): reuse the thread's last reading while
+    /// the epoch has not moved, which skips the clock on most frees of a busy thread.
+    Recent,
+}
+
 /// Events dropped without a ring to count them in (no free ring, thread already exiting), by
 /// [`RawKind`]. Rare, so a shared read-modify-write is fine here.
 pub(crate) static UNATTRIBUTED_DROPS: [AtomicU64; RawKind::COUNT] =
@@ -46,6 +67,9 @@ struct ThreadState {
     last_span: u32,
     /// What the open spans say about categories.
     scope: CategoryScope,
+    /// This thread's last clock reading, and the [`EPOCH`] it was read in.
+    last_ticks: u64,
+    last_epoch: u32,
 }
 
 impl ThreadState {
@@ -60,6 +84,8 @@ impl ThreadState {
             named: None,
             step: None,
         },
+        last_ticks: 0,
+        last_epoch: u32::MAX,
     };
 }
 
@@ -95,9 +121,14 @@ fn drop_unattributed(kinds: &[RawKind]) {
 }
 
 /// Writes the events built by `build` into this thread's ring, or counts them as dropped.
-/// `kinds` names the events, for counting them when no ring can take them.
+/// `kinds` names the events, for counting them when no ring can take them; `stamp` says how
+/// to timestamp them. `build` gets the thread's state and the timestamp.
 #[inline(always)]
-fn emit<const N: usize>(kinds: [RawKind; N], build: impl FnOnce(ThreadState) -> [RawEvent; N]) {
+fn emit<const N: usize>(
+    kinds: [RawKind; N],
+    stamp: Stamp,
+    build: impl FnOnce(ThreadState, u64) -> [RawEvent; N],
+) {
     if !RECORDING.load(Ordering::Relaxed) {
         return;
     }
@@ -123,9 +154,30 @@ fn emit<const N: usize>(kinds: [RawKind; N], build: impl FnOnce(ThreadState) -> 
         claimed => usize::from(claimed - 1),
     };
     let ring = &REGISTRY.slots()[index].ring;
+    let mut read = None;
     // SAFETY: this thread claimed ring `index` (its state says so) and has not retired it, so it
     // is the ring's only producer; `claim_ring` installed storage before recording the claim.
-    let _: Pushed = unsafe { ring.push(&RECORDING, || build(current)) };
+    let _: Pushed = unsafe {
+        ring.push(&RECORDING, kinds, || {
+            let epoch = EPOCH.load(Ordering::Relaxed);
+            let ticks = match stamp {
+                Stamp::Recent if current.last_epoch == epoch => current.last_ticks,
+                Stamp::Fresh | Stamp::Recent => {
+                    let ticks = clock::ticks();
+                    read = Some((ticks, epoch));
+                    ticks
+                }
+            };
+            build(current, ticks)
+        })
+    };
+    if let Some((ticks, epoch)) = read {
+        set_state(ThreadState {
+            last_ticks: ticks,
+            last_epoch: epoch,
+            ..current
+        });
+    }
 }
 
 /// Claims a ring for this thread (cold path: once per thread). Returns its index.
@@ -177,9 +229,9 @@ pub(crate) fn retire_current_thread(index: usize) {
 /// Records a heap allocation that the inner allocator just made.
 #[inline(always)]
 pub(crate) fn record_alloc(addr: usize, size: usize) {
-    emit([RawKind::Alloc], |current| {
+    emit([RawKind::Alloc], Stamp::Fresh, |current, ticks| {
         [RawEvent {
-            ticks: clock::ticks(),
+            ticks,
             kind: RawKind::Alloc as u8,
             flags: current.scope.category() as u8,
             device: 0,
@@ -193,9 +245,9 @@ pub(crate) fn record_alloc(addr: usize, size: usize) {
 /// Records a heap free that is about to happen.
 #[inline(always)]
 pub(crate) fn record_free(addr: usize, size: usize) {
-    emit([RawKind::Free], |current| {
+    emit([RawKind::Free], Stamp::Recent, |current, ticks| {
         [RawEvent {
-            ticks: clock::ticks(),
+            ticks,
             kind: RawKind::Free as u8,
             flags: 0,
             device: 0,
@@ -206,31 +258,41 @@ pub(crate) fn record_free(addr: usize, size: usize) {
     });
 }
 
-/// Records a completed realloc as one unit. `ticks` was read before the inner realloc ran, so
-/// the event sorts before any reuse of the old block by another thread.
+/// Records a completed realloc as one unit. `released` was read before the inner realloc
+/// ran, so the old block's half sorts before any reuse of it by another thread; the new
+/// block's half is stamped now, after the inner call returned it.
 #[inline(always)]
 pub(crate) fn record_realloc(
-    ticks: u64,
+    released: u64,
     old_addr: usize,
     old_size: usize,
     new_addr: usize,
     new_size: usize,
 ) {
-    emit([RawKind::ReallocFrom, RawKind::ReallocTo], |current| {
-        let event = |kind: RawKind, addr: usize, size: usize| RawEvent {
-            ticks,
-            kind: kind as u8,
-            flags: current.scope.category() as u8,
-            device: 0,
-            span: current.span,
-            a: addr as u64,
-            b: size as u64,
-        };
-        [
-            event(RawKind::ReallocFrom, old_addr, old_size),
-            event(RawKind::ReallocTo, new_addr, new_size),
-        ]
-    });
+    emit(
+        [RawKind::ReallocFrom, RawKind::ReallocTo],
+        Stamp::Fresh,
+        |current, ticks| {
+            let event = |kind: RawKind, ticks: u64, addr: usize, size: usize| RawEvent {
+                ticks,
+                kind: kind as u8,
+                flags: current.scope.category() as u8,
+                device: 0,
+                span: current.span,
+                a: addr as u64,
+                b: size as u64,
+            };
+            [
+                event(
+                    RawKind::ReallocFrom,
+                    released.min(ticks),
+                    old_addr,
+                    old_size,
+                ),
+                event(RawKind::ReallocTo, ticks, new_addr, new_size),
+            ]
+        },
+    );
 }
 
 /// Opens a span on this thread: updates the thread's span state (always, so spans opened before
@@ -248,9 +310,9 @@ pub(crate) fn span_enter(name: &'static str, label: SpanLabel) -> SpanRestore {
     current.span = restore.id;
     current.scope = current.scope.enter(label);
     set_state(current);
-    emit([RawKind::SpanEnter], |_| {
+    emit([RawKind::SpanEnter], Stamp::Fresh, |_, ticks| {
         [RawEvent {
-            ticks: clock::ticks(),
+            ticks,
             kind: RawKind::SpanEnter as u8,
             flags: label.to_byte(),
             device: 0,
@@ -267,9 +329,9 @@ pub(crate) fn span_exit(restore: SpanRestore) {
     if restore.id == 0 {
         return;
     }
-    emit([RawKind::SpanExit], |_| {
+    emit([RawKind::SpanExit], Stamp::Fresh, |_, ticks| {
         [RawEvent {
-            ticks: clock::ticks(),
+            ticks,
             kind: RawKind::SpanExit as u8,
             flags: 0,
             device: 0,
@@ -335,9 +397,9 @@ pub(crate) fn open_gate() {
 /// Records one event of `kind` stamped now, with the thread's current span.
 #[inline]
 fn record_now(kind: RawKind, device: u16, flags: u8, a: u64, b: u64) {
-    emit([kind], |current| {
+    emit([kind], Stamp::Fresh, |current, ticks| {
         [RawEvent {
-            ticks: clock::ticks(),
+            ticks,
             kind: kind as u8,
             flags,
             device,
@@ -351,8 +413,7 @@ fn record_now(kind: RawKind, device: u16, flags: u8, a: u64, b: u64) {
 /// Records a two-event record (head then tail) as one unit stamped now.
 #[inline]
 fn record_pair_now(kinds: [RawKind; 2], device: u16, flags: u8, words: [u64; 4]) {
-    emit(kinds, |current| {
-        let ticks = clock::ticks();
+    emit(kinds, Stamp::Fresh, |current, ticks| {
         let event = |kind: RawKind, a: u64, b: u64| RawEvent {
             ticks,
             kind: kind as u8,
