@@ -16,6 +16,7 @@ use crate::capture::ring::enable_asymmetric_barrier;
 use crate::capture::{self, clock, lifecycle};
 use crate::collector::{self, CollectorConfig, Control};
 use crate::error::Error;
+use crate::export::html;
 use crate::profile::{Profile, RunMeta};
 
 /// Where the profile goes when neither the builder nor `HIGHWATER_OUT` says.
@@ -30,6 +31,7 @@ struct Running {
     control: Sender<Control>,
     output: PathBuf,
     write: bool,
+    html: bool,
     meta: RunMeta,
 }
 
@@ -39,6 +41,7 @@ struct Running {
 /// |---|---|---|
 /// | `HIGHWATER` | `on`, `off` (also `1`/`0`, `true`/`false`) | `off` disables recording with no code change |
 /// | `HIGHWATER_OUT` | a path | where the profile goes unless [`SessionBuilder::output`] says |
+/// | `HIGHWATER_HTML` | `1`/`0` (also `on`/`off`, `true`/`false`) | also write the HTML report next to the profile |
 /// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | events per thread ring |
 /// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | force the portable clock |
 ///
@@ -58,6 +61,7 @@ pub struct SessionBuilder {
     output: Option<PathBuf>,
     ring_events: Option<usize>,
     write: Option<bool>,
+    html: Option<bool>,
     timeline: TimelineConfig,
 }
 
@@ -80,6 +84,13 @@ impl SessionBuilder {
     /// the profile either way.
     pub fn write_profile(mut self, write: bool) -> SessionBuilder {
         self.write = Some(write);
+        self
+    }
+
+    /// Also write the self-contained HTML report next to the profile (`profile.html` beside
+    /// `profile.json`) when the session ends. Default: `$HIGHWATER_HTML`, else off.
+    pub fn html(mut self, html: bool) -> SessionBuilder {
+        self.html = Some(html);
         self
     }
 
@@ -139,6 +150,7 @@ impl SessionBuilder {
                 .or(env.output)
                 .unwrap_or_else(|| DEFAULT_OUTPUT.into()),
             write: self.write.unwrap_or(true),
+            html: self.html.or(env.html).unwrap_or(false),
             meta: RunMeta {
                 program: program_name(),
                 highwater_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -262,6 +274,9 @@ fn finish_running(running: Running) -> Result<Profile, Error> {
     };
     if running.write {
         profile.write(&running.output)?;
+        if running.html {
+            html::write(&profile, html::path_beside(&running.output))?;
+        }
     }
     Ok(profile)
 }
@@ -319,6 +334,7 @@ fn check_ring_events(events: usize) -> Result<(), String> {
 struct EnvConfig {
     enabled: bool,
     output: Option<PathBuf>,
+    html: Option<bool>,
     ring_events: Option<usize>,
     force_monotonic: bool,
 }
@@ -346,6 +362,13 @@ impl EnvConfig {
             }
             Some(value) => Some(PathBuf::from(value)),
         };
+        let html =
+            match var("HIGHWATER_HTML") {
+                None => None,
+                Some(value) => Some(parse_switch(&value).ok_or_else(|| {
+                    invalid("HIGHWATER_HTML", &value, "1 or 0 (on/off, true/false)")
+                })?),
+            };
         let ring_events = match var("HIGHWATER_RING_EVENTS") {
             None => None,
             Some(value) => {
@@ -367,6 +390,7 @@ impl EnvConfig {
         Ok(EnvConfig {
             enabled,
             output,
+            html,
             ring_events,
             force_monotonic,
         })
@@ -416,6 +440,7 @@ mod tests {
             ("HIGHWATER_RING_EVENTS", "lots"),
             ("HIGHWATER_CLOCK", "sundial"),
             ("HIGHWATER_OUT", " "),
+            ("HIGHWATER_HTML", "sometimes"),
         ] {
             let message = parse(&[(var, value)]).unwrap_err().to_string();
             assert!(message.contains(var), "{message}");

@@ -116,6 +116,35 @@ fn environment_output_path_is_used_and_drop_writes_the_profile() {
 }
 
 #[test]
+fn html_report_is_written_next_to_the_profile_when_asked() {
+    let name = "html_report_is_written_next_to_the_profile_when_asked";
+    if is_child(name) {
+        let session = Session::builder()
+            .output(std::env::var("HW_OUT").unwrap())
+            .start()
+            .unwrap();
+        let _kept = allocate_a_little();
+        session.finish().unwrap();
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.json");
+    let output = child(
+        name,
+        &[("HW_OUT", path.to_str().unwrap()), ("HIGHWATER_HTML", "1")],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let html = std::fs::read_to_string(dir.path().join("run.html")).unwrap();
+    assert!(
+        html.starts_with("<!DOCTYPE html>"),
+        "{}",
+        &html[..60.min(html.len())]
+    );
+    assert!(html.contains("forward"), "the report names the span");
+    assert!(Profile::load(&path).is_ok());
+}
+
+#[test]
 fn a_second_session_is_refused_while_one_runs() {
     let name = "a_second_session_is_refused_while_one_runs";
     if is_child(name) {
