@@ -8,11 +8,13 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
+use crate::alloc_log::AllocLogWriter;
 use crate::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, Timeline, TimelineConfig};
 use crate::capture::clock::Calibration;
 use crate::capture::raw::{RawEvent, RawKind};
@@ -42,6 +44,8 @@ pub(crate) struct CollectorConfig {
     pub(crate) lag: Duration,
     /// Analysis settings.
     pub(crate) timeline: TimelineConfig,
+    /// Where to write the allocation log, if anywhere.
+    pub(crate) alloc_log: Option<PathBuf>,
 }
 
 /// Starts the collector thread.
@@ -58,6 +62,7 @@ pub(crate) fn spawn(config: CollectorConfig) -> std::io::Result<(JoinHandle<()>,
 
 fn run(config: CollectorConfig, requests: Receiver<Control>) {
     let mut merger = Merger::new(config.calibration, config.timeline);
+    merger.log = config.alloc_log.as_deref().map(AllocLogWriter::create);
     let lag_ns = config.lag.as_nanos() as u64;
     loop {
         match requests.recv_timeout(config.interval) {
@@ -112,6 +117,10 @@ struct Merger {
     interned_names: HashMap<u32, NameId>,
     interned_shapes: HashMap<u32, ShapeId>,
     interned_devices: HashMap<u16, DeviceId>,
+    /// Device names by the timeline's device id, for the allocation log.
+    device_names: Vec<String>,
+    /// The allocation log, when the session asked for one.
+    log: Option<AllocLogWriter>,
     threads: Vec<ThreadCapture>,
     scratch: Vec<RawEvent>,
     /// Newest timestamp merged, for `duration_ns`.
@@ -138,6 +147,8 @@ impl Merger {
             interned_names: HashMap::new(),
             interned_shapes: HashMap::new(),
             interned_devices: HashMap::new(),
+            device_names: vec!["cpu".to_string()],
+            log: None,
             threads: Vec::new(),
             scratch: Vec::new(),
             newest_ns: 0,
@@ -352,6 +363,11 @@ impl Merger {
         let text = names::device_of(id).unwrap_or_else(|| format!("device:{id}"));
         let device = self.timeline.intern_device(&text);
         self.interned_devices.insert(id, device);
+        let slot = usize::from(device.0);
+        if self.device_names.len() <= slot {
+            self.device_names.resize(slot + 1, String::new());
+        }
+        self.device_names[slot] = text;
         device
     }
 
@@ -384,6 +400,9 @@ impl Merger {
             if let Some(event) = queue.pop_front() {
                 self.newest_ns = self.newest_ns.max(event.ts_ns);
                 self.timeline.apply(&event);
+                if let Some(log) = self.log.as_mut() {
+                    log_event(log, &self.device_names, &event);
+                }
             }
             if let Some(front) = self.cursors[index].staged.front() {
                 self.heap.push(Reverse((front.ts_ns, index)));
@@ -409,6 +428,12 @@ impl Merger {
         }
         let mut profile = self.timeline.finish(end_ns);
         profile.capture = self.capture_stats(unattributed);
+        if let Some(Err((path, error))) = self.log.take().map(AllocLogWriter::finish) {
+            profile.warnings.push(format!(
+                "the allocation log {} could not be written ({error}); it is incomplete",
+                path.display()
+            ));
+        }
         profile.meta.threads = self.threads.len() as u32;
         profile
     }
@@ -442,5 +467,38 @@ impl Merger {
             stats.dropped_by_kind.insert(kind.to_string(), total);
         }
         stats
+    }
+}
+
+/// Appends an applied event's allocation or free to the allocation log.
+fn log_event(log: &mut AllocLogWriter, device_names: &[String], event: &Event) {
+    let name = |device: DeviceId| {
+        move || {
+            device_names
+                .get(usize::from(device.0))
+                .cloned()
+                .unwrap_or_else(|| format!("device:{}", device.0))
+        }
+    };
+    let ts = event.ts_ns;
+    match event.kind {
+        EventKind::Alloc {
+            device, addr, size, ..
+        } => log.record(device.0, name(device), true, ts, addr, size),
+        EventKind::Free { device, addr, size } => {
+            log.record(device.0, name(device), false, ts, addr, size)
+        }
+        EventKind::Realloc {
+            old_addr,
+            old_size,
+            new_addr,
+            new_size,
+            ..
+        } => {
+            let cpu = DeviceId::CPU;
+            log.record(cpu.0, name(cpu), false, ts, old_addr, old_size);
+            log.record(cpu.0, name(cpu), true, ts, new_addr, new_size);
+        }
+        _ => {}
     }
 }

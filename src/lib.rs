@@ -15,6 +15,7 @@ pub mod report;
 
 #[cfg(not(loom))]
 mod alloc;
+pub mod alloc_log;
 #[cfg(not(loom))]
 mod collector;
 #[cfg(not(loom))]

@@ -95,6 +95,9 @@ pub struct RunMeta {
     pub clock: String,
     /// Threads that recorded at least one event.
     pub threads: u32,
+    /// The allocation log written beside the profile, when one was asked for.
+    #[serde(default)]
+    pub alloc_log: Option<String>,
 }
 
 /// The headline figures of a profile.

@@ -41,6 +41,7 @@ struct Running {
 /// |---|---|---|
 /// | `HIGHWATER` | `on`, `off` (also `1`/`0`, `true`/`false`) | `off` disables recording with no code change |
 /// | `HIGHWATER_OUT` | a path | where the profile goes unless [`SessionBuilder::output`] says |
+/// | `HIGHWATER_ALLOC_LOG` | a path | also write the allocation log there ([`crate::alloc_log`]) |
 /// | `HIGHWATER_HTML` | `1`/`0` (also `on`/`off`, `true`/`false`) | also write the HTML report next to the profile |
 /// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | events per thread ring |
 /// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | force the portable clock |
@@ -62,6 +63,7 @@ pub struct SessionBuilder {
     ring_events: Option<usize>,
     write: Option<bool>,
     html: Option<bool>,
+    alloc_log: Option<PathBuf>,
     timeline: TimelineConfig,
 }
 
@@ -91,6 +93,13 @@ impl SessionBuilder {
     /// `profile.json`) when the session ends. Default: `$HIGHWATER_HTML`, else off.
     pub fn html(mut self, html: bool) -> SessionBuilder {
         self.html = Some(html);
+        self
+    }
+
+    /// Also write the allocation log (every allocation and free, for `highwater simulate`) to
+    /// `path`. Default: `$HIGHWATER_ALLOC_LOG`, else none. See [`crate::alloc_log`].
+    pub fn alloc_log(mut self, path: impl Into<PathBuf>) -> SessionBuilder {
+        self.alloc_log = Some(path.into());
         self
     }
 
@@ -135,11 +144,13 @@ impl SessionBuilder {
         capture::advance_epoch();
         install_exit_handler();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));
+        let alloc_log = self.alloc_log.or(env.alloc_log);
         let (collector, control) = collector::spawn(CollectorConfig {
             calibration,
             interval: Duration::from_millis(2),
             lag: Duration::from_millis(5),
             timeline: self.timeline,
+            alloc_log: alloc_log.clone(),
         })
         .map_err(Error::Spawn)?;
         *active = Some(Running {
@@ -160,6 +171,7 @@ impl SessionBuilder {
                     .unwrap_or(0),
                 clock: clock_name.to_string(),
                 threads: 0,
+                alloc_log: alloc_log.map(|path| path.display().to_string()),
             },
         });
         capture::open_gate();
@@ -335,6 +347,7 @@ struct EnvConfig {
     enabled: bool,
     output: Option<PathBuf>,
     html: Option<bool>,
+    alloc_log: Option<PathBuf>,
     ring_events: Option<usize>,
     force_monotonic: bool,
 }
@@ -359,6 +372,13 @@ impl EnvConfig {
             None => None,
             Some(value) if value.trim().is_empty() => {
                 return Err(invalid("HIGHWATER_OUT", &value, "a file path"))
+            }
+            Some(value) => Some(PathBuf::from(value)),
+        };
+        let alloc_log = match var("HIGHWATER_ALLOC_LOG") {
+            None => None,
+            Some(value) if value.trim().is_empty() => {
+                return Err(invalid("HIGHWATER_ALLOC_LOG", &value, "a file path"))
             }
             Some(value) => Some(PathBuf::from(value)),
         };
@@ -391,6 +411,7 @@ impl EnvConfig {
             enabled,
             output,
             html,
+            alloc_log,
             ring_events,
             force_monotonic,
         })
