@@ -300,15 +300,14 @@ mod tests {
     #[test]
     fn damaged_logs_are_errors_naming_the_file() {
         let dir = tempfile::tempdir().unwrap();
-        let cases: [(&str, &[u8], &str); 4] = [
+        let mut unnamed = b"HWALLOC1\x00\x05\x00".to_vec();
+        unnamed.extend([0u8; 24]);
+        let cases: [(&str, &[u8], &str); 5] = [
             ("empty.alloc", b"", "magic"),
             ("foreign.alloc", b"{\"schema\":1}", "magic"),
             ("cut.alloc", b"HWALLOC1\x02\x00\x00\x03\x00cp", "cut short"),
-            (
-                "unnamed.alloc",
-                b"HWALLOC1\x00\x05\x00",
-                "before it was named",
-            ),
+            ("unnamed.alloc", &unnamed, "before it was named"),
+            ("tag.alloc", b"HWALLOC1\x09", "unknown record tag 9"),
         ];
         for (name, bytes, want) in cases {
             let path = dir.path().join(name);

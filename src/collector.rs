@@ -389,23 +389,34 @@ impl Merger {
         id
     }
 
-    /// Applies staged events in time order up to `watermark_ns`.
+    /// Applies staged events in time order up to `watermark_ns`. The ring with the oldest
+    /// front event applies its events up to the next ring's front in one run, so the heap is
+    /// touched once per run rather than once per event.
     fn merge_until(&mut self, watermark_ns: u64) {
         while let Some(&Reverse((ts, index))) = self.heap.peek() {
             if ts > watermark_ns {
                 break;
             }
             self.heap.pop();
-            let queue = &mut self.cursors[index].staged;
-            if let Some(event) = queue.pop_front() {
+            let limit = self
+                .heap
+                .peek()
+                .map_or(u64::MAX, |&Reverse((next, _))| next)
+                .min(watermark_ns);
+            while let Some(event) = self.cursors[index].staged.pop_front() {
                 self.newest_ns = self.newest_ns.max(event.ts_ns);
                 self.timeline.apply(&event);
                 if let Some(log) = self.log.as_mut() {
                     log_event(log, &self.device_names, &event);
                 }
-            }
-            if let Some(front) = self.cursors[index].staged.front() {
-                self.heap.push(Reverse((front.ts_ns, index)));
+                match self.cursors[index].staged.front() {
+                    Some(front) if front.ts_ns <= limit => {}
+                    Some(front) => {
+                        self.heap.push(Reverse((front.ts_ns, index)));
+                        break;
+                    }
+                    None => break,
+                }
             }
         }
     }

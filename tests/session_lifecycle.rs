@@ -186,7 +186,10 @@ fn allocation_log_records_every_allocation_the_profile_counts() {
         "one alloc record per allocation and per realloc"
     );
     let stamps: Vec<u64> = log.records.iter().map(|r| r.ts_ns).collect();
-    assert!(stamps.windows(2).all(|w| w[0] <= w[1]), "records in merged order");
+    assert!(
+        stamps.windows(2).all(|w| w[0] <= w[1]),
+        "records in merged order"
+    );
 }
 
 #[test]
