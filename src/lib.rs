@@ -5,6 +5,7 @@
 #![warn(unreachable_pub)]
 
 pub mod analysis;
+pub mod device;
 mod model;
 mod profile;
 

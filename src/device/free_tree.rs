@@ -1,0 +1,243 @@
+//! Address-ordered index of free blocks that answers "lowest address with at least `n` bytes".
+//!
+//! First fit needs the free block with the lowest offset among those large enough. A `BTreeMap`
+//! keyed by offset cannot answer that without walking it, so this is a treap keyed by offset in
+//! which every node also stores the largest free size in its subtree. The search descends left
+//! whenever the left subtree holds a large enough block, so it visits one root-to-leaf path:
+//! O(log n) expected, like insertion and removal.
+
+/// Marks an absent child.
+const NIL: u32 = u32::MAX;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Node {
+    /// Start of the free block (the key).
+    offset: u64,
+    /// Size of the free block.
+    size: u64,
+    /// Largest `size` in the subtree rooted here; kept current by `pull`.
+    max: u64,
+    /// Heap priority: parents have higher priority than children.
+    priority: u64,
+    left: u32,
+    right: u32,
+}
+
+/// A treap of free blocks keyed by offset, augmented with subtree maximum sizes.
+///
+/// Equality compares the blocks held, not the tree's shape, which depends on history.
+#[derive(Debug, Clone)]
+pub(crate) struct FreeTree {
+    /// Node storage; `vacant` lists slots that can be reused.
+    nodes: Vec<Node>,
+    vacant: Vec<u32>,
+    root: u32,
+    /// splitmix64 state for priorities (deterministic, so pools are reproducible).
+    seed: u64,
+}
+
+impl FreeTree {
+    pub(crate) fn new() -> Self {
+        Self {
+            nodes: Vec::new(),
+            vacant: Vec::new(),
+            root: NIL,
+            seed: 0x9e37_79b9_7f4a_7c15,
+        }
+    }
+
+    /// Lowest offset of a free block holding at least `size` bytes.
+    pub(crate) fn first_fit(&self, size: u64) -> Option<u64> {
+        let mut t = self.root;
+        if t == NIL || self.nodes[t as usize].max < size {
+            return None;
+        }
+        loop {
+            let node = &self.nodes[t as usize];
+            if node.left != NIL && self.nodes[node.left as usize].max >= size {
+                t = node.left;
+            } else if node.size >= size {
+                return Some(node.offset);
+            } else {
+                // The subtree's max is >= size and neither the left side nor this node has it.
+                t = node.right;
+                if t == NIL {
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Adds a free block; `offset` must not be present.
+    pub(crate) fn insert(&mut self, offset: u64, size: u64) {
+        self.seed = self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let priority = mix(self.seed);
+        let node = Node {
+            offset,
+            size,
+            max: size,
+            priority,
+            left: NIL,
+            right: NIL,
+        };
+        let index = match self.vacant.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        };
+        let (lo, hi) = self.split(self.root, offset);
+        let lo = self.merge(lo, index);
+        self.root = self.merge(lo, hi);
+    }
+
+    /// Removes the free block at `offset`; returns whether it was present.
+    pub(crate) fn remove(&mut self, offset: u64) -> bool {
+        let (lo, rest) = self.split(self.root, offset);
+        let (mid, hi) = match offset.checked_add(1) {
+            Some(next) => self.split(rest, next),
+            None => (rest, NIL),
+        };
+        let found = mid != NIL;
+        if found {
+            self.vacant.push(mid);
+        }
+        self.root = self.merge(lo, hi);
+        found
+    }
+
+    /// In-order `(offset, size)` pairs.
+    pub(crate) fn entries(&self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut stack = Vec::new();
+        let mut t = self.root;
+        while t != NIL || !stack.is_empty() {
+            while t != NIL {
+                stack.push(t);
+                t = self.nodes[t as usize].left;
+            }
+            if let Some(n) = stack.pop() {
+                out.push((self.nodes[n as usize].offset, self.nodes[n as usize].size));
+                t = self.nodes[n as usize].right;
+            }
+        }
+        out
+    }
+
+    fn pull(&mut self, t: u32) {
+        let node = &self.nodes[t as usize];
+        let mut max = node.size;
+        if node.left != NIL {
+            max = max.max(self.nodes[node.left as usize].max);
+        }
+        if node.right != NIL {
+            max = max.max(self.nodes[node.right as usize].max);
+        }
+        self.nodes[t as usize].max = max;
+    }
+
+    /// Splits `t` into (offsets < key, offsets >= key).
+    fn split(&mut self, t: u32, key: u64) -> (u32, u32) {
+        if t == NIL {
+            return (NIL, NIL);
+        }
+        if self.nodes[t as usize].offset < key {
+            let (a, b) = self.split(self.nodes[t as usize].right, key);
+            self.nodes[t as usize].right = a;
+            self.pull(t);
+            (t, b)
+        } else {
+            let (a, b) = self.split(self.nodes[t as usize].left, key);
+            self.nodes[t as usize].left = b;
+            self.pull(t);
+            (a, t)
+        }
+    }
+
+    /// Joins two treaps where every offset in `a` is below every offset in `b`.
+    fn merge(&mut self, a: u32, b: u32) -> u32 {
+        if a == NIL {
+            return b;
+        }
+        if b == NIL {
+            return a;
+        }
+        if self.nodes[a as usize].priority > self.nodes[b as usize].priority {
+            let r = self.merge(self.nodes[a as usize].right, b);
+            self.nodes[a as usize].right = r;
+            self.pull(a);
+            a
+        } else {
+            let l = self.merge(a, self.nodes[b as usize].left);
+            self.nodes[b as usize].left = l;
+            self.pull(b);
+            b
+        }
+    }
+}
+
+impl PartialEq for FreeTree {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries() == other.entries()
+    }
+}
+
+impl Eq for FreeTree {}
+
+/// splitmix64 finaliser.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_fit_finds_lowest_address_large_enough() {
+        let mut t = FreeTree::new();
+        for (off, size) in [(0, 100), (1000, 500), (2000, 300), (3000, 800), (4000, 500)] {
+            t.insert(off, size);
+        }
+        assert_eq!(t.first_fit(50), Some(0));
+        assert_eq!(t.first_fit(200), Some(1000));
+        assert_eq!(t.first_fit(600), Some(3000));
+        assert_eq!(t.first_fit(801), None);
+        assert!(t.remove(1000));
+        assert!(!t.remove(1000));
+        assert_eq!(t.first_fit(200), Some(2000));
+        assert_eq!(t.first_fit(400), Some(3000));
+        assert_eq!(
+            t.entries(),
+            vec![(0, 100), (2000, 300), (3000, 800), (4000, 500)]
+        );
+    }
+
+    #[test]
+    fn first_fit_matches_linear_scan_on_many_blocks() {
+        let mut t = FreeTree::new();
+        let mut model = std::collections::BTreeMap::new();
+        let mut x = 7u64;
+        for i in 0..2000u64 {
+            x = mix(x.wrapping_add(i));
+            let off = (x % 10_000) * 16;
+            if let std::collections::btree_map::Entry::Vacant(e) = model.entry(off) {
+                let size = 1 + (x >> 20) % 1000;
+                e.insert(size);
+                t.insert(off, size);
+            } else if x % 3 == 0 {
+                model.remove(&off);
+                assert!(t.remove(off));
+            }
+            let want = 1 + (x >> 40) % 1000;
+            let expect = model.iter().find(|(_, &s)| s >= want).map(|(&o, _)| o);
+            assert_eq!(t.first_fit(want), expect);
+        }
+    }
+}
