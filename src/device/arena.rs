@@ -1,12 +1,14 @@
-//! A BFC-style arena: address-ordered blocks with immediate coalescing and a size index.
+//! A BFC-style arena: address-ordered free blocks with immediate coalescing and a size index.
 //!
-//! Every byte of the arena belongs to exactly one block in `blocks`, keyed by offset, so a
-//! block's neighbours are one `range` lookup away and a freed block merges with free neighbours at
-//! once (free blocks are therefore never adjacent). Free blocks are also indexed by
-//! `(size, offset)`, which gives best fit (the first entry at or after `(n, 0)`) and worst fit
-//! (the last entry) in O(log n), and optionally by the [`FreeTree`] for first fit.
+//! Free blocks are kept by offset in a `BTreeMap`, so a freed block finds its free neighbours
+//! with one range lookup each side and merges with them at once (free blocks are therefore never
+//! adjacent). They are also indexed by `(size, offset)`, which gives best fit (the first entry
+//! at or after `(n, 0)`) and worst fit (the last entry) in O(log n), and optionally by the
+//! [`FreeTree`] for first fit. Allocated blocks live in a hash map from offset to size, which is
+//! all a release needs to validate its block. Free and allocated blocks together tile the arena.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use super::free_tree::FreeTree;
 
@@ -30,17 +32,36 @@ pub(crate) enum End {
     High,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Block {
-    pub(crate) size: u64,
-    pub(crate) free: bool,
+/// Hashes block offsets (multiples of 256) for the allocated-block map.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct OffsetHasher(u64);
+
+impl Hasher for OffsetHasher {
+    fn finish(&self) -> u64 {
+        let h = self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^ (h >> 29)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
 }
+
+type OffsetMap = HashMap<u64, u64, BuildHasherDefault<OffsetHasher>>;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Arena {
     capacity: u64,
-    /// Every block, free or not, by offset; the blocks tile `0..capacity`.
-    blocks: BTreeMap<u64, Block>,
+    /// Free blocks: offset to size. Never two adjacent ones.
+    free: BTreeMap<u64, u64>,
+    /// Allocated blocks: offset to size.
+    allocated: OffsetMap,
     /// Free blocks as `(size, offset)`.
     by_size: BTreeSet<(u64, u64)>,
     /// Free blocks by offset with subtree max size; present only when first fit is used.
@@ -54,7 +75,8 @@ impl Arena {
     pub(crate) fn new(capacity: u64, first_fit: bool) -> Self {
         let mut arena = Self {
             capacity,
-            blocks: BTreeMap::new(),
+            free: BTreeMap::new(),
+            allocated: OffsetMap::default(),
             by_size: BTreeSet::new(),
             by_addr: first_fit.then(FreeTree::new),
             free_bytes: 0,
@@ -77,90 +99,87 @@ impl Arena {
         self.by_size.len() as u64
     }
 
-    /// Offset of the free block `fit` would carve `size` bytes from, without changing anything.
-    pub(crate) fn find(&self, size: u64, fit: Fit) -> Option<u64> {
+    /// The free block `fit` would carve `size` bytes from, as `(offset, block size)`, without
+    /// changing anything.
+    pub(crate) fn find(&self, size: u64, fit: Fit) -> Option<(u64, u64)> {
         match fit {
-            Fit::Best => self.by_size.range((size, 0)..).next().map(|&(_, off)| off),
+            Fit::Best => self
+                .by_size
+                .range((size, 0)..)
+                .next()
+                .map(|&(s, off)| (off, s)),
             Fit::Worst => self
                 .by_size
                 .last()
                 .filter(|&&(s, _)| s >= size)
-                .map(|&(_, off)| off),
+                .map(|&(s, off)| (off, s)),
             Fit::First => match &self.by_addr {
-                Some(tree) => tree.first_fit(size),
+                Some(tree) => {
+                    let off = tree.first_fit(size)?;
+                    self.free.get(&off).map(|&s| (off, s))
+                }
                 // Constructed without the index: fall back to best fit rather than scanning.
-                None => self.by_size.range((size, 0)..).next().map(|&(_, off)| off),
+                None => self.find(size, Fit::Best),
             },
         }
     }
 
-    /// Carves `size` bytes out of the free block at `block`, returning the allocation's offset.
-    ///
-    /// Returns `None` (changing nothing) when `block` is not a free block of at least `size`.
-    pub(crate) fn carve(&mut self, block: u64, size: u64, end: End) -> Option<u64> {
-        let b = *self.blocks.get(&block)?;
-        if !b.free || b.size < size || size == 0 {
+    /// `find` then carve `size` bytes from `end` of the block; returns the allocation's offset.
+    /// Changes nothing on failure.
+    pub(crate) fn alloc(&mut self, size: u64, fit: Fit, end: End) -> Option<u64> {
+        if size == 0 {
             return None;
         }
-        self.remove_free(block, b.size);
-        let rest = b.size - size;
+        let (block, block_size) = self.find(size, fit)?;
+        let rest = block_size - size;
         let at = match end {
             End::Low => {
+                self.remove_free(block, block_size);
                 if rest > 0 {
                     self.insert_free(block + size, rest);
                 }
                 block
             }
-            End::High => {
-                if rest > 0 {
-                    self.insert_free(block, rest);
-                }
+            End::High if rest > 0 => {
+                // The block keeps its offset and shrinks.
+                self.resize_free(block, block_size, rest);
                 block + rest
             }
+            End::High => {
+                self.remove_free(block, block_size);
+                block
+            }
         };
-        self.blocks.insert(at, Block { size, free: false });
+        self.allocated.insert(at, size);
         Some(at)
-    }
-
-    /// `find` then `carve`.
-    pub(crate) fn alloc(&mut self, size: u64, fit: Fit, end: End) -> Option<u64> {
-        let block = self.find(size, fit)?;
-        self.carve(block, size, end)
     }
 
     /// Size of the allocated block at `offset`, if there is one.
     pub(crate) fn allocated_size(&self, offset: u64) -> Option<u64> {
-        self.blocks.get(&offset).filter(|b| !b.free).map(|b| b.size)
+        self.allocated.get(&offset).copied()
     }
 
     /// Frees the allocated block at `offset`, merging it with free neighbours.
     ///
     /// Returns its size, or `None` (changing nothing) if no allocated block starts there.
     pub(crate) fn free(&mut self, offset: u64) -> Option<u64> {
-        let size = self.allocated_size(offset)?;
-        self.blocks.remove(&offset);
-        let mut start = offset;
-        let mut len = size;
-        if let Some((&prev, &p)) = self.blocks.range(..offset).next_back() {
-            if p.free && prev + p.size == offset {
-                self.remove_free(prev, p.size);
-                start = prev;
-                len += p.size;
-            }
-        }
+        let size = self.allocated.remove(&offset)?;
         let end = offset + size;
-        if let Some(&n) = self.blocks.get(&end) {
-            if n.free {
-                self.remove_free(end, n.size);
-                len += n.size;
-            }
+        let mut len = size;
+        if let Some(next) = self.free.get(&end).copied() {
+            self.remove_free(end, next);
+            len += next;
         }
-        self.insert_free(start, len);
+        let prev = self.free.range(..offset).next_back().map(|(&o, &s)| (o, s));
+        match prev {
+            Some((p, p_size)) if p + p_size == offset => self.resize_free(p, p_size, p_size + len),
+            _ => self.insert_free(offset, len),
+        }
         Some(size)
     }
 
     fn insert_free(&mut self, offset: u64, size: u64) {
-        self.blocks.insert(offset, Block { size, free: true });
+        self.free.insert(offset, size);
         self.by_size.insert((size, offset));
         if let Some(tree) = &mut self.by_addr {
             tree.insert(offset, size);
@@ -169,7 +188,7 @@ impl Arena {
     }
 
     fn remove_free(&mut self, offset: u64, size: u64) {
-        self.blocks.remove(&offset);
+        self.free.remove(&offset);
         self.by_size.remove(&(size, offset));
         if let Some(tree) = &mut self.by_addr {
             tree.remove(offset);
@@ -177,32 +196,50 @@ impl Arena {
         self.free_bytes -= size;
     }
 
+    /// Changes the size of the free block at `offset` from `old` to `new`.
+    fn resize_free(&mut self, offset: u64, old: u64, new: u64) {
+        if let Some(s) = self.free.get_mut(&offset) {
+            *s = new;
+        }
+        self.by_size.remove(&(old, offset));
+        self.by_size.insert((new, offset));
+        if let Some(tree) = &mut self.by_addr {
+            tree.remove(offset);
+            tree.insert(offset, new);
+        }
+        self.free_bytes = self.free_bytes - old + new;
+    }
+
     /// Checks the arena's invariants; for tests.
     #[cfg(test)]
     pub(crate) fn check(&self) {
+        let mut blocks: Vec<(u64, u64, bool)> =
+            self.free.iter().map(|(&o, &s)| (o, s, true)).collect();
+        blocks.extend(self.allocated.iter().map(|(&o, &s)| (o, s, false)));
+        blocks.sort_unstable();
         let mut next = 0;
         let mut prev_free = false;
-        let mut free = 0;
-        let mut free_set = BTreeSet::new();
-        for (&off, b) in &self.blocks {
+        for &(off, size, free) in &blocks {
             assert_eq!(off, next, "blocks must tile the arena");
-            assert!(b.size > 0);
-            assert!(!(prev_free && b.free), "adjacent free blocks at {off}");
-            prev_free = b.free;
-            next = off + b.size;
-            if b.free {
-                free += b.size;
-                free_set.insert((b.size, off));
-            }
+            assert!(size > 0);
+            assert!(!(prev_free && free), "adjacent free blocks at {off}");
+            prev_free = free;
+            next = off + size;
         }
         assert_eq!(next, self.capacity);
-        assert_eq!(free, self.free_bytes);
-        assert_eq!(free_set, self.by_size);
+        assert_eq!(self.free.values().sum::<u64>(), self.free_bytes);
+        let want: BTreeSet<(u64, u64)> = self.free.iter().map(|(&o, &s)| (s, o)).collect();
+        assert_eq!(want, self.by_size);
         if let Some(tree) = &self.by_addr {
-            let mut want: Vec<_> = free_set.iter().map(|&(s, o)| (o, s)).collect();
-            want.sort_unstable();
+            let want: Vec<(u64, u64)> = self.free.iter().map(|(&o, &s)| (o, s)).collect();
             assert_eq!(tree.entries(), want);
         }
+    }
+
+    /// Free blocks in address order; for tests.
+    #[cfg(test)]
+    pub(crate) fn free_list(&self) -> Vec<(u64, u64)> {
+        self.free.iter().map(|(&o, &s)| (o, s)).collect()
     }
 }
 
@@ -249,9 +286,9 @@ mod tests {
         a.free(0);
         a.free(1280);
         // Free: 1024 at 0, 256 at 1280, 2304 at 1792. Best fit takes 1280, first fit takes 0.
-        assert_eq!(a.find(256, Fit::Best), Some(1280));
-        assert_eq!(a.find(256, Fit::First), Some(0));
-        assert_eq!(a.find(2048, Fit::First), Some(1792));
+        assert_eq!(a.find(256, Fit::Best), Some((1280, 256)));
+        assert_eq!(a.find(256, Fit::First), Some((0, 1024)));
+        assert_eq!(a.find(2048, Fit::First), Some((1792, 2304)));
         a.check();
     }
 

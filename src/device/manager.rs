@@ -1,6 +1,5 @@
 //! The pool manager: one pool per device and all-or-nothing admission across them.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -265,19 +264,34 @@ impl PoolManager {
         if needs.is_empty() {
             return Err(PoolError::EmptyRequest);
         }
-        let mut wanted: BTreeMap<DeviceId, u64> = BTreeMap::new();
         for &(device, bytes) in needs {
             self.check_device(device)?;
             if bytes == 0 {
                 return Err(PoolError::ZeroBytes { device });
             }
-            let sum = wanted.entry(device).or_insert(0);
-            *sum = sum.checked_add(bytes).ok_or(PoolError::Overflow {
-                device,
-                bytes: *sum,
-            })?;
         }
-        // Ascending device order: the lock order every call follows.
+        // One entry per device, in ascending device order: the lock order every call follows.
+        let mut wanted: Vec<(DeviceId, u64)> = needs.to_vec();
+        wanted.sort_by_key(|&(device, _)| device);
+        let mut overflow = None;
+        wanted.dedup_by(|later, kept| {
+            if later.0 != kept.0 {
+                return false;
+            }
+            match kept.1.checked_add(later.1) {
+                Some(sum) => kept.1 = sum,
+                None => {
+                    overflow = Some(PoolError::Overflow {
+                        device: kept.0,
+                        bytes: kept.1,
+                    })
+                }
+            }
+            true
+        });
+        if let Some(e) = overflow {
+            return Err(e);
+        }
         let mut held: Vec<(DeviceId, u64, u64, MutexGuard<'_, Pool>)> =
             Vec::with_capacity(wanted.len());
         for (device, bytes) in wanted {

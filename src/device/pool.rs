@@ -2,7 +2,7 @@
 
 use super::arena::{Arena, End, Fit};
 use super::buddy::Buddy;
-use super::slab::{self, Slabs};
+use super::slab::Slabs;
 use super::Strategy;
 
 /// Allocation granularity of every strategy except the buddy system and small size classes.
@@ -11,7 +11,7 @@ pub(crate) const GRANULE: u64 = 256;
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Engine {
     Arena(Arena, Fit),
-    Adaptive(Arena, Median),
+    Adaptive(Slabs, Median),
     Buddy(Buddy),
     Slabs(Slabs),
 }
@@ -21,23 +21,27 @@ enum Engine {
 struct Median {
     counts: [u32; 64],
     total: u32,
-    /// Current estimate: requests below `2^split` count as small.
-    split: u32,
+    /// Current estimate: the median request lies in `[2^log2, 2^(log2 + 1))`.
+    log2: u32,
 }
 
 impl Median {
+    /// Counts are halved when they reach this many, so old requests fade out.
     const HALVE_AT: u32 = 1 << 16;
-    const RECOMPUTE_EVERY: u32 = 64;
+    /// The estimate is recomputed every this many requests.
+    const EVERY: u32 = 64;
 
     fn new() -> Self {
+        // Until it has seen requests, assume everything up to 512 KiB is small.
         Self {
             counts: [0; 64],
             total: 0,
-            split: 20,
+            log2: 19,
         }
     }
 
-    fn observe(&mut self, size: u64) {
+    /// Counts a request; returns whether the estimate was recomputed.
+    fn observe(&mut self, size: u64) -> bool {
         let bucket = 63 - size.max(1).leading_zeros();
         self.counts[bucket as usize] += 1;
         self.total += 1;
@@ -47,25 +51,24 @@ impl Median {
             }
             self.total = self.counts.iter().sum();
         }
-        if self.total % Self::RECOMPUTE_EVERY == 0 {
-            let half = self.total / 2;
-            let mut seen = 0;
-            for (k, &c) in self.counts.iter().enumerate() {
-                seen += c;
-                if seen > half {
-                    self.split = k as u32;
-                    break;
-                }
+        if self.total % Self::EVERY != 0 {
+            return false;
+        }
+        let half = self.total / 2;
+        let mut seen = 0;
+        for (k, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen > half {
+                self.log2 = k as u32;
+                break;
             }
         }
+        true
     }
 
-    fn end_for(&self, size: u64) -> End {
-        if size < (1u64 << self.split) {
-            End::High
-        } else {
-            End::Low
-        }
+    /// The estimate, rounded down to a power of two.
+    fn value(&self) -> u64 {
+        1u64 << self.log2
     }
 }
 
@@ -97,7 +100,9 @@ impl Pool {
             Strategy::WorstFit => Engine::Arena(Arena::new(capacity, false), Fit::Worst),
             Strategy::BuddySystem => Engine::Buddy(Buddy::new(capacity)),
             Strategy::PoolBased => Engine::Slabs(Slabs::new(capacity)),
-            Strategy::Adaptive => Engine::Adaptive(Arena::new(capacity, false), Median::new()),
+            Strategy::Adaptive => {
+                Engine::Adaptive(Slabs::with_fallback(capacity, true), Median::new())
+            }
         };
         Self {
             capacity,
@@ -114,7 +119,7 @@ impl Pool {
     pub(crate) fn round(&self, bytes: u64) -> Option<u64> {
         match &self.engine {
             Engine::Buddy(_) => Buddy::order_for(bytes).map(|k| 1u64 << k),
-            Engine::Slabs(_) => slab::class_size(bytes),
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.round(bytes),
             _ => bytes
                 .max(1)
                 .checked_add(GRANULE - 1)
@@ -125,9 +130,9 @@ impl Pool {
     /// Whether `rounded` (from [`Pool::round`]) can be placed now.
     pub(crate) fn fits(&self, rounded: u64) -> bool {
         match &self.engine {
-            Engine::Arena(a, _) | Engine::Adaptive(a, _) => a.largest_free() >= rounded,
+            Engine::Arena(a, _) => a.largest_free() >= rounded,
             Engine::Buddy(b) => b.fits(rounded.trailing_zeros()),
-            Engine::Slabs(s) => s.fits(rounded),
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.fits(rounded),
         }
     }
 
@@ -135,11 +140,10 @@ impl Pool {
     pub(crate) fn alloc(&mut self, rounded: u64, requested: u64) -> Option<u64> {
         let offset = match &mut self.engine {
             Engine::Arena(a, fit) => a.alloc(rounded, *fit, End::Low),
-            Engine::Adaptive(a, median) => {
-                let end = median.end_for(rounded);
-                let at = a.alloc(rounded, Fit::Best, end);
-                if at.is_some() {
-                    median.observe(rounded);
+            Engine::Adaptive(s, median) => {
+                let at = s.alloc(rounded);
+                if at.is_some() && median.observe(requested) {
+                    s.set_small_max(median.value());
                 }
                 at
             }
@@ -158,18 +162,18 @@ impl Pool {
     #[cfg(test)]
     pub(crate) fn allocated_size(&self, offset: u64) -> Option<u64> {
         match &self.engine {
-            Engine::Arena(a, _) | Engine::Adaptive(a, _) => a.allocated_size(offset),
+            Engine::Arena(a, _) => a.allocated_size(offset),
             Engine::Buddy(_) => None,
-            Engine::Slabs(s) => s.allocated_size(offset),
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.allocated_size(offset),
         }
     }
 
     /// Frees the allocation at `offset` made for `requested` bytes; returns the bytes it held.
     pub(crate) fn free(&mut self, offset: u64, requested: u64) -> Option<u64> {
         let size = match &mut self.engine {
-            Engine::Arena(a, _) | Engine::Adaptive(a, _) => a.free(offset),
+            Engine::Arena(a, _) => a.free(offset),
             Engine::Buddy(b) => b.free(offset),
-            Engine::Slabs(s) => s.free(offset),
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.free(offset),
         }?;
         let c = &mut self.counters;
         c.in_use = c.in_use.saturating_sub(size);
@@ -179,25 +183,25 @@ impl Pool {
 
     pub(crate) fn free_bytes(&self) -> u64 {
         match &self.engine {
-            Engine::Arena(a, _) | Engine::Adaptive(a, _) => a.free_bytes(),
+            Engine::Arena(a, _) => a.free_bytes(),
             Engine::Buddy(b) => b.free_bytes(),
-            Engine::Slabs(s) => s.free_bytes(),
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.free_bytes(),
         }
     }
 
     pub(crate) fn largest_free(&self) -> u64 {
         match &self.engine {
-            Engine::Arena(a, _) | Engine::Adaptive(a, _) => a.largest_free(),
+            Engine::Arena(a, _) => a.largest_free(),
             Engine::Buddy(b) => b.largest_free(),
-            Engine::Slabs(s) => s.largest_free(),
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.largest_free(),
         }
     }
 
     pub(crate) fn free_blocks(&self) -> u64 {
         match &self.engine {
-            Engine::Arena(a, _) | Engine::Adaptive(a, _) => a.free_blocks(),
+            Engine::Arena(a, _) => a.free_blocks(),
             Engine::Buddy(b) => b.free_blocks(),
-            Engine::Slabs(s) => s.free_blocks(),
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.free_blocks(),
         }
     }
 
@@ -244,17 +248,27 @@ mod tests {
     }
 
     #[test]
-    fn adaptive_puts_small_requests_at_the_top() {
+    fn adaptive_learns_the_small_request_limit_from_the_median() {
         let mut p = Pool::new(1 << 30, Strategy::Adaptive);
-        // Teach it that requests are mostly 1 MiB: 64 KiB is then small, 4 MiB large.
-        for _ in 0..64 {
-            let at = p.alloc(1 << 20, 1 << 20);
-            assert!(at.is_some());
+        // Before learning, everything up to 512 KiB is small (power-of-two classes).
+        assert_eq!(p.round(300 << 10), Some(512 << 10));
+        for _ in 0..Median::EVERY {
+            assert!(p.alloc(8 << 10, 6000).is_some());
         }
-        let small = p.alloc(64 << 10, 64 << 10);
-        let large = p.alloc(4 << 20, 4 << 20);
-        assert!(small > large, "{small:?} {large:?}");
-        assert_eq!(small, Some((1 << 30) - (64 << 10)));
+        // The median request is 6000 B, in [4 KiB, 8 KiB): requests above 4 KiB are large now.
+        assert_eq!(p.round(300 << 10), Some(300 << 10));
+        assert_eq!(p.round(5000), Some(5120));
+        assert_eq!(p.round(3000), Some(4096));
+    }
+
+    #[test]
+    fn adaptive_falls_back_to_the_arena_when_no_slab_fits_but_pool_based_fails() {
+        for (strategy, small_fits) in [(Strategy::Adaptive, true), (Strategy::PoolBased, false)] {
+            let mut p = Pool::new(3 << 20, strategy);
+            assert!(p.alloc(2 << 20, 2 << 20).is_some()); // 1 MiB left: no room for a 2 MiB slab
+            assert_eq!(p.fits(4096), small_fits, "{strategy}");
+            assert_eq!(p.alloc(4096, 4000).is_some(), small_fits, "{strategy}");
+        }
     }
 
     #[test]

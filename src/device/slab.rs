@@ -43,30 +43,52 @@ pub(crate) struct Slabs {
     partial: Vec<BTreeSet<u64>>,
     free_slot_count: u64,
     free_slot_bytes: u64,
-}
-
-/// The rounded size of a request: its class for small requests, else a multiple of 256.
-pub(crate) fn class_size(size: u64) -> Option<u64> {
-    if size <= SMALL_MAX {
-        Some(size.max(1 << MIN_ORDER).next_power_of_two())
-    } else {
-        size.checked_add(255).map(|s| s & !255)
-    }
-}
-
-fn class_index(rounded: u64) -> Option<usize> {
-    (rounded <= SMALL_MAX).then(|| (rounded.trailing_zeros() - MIN_ORDER) as usize)
+    /// Requests up to this (a power of two, at most [`SMALL_MAX`]) are small.
+    small_max: u64,
+    /// Whether a small request that finds no slot and no room for a slab may take its class
+    /// size from the arena directly (adaptive) or fails (pool-based).
+    fallback: bool,
 }
 
 impl Slabs {
+    /// Size-class pools over `capacity` bytes, small requests up to [`SMALL_MAX`], no fallback.
     pub(crate) fn new(capacity: u64) -> Self {
+        Self::with_fallback(capacity, false)
+    }
+
+    /// As [`Slabs::new`]; with `fallback`, a small request that cannot get a slot takes its
+    /// class size from the arena by best fit.
+    pub(crate) fn with_fallback(capacity: u64, fallback: bool) -> Self {
         Self {
             arena: Arena::new(capacity, false),
             slabs: BTreeMap::new(),
             partial: vec![BTreeSet::new(); CLASSES],
             free_slot_count: 0,
             free_slot_bytes: 0,
+            small_max: SMALL_MAX,
+            fallback,
         }
+    }
+
+    /// Sets the small-request limit: `limit` rounded down to a power of two in 256 B..=512 KiB.
+    /// Existing allocations are unaffected.
+    pub(crate) fn set_small_max(&mut self, limit: u64) {
+        let limit = limit.clamp(1 << MIN_ORDER, SMALL_MAX);
+        self.small_max = 1u64 << (63 - limit.leading_zeros());
+    }
+
+    /// The rounded size of a request: its class for small requests, else a multiple of 256.
+    /// `None` if rounding overflows.
+    pub(crate) fn round(&self, size: u64) -> Option<u64> {
+        if size <= self.small_max {
+            Some(size.max(1 << MIN_ORDER).next_power_of_two())
+        } else {
+            size.checked_add(255).map(|s| s & !255)
+        }
+    }
+
+    fn class_index(&self, rounded: u64) -> Option<usize> {
+        (rounded <= self.small_max).then(|| (rounded.trailing_zeros() - MIN_ORDER) as usize)
     }
 
     pub(crate) fn free_bytes(&self) -> u64 {
@@ -85,23 +107,34 @@ impl Slabs {
         self.arena.largest_free().max(slot)
     }
 
-    /// Whether `rounded` (from [`class_size`]) can be allocated now.
+    /// Whether `rounded` (from [`Slabs::round`]) can be allocated now.
     pub(crate) fn fits(&self, rounded: u64) -> bool {
-        match class_index(rounded) {
-            Some(c) => !self.partial[c].is_empty() || self.arena.largest_free() >= SLAB_BYTES,
-            None => self.arena.largest_free() >= rounded,
+        let largest = self.arena.largest_free();
+        match self.class_index(rounded) {
+            Some(c) => {
+                !self.partial[c].is_empty()
+                    || largest >= SLAB_BYTES
+                    || (self.fallback && largest >= rounded)
+            }
+            None => largest >= rounded,
         }
     }
 
-    /// Allocates `rounded` bytes (from [`class_size`]); changes nothing on failure.
+    /// Allocates `rounded` bytes (from [`Slabs::round`]); changes nothing on failure.
     pub(crate) fn alloc(&mut self, rounded: u64) -> Option<u64> {
-        let Some(c) = class_index(rounded) else {
+        let Some(c) = self.class_index(rounded) else {
             return self.arena.alloc(rounded, Fit::Best, End::Low);
         };
         let slab_at = match self.partial[c].first() {
             Some(&at) => at,
             None => {
-                let at = self.arena.alloc(SLAB_BYTES, Fit::Best, End::High)?;
+                let Some(at) = self.arena.alloc(SLAB_BYTES, Fit::Best, End::High) else {
+                    return if self.fallback {
+                        self.arena.alloc(rounded, Fit::Best, End::High)
+                    } else {
+                        None
+                    };
+                };
                 let order = c as u32 + MIN_ORDER;
                 let slots = (SLAB_BYTES >> order) as u32;
                 let slab = Slab {
@@ -200,11 +233,18 @@ mod tests {
 
     #[test]
     fn classes_are_powers_of_two_then_256_multiples() {
-        assert_eq!(class_size(1), Some(256));
-        assert_eq!(class_size(300), Some(512));
-        assert_eq!(class_size(SMALL_MAX), Some(SMALL_MAX));
-        assert_eq!(class_size(SMALL_MAX + 1), Some(SMALL_MAX + 256));
-        assert_eq!(class_size(u64::MAX), None);
+        let mut s = Slabs::new(1 << 30);
+        assert_eq!(s.round(1), Some(256));
+        assert_eq!(s.round(300), Some(512));
+        assert_eq!(s.round(SMALL_MAX), Some(SMALL_MAX));
+        assert_eq!(s.round(SMALL_MAX + 1), Some(SMALL_MAX + 256));
+        assert_eq!(s.round(u64::MAX), None);
+        s.set_small_max(100 << 10);
+        assert_eq!(s.round(64 << 10), Some(64 << 10));
+        assert_eq!(s.round((64 << 10) + 1), Some((64 << 10) + 256));
+        s.set_small_max(0);
+        assert_eq!(s.round(1), Some(256));
+        assert_eq!(s.round(257), Some(512));
     }
 
     #[test]

