@@ -133,11 +133,8 @@ impl Arena {
         let (block, block_size) = self.find(size, fit)?;
         let rest = block_size - size;
         let at = match end {
-            End::Low => {
-                self.remove_free(block, block_size);
-                if rest > 0 {
-                    self.insert_free(block + size, rest);
-                }
+            End::Low if rest > 0 => {
+                self.move_free(block, block_size, block + size, rest);
                 block
             }
             End::High if rest > 0 => {
@@ -145,7 +142,7 @@ impl Arena {
                 self.resize_free(block, block_size, rest);
                 block + rest
             }
-            End::High => {
+            End::Low | End::High => {
                 self.remove_free(block, block_size);
                 block
             }
@@ -165,15 +162,17 @@ impl Arena {
     pub(crate) fn free(&mut self, offset: u64) -> Option<u64> {
         let size = self.allocated.remove(&offset)?;
         let end = offset + size;
-        let mut len = size;
-        if let Some(next) = self.free.get(&end).copied() {
-            self.remove_free(end, next);
-            len += next;
-        }
+        let next = self.free.get(&end).copied();
         let prev = self.free.range(..offset).next_back().map(|(&o, &s)| (o, s));
-        match prev {
-            Some((p, p_size)) if p + p_size == offset => self.resize_free(p, p_size, p_size + len),
-            _ => self.insert_free(offset, len),
+        let prev = prev.filter(|&(p, p_size)| p + p_size == offset);
+        match (prev, next) {
+            (Some((p, p_size)), Some(n_size)) => {
+                self.remove_free(end, n_size);
+                self.resize_free(p, p_size, p_size + size + n_size);
+            }
+            (Some((p, p_size)), None) => self.resize_free(p, p_size, p_size + size),
+            (None, Some(n_size)) => self.move_free(end, n_size, offset, size + n_size),
+            (None, None) => self.insert_free(offset, size),
         }
         Some(size)
     }
@@ -204,8 +203,20 @@ impl Arena {
         self.by_size.remove(&(old, offset));
         self.by_size.insert((new, offset));
         if let Some(tree) = &mut self.by_addr {
-            tree.remove(offset);
-            tree.insert(offset, new);
+            tree.update(offset, offset, new);
+        }
+        self.free_bytes = self.free_bytes - old + new;
+    }
+
+    /// Replaces the free block `(from, old)` by `(to, new)`, where no other free block lies
+    /// between `from` and `to`.
+    fn move_free(&mut self, from: u64, old: u64, to: u64, new: u64) {
+        self.free.remove(&from);
+        self.free.insert(to, new);
+        self.by_size.remove(&(old, from));
+        self.by_size.insert((new, to));
+        if let Some(tree) = &mut self.by_addr {
+            tree.update(from, to, new);
         }
         self.free_bytes = self.free_bytes - old + new;
     }

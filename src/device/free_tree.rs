@@ -110,6 +110,35 @@ impl FreeTree {
         found
     }
 
+    /// Moves the block at `offset` to `new_offset` with `new_size`, in place; returns whether it
+    /// was present. No other block may lie between `offset` and `new_offset`, so the tree's
+    /// order is unchanged and only the maxima along the path are recomputed.
+    pub(crate) fn update(&mut self, offset: u64, new_offset: u64, new_size: u64) -> bool {
+        self.update_at(self.root, offset, new_offset, new_size)
+    }
+
+    fn update_at(&mut self, t: u32, key: u64, new_offset: u64, new_size: u64) -> bool {
+        if t == NIL {
+            return false;
+        }
+        let node = &mut self.nodes[t as usize];
+        let found = if key < node.offset {
+            let left = node.left;
+            self.update_at(left, key, new_offset, new_size)
+        } else if key > node.offset {
+            let right = node.right;
+            self.update_at(right, key, new_offset, new_size)
+        } else {
+            node.offset = new_offset;
+            node.size = new_size;
+            true
+        };
+        if found {
+            self.pull(t);
+        }
+        found
+    }
+
     /// In-order `(offset, size)` pairs.
     pub(crate) fn entries(&self) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
@@ -234,6 +263,10 @@ mod tests {
             } else if x % 3 == 0 {
                 model.remove(&off);
                 assert!(t.remove(off));
+            } else {
+                let size = 1 + (x >> 24) % 1000;
+                model.insert(off, size);
+                assert!(t.update(off, off, size));
             }
             let want = 1 + (x >> 40) % 1000;
             let expect = model.iter().find(|(_, &s)| s >= want).map(|(&o, _)| o);

@@ -621,3 +621,344 @@ fn success_rate(ok: u64, failed: u64) -> f64 {
         ok as f64 / (ok + failed) as f64
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::pool::Counters;
+
+    const MIB: u64 = 1 << 20;
+
+    /// Every pool's state with the failure counters zeroed: what a refused call must not change.
+    fn state(m: &PoolManager) -> Vec<Pool> {
+        m.pools
+            .iter()
+            .map(|p| {
+                let mut pool = p.lock().clone();
+                pool.counters = Counters {
+                    failures: 0,
+                    ..pool.counters
+                };
+                pool
+            })
+            .collect()
+    }
+
+    fn admission(err: PoolError) -> AdmissionError {
+        match err {
+            PoolError::Admission(a) => a,
+            other => panic!("expected an admission error, got {other}"),
+        }
+    }
+
+    #[test]
+    fn refused_reservation_leaves_every_pool_identical() {
+        for strategy in Strategy::ALL {
+            let m = PoolManager::with_limit(64 * MIB, 3, strategy);
+            // Some history so the pools are not trivially fresh.
+            let a = m
+                .reserve(&[(DeviceId(0), 5 * MIB), (DeviceId(1), 7 * MIB)])
+                .unwrap();
+            let b = m
+                .reserve(&[(DeviceId(0), 3000), (DeviceId(2), 9 * MIB)])
+                .unwrap();
+            let _keep = m.reserve(&[(DeviceId(1), 1 * MIB)]).unwrap();
+            m.release(a).unwrap();
+            let before = state(&m);
+            let stats_before: Vec<_> = (0..3).map(|d| m.stats(DeviceId(d)).unwrap()).collect();
+            let err = m
+                .reserve(&[
+                    (DeviceId(0), MIB),
+                    (DeviceId(1), 80 * MIB),
+                    (DeviceId(2), 2 * MIB),
+                ])
+                .unwrap_err();
+            assert_eq!(admission(err).shortfalls().len(), 1, "{strategy}");
+            assert_eq!(state(&m), before, "{strategy}");
+            let stats_after: Vec<_> = (0..3).map(|d| m.stats(DeviceId(d)).unwrap()).collect();
+            assert_eq!(stats_after[1].failures, stats_before[1].failures + 1);
+            assert_eq!(stats_after[0], stats_before[0], "{strategy}");
+            assert_eq!(stats_after[2], stats_before[2], "{strategy}");
+            m.release(b).unwrap();
+        }
+    }
+
+    #[test]
+    fn capacity_error_names_every_failed_device_with_its_figures() {
+        let m = PoolManager::with_kind_limit(DeviceKind::TpuV4, 8 * MIB, 3, Strategy::BestFit);
+        let _held = m.reserve(&[(DeviceId(2), 3 * MIB)]).unwrap();
+        let err = m
+            .reserve(&[
+                (DeviceId(0), 9 * MIB),
+                (DeviceId(1), MIB),
+                (DeviceId(2), 6 * MIB),
+            ])
+            .unwrap_err();
+        let text = err.to_string();
+        let a = admission(err);
+        let failed: Vec<_> = a.shortfalls().iter().map(|s| s.device).collect();
+        assert_eq!(failed, [DeviceId(0), DeviceId(2)]);
+        let s = &a.shortfalls()[1];
+        assert_eq!(s.name, "tpu:2");
+        assert_eq!(
+            (s.requested, s.rounded, s.capacity),
+            (6 * MIB, 6 * MIB, 8 * MIB)
+        );
+        assert_eq!(
+            (s.in_use, s.free, s.largest_free),
+            (3 * MIB, 5 * MIB, 5 * MIB)
+        );
+        assert_eq!(s.cause, ShortfallCause::Capacity);
+        assert!(!a.is_fragmentation());
+        for needle in [
+            "tpu:0",
+            "tpu:2",
+            "requested 6 MiB",
+            "capacity 8 MiB",
+            "in use 3 MiB",
+        ] {
+            assert!(text.contains(needle), "{needle:?} missing from {text}");
+        }
+        assert!(text.contains("free 5 MiB") && text.contains("largest free block 5 MiB"));
+        assert!(!text.contains("tpu:1"), "{text}");
+        assert!(!text.contains("fragmentation"), "{text}");
+    }
+
+    #[test]
+    fn fragmentation_error_says_so_when_free_bytes_would_cover_the_request() {
+        let m = PoolManager::with_limit(4 * MIB, 1, Strategy::BestFit);
+        let blocks: Vec<_> = (0..4)
+            .map(|_| m.reserve(&[(DeviceId(0), MIB)]).unwrap())
+            .collect();
+        let mut blocks = blocks.into_iter();
+        let first = blocks.next().unwrap();
+        let _second = blocks.next().unwrap();
+        let third = blocks.next().unwrap();
+        m.release(first).unwrap();
+        m.release(third).unwrap();
+        let s = m.stats(DeviceId(0)).unwrap();
+        assert_eq!(
+            (s.free_bytes, s.largest_free_block, s.free_blocks),
+            (2 * MIB, MIB, 2)
+        );
+        assert_eq!(s.fragmentation, 0.5);
+        let err = m.reserve(&[(DeviceId(0), 2 * MIB)]).unwrap_err();
+        let text = err.to_string();
+        let a = admission(err);
+        assert!(a.is_fragmentation());
+        assert_eq!(a.shortfalls()[0].cause, ShortfallCause::Fragmentation);
+        assert!(
+            text.contains("fragmentation") && text.contains("device:0"),
+            "{text}"
+        );
+        assert_eq!(m.stats(DeviceId(0)).unwrap().failures, 1);
+    }
+
+    #[test]
+    fn bad_inputs_are_errors_not_panics() {
+        let m = PoolManager::with_limit(MIB, 2, Strategy::BuddySystem);
+        assert!(matches!(m.reserve(&[]), Err(PoolError::EmptyRequest)));
+        assert!(matches!(
+            m.reserve_even(5, &[]),
+            Err(PoolError::EmptyRequest)
+        ));
+        assert!(matches!(
+            m.reserve(&[(DeviceId(0), 1), (DeviceId(1), 0)]),
+            Err(PoolError::ZeroBytes {
+                device: DeviceId(1)
+            })
+        ));
+        assert!(matches!(
+            m.reserve(&[(DeviceId(2), 1)]),
+            Err(PoolError::UnknownDevice {
+                device: DeviceId(2),
+                devices: 2
+            })
+        ));
+        assert!(matches!(
+            m.reserve(&[(DeviceId(0), u64::MAX)]),
+            Err(PoolError::Overflow { .. })
+        ));
+        assert!(matches!(
+            m.reserve(&[
+                (DeviceId(1), u64::MAX / 2 + 1),
+                (DeviceId(1), u64::MAX / 2 + 1)
+            ]),
+            Err(PoolError::Overflow {
+                device: DeviceId(1),
+                ..
+            })
+        ));
+        let best = PoolManager::with_limit(MIB, 1, Strategy::BestFit);
+        assert!(matches!(
+            best.reserve(&[(DeviceId(0), u64::MAX - 10)]),
+            Err(PoolError::Overflow { .. })
+        ));
+        assert!(matches!(
+            best.stats(DeviceId(1)),
+            Err(PoolError::UnknownDevice { .. })
+        ));
+        assert!(matches!(
+            best.snapshot(DeviceId(9)),
+            Err(PoolError::UnknownDevice { .. })
+        ));
+        // A request larger than the pool is a capacity refusal, not an overflow.
+        assert!(matches!(
+            best.reserve(&[(DeviceId(0), u64::MAX - 300)]),
+            Err(PoolError::Admission(_))
+        ));
+        let empty = PoolManager::with_limit(0, 1, Strategy::FirstFit);
+        assert!(matches!(
+            empty.reserve(&[(DeviceId(0), 1)]),
+            Err(PoolError::Admission(_))
+        ));
+        assert_eq!(m.total_stats().in_use_bytes, 0);
+    }
+
+    #[test]
+    fn duplicate_devices_are_summed_into_one_block() {
+        let m = PoolManager::with_limit(MIB, 2, Strategy::BestFit);
+        let r = m
+            .reserve(&[(DeviceId(1), 1000), (DeviceId(0), 10), (DeviceId(1), 24)])
+            .unwrap();
+        let got: Vec<_> = r
+            .blocks()
+            .iter()
+            .map(|b| (b.device, b.requested, b.reserved))
+            .collect();
+        assert_eq!(got, [(DeviceId(0), 10, 256), (DeviceId(1), 1024, 1024)]);
+        assert_eq!(m.release(r).unwrap(), 1280);
+    }
+
+    #[test]
+    fn even_split_gives_the_remainder_to_the_last_device_and_skips_zero_shares() {
+        let m = PoolManager::with_limit(MIB, 4, Strategy::BestFit);
+        let r = m
+            .reserve_even(10, &[DeviceId(0), DeviceId(1), DeviceId(2), DeviceId(3)])
+            .unwrap();
+        let got: Vec<_> = r.blocks().iter().map(|b| (b.device, b.requested)).collect();
+        assert_eq!(
+            got,
+            [
+                (DeviceId(0), 2),
+                (DeviceId(1), 2),
+                (DeviceId(2), 2),
+                (DeviceId(3), 4)
+            ]
+        );
+        m.release(r).unwrap();
+        let r = m
+            .reserve_even(3, &[DeviceId(0), DeviceId(1), DeviceId(2), DeviceId(3)])
+            .unwrap();
+        let got: Vec<_> = r.blocks().iter().map(|b| (b.device, b.requested)).collect();
+        assert_eq!(got, [(DeviceId(3), 3)]);
+        m.release(r).unwrap();
+        assert!(matches!(
+            m.reserve_even(0, &[DeviceId(0)]),
+            Err(PoolError::ZeroBytes { .. })
+        ));
+    }
+
+    #[test]
+    fn stats_track_peak_requests_and_success_rate_and_reset_peak_rebases() {
+        let m = PoolManager::with_limit(8 * MIB, 2, Strategy::FirstFit);
+        let a = m
+            .reserve(&[(DeviceId(0), 3 * MIB), (DeviceId(1), 100)])
+            .unwrap();
+        let b = m.reserve(&[(DeviceId(0), 2 * MIB)]).unwrap();
+        assert!(m.reserve(&[(DeviceId(0), 4 * MIB)]).is_err());
+        m.release(b).unwrap();
+        let s = m.stats(DeviceId(0)).unwrap();
+        assert_eq!(
+            (s.in_use_bytes, s.peak_bytes, s.reservations, s.failures),
+            (3 * MIB, 5 * MIB, 2, 1)
+        );
+        assert!((s.success_rate - 2.0 / 3.0).abs() < 1e-12);
+        let s1 = m.stats(DeviceId(1)).unwrap();
+        assert_eq!((s1.in_use_bytes, s1.requested_bytes), (256, 100));
+        let t = m.total_stats();
+        assert_eq!(
+            (t.capacity_bytes, t.in_use_bytes, t.peak_bytes),
+            (16 * MIB, 3 * MIB + 256, 5 * MIB + 256)
+        );
+        assert_eq!(
+            (t.reservations, t.failures, t.requested_bytes),
+            (3, 1, 3 * MIB + 100)
+        );
+        assert_eq!(t.largest_free_block, 8 * MIB - 256);
+        m.reset_peak();
+        assert_eq!(m.stats(DeviceId(0)).unwrap().peak_bytes, 3 * MIB);
+        assert_eq!(m.total_stats().peak_bytes, 3 * MIB + 256);
+        m.release(a).unwrap();
+        assert_eq!(m.total_stats().in_use_bytes, 0);
+        assert_eq!(m.total_stats().fragmentation, 0.0);
+    }
+
+    #[test]
+    fn observer_sees_each_touched_device_after_reserve_and_release() {
+        let m = PoolManager::new(DeviceKind::A100_80GB, 3, Strategy::BestFit);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&seen);
+        m.set_observer(Box::new(move |s: &PoolSnapshot| {
+            sink.lock().push((s.name.clone(), s.reserved_bytes));
+        }));
+        let r = m
+            .reserve(&[(DeviceId(2), MIB), (DeviceId(0), 2 * MIB)])
+            .unwrap();
+        assert!(m.reserve(&[(DeviceId(1), 1 << 40)]).is_err());
+        m.release(r).unwrap();
+        m.clear_observer();
+        let _r = m.reserve(&[(DeviceId(1), MIB)]).unwrap();
+        let seen = seen.lock().clone();
+        let want = [
+            ("cuda:0", 2 * MIB),
+            ("cuda:2", MIB),
+            ("cuda:0", 0),
+            ("cuda:2", 0),
+        ];
+        let want: Vec<_> = want.iter().map(|&(n, b)| (n.to_string(), b)).collect();
+        assert_eq!(seen, want);
+    }
+
+    #[test]
+    fn observer_may_call_back_into_the_manager() {
+        let m = Arc::new(PoolManager::with_limit(MIB, 1, Strategy::BestFit));
+        let inner = Arc::downgrade(&m);
+        let frags = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&frags);
+        m.set_observer(Box::new(move |s: &PoolSnapshot| {
+            if let Some(m) = inner.upgrade() {
+                sink.lock()
+                    .push(m.stats(s.device).map(|st| st.in_use_bytes).ok());
+            }
+        }));
+        let r = m.reserve(&[(DeviceId(0), 512)]).unwrap();
+        m.release(r).unwrap();
+        assert_eq!(*frags.lock(), [Some(512), Some(0)]);
+    }
+
+    #[test]
+    fn releasing_into_another_manager_hands_the_reservation_back() {
+        let a = PoolManager::with_limit(MIB, 1, Strategy::BestFit);
+        let b = PoolManager::with_limit(MIB, 1, Strategy::BestFit);
+        let r = a.reserve(&[(DeviceId(0), 4096)]).unwrap();
+        let err = b.release(r).unwrap_err();
+        assert!(
+            err.to_string().contains("released into pool manager"),
+            "{err}"
+        );
+        let PoolError::WrongManager { reservation, .. } = err else {
+            panic!("{err}")
+        };
+        assert_eq!(b.total_stats().in_use_bytes, 0);
+        assert_eq!(a.release(reservation).unwrap(), 4096);
+    }
+
+    #[test]
+    fn manager_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<PoolManager>();
+        check::<Reservation>();
+        check::<PoolError>();
+    }
+}

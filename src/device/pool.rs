@@ -276,4 +276,131 @@ mod tests {
         assert_eq!(fragmentation(0, 0), 0.0);
         assert_eq!(fragmentation(256, 1024), 0.75);
     }
+
+    mod model {
+        use super::super::{fragmentation, Engine, Pool};
+        use crate::device::Strategy as Placement;
+        use proptest::prelude::*;
+
+        const CAPACITY: u64 = 1 << 20;
+
+        /// Free intervals `(offset, size)` left between the live blocks, in address order.
+        fn holes(live: &[(u64, u64, u64)]) -> Vec<(u64, u64)> {
+            let mut blocks: Vec<(u64, u64)> = live.iter().map(|&(o, s, _)| (o, s)).collect();
+            blocks.sort_unstable();
+            let mut out = Vec::new();
+            let mut at = 0;
+            for (o, s) in blocks.into_iter().chain([(CAPACITY, 0)]) {
+                if o > at {
+                    out.push((at, o - at));
+                }
+                at = o + s;
+            }
+            out
+        }
+
+        /// Where a strategy without size classes must place `size`, by brute force.
+        fn expected(strategy: Placement, holes: &[(u64, u64)], size: u64) -> Option<u64> {
+            let fitting = holes.iter().filter(|h| h.1 >= size);
+            match strategy {
+                Placement::FirstFit => fitting.map(|h| h.0).next(),
+                Placement::BestFit => fitting.min_by_key(|h| (h.1, h.0)).map(|h| h.0),
+                Placement::WorstFit => fitting.max_by_key(|h| (h.1, h.0)).map(|h| h.0),
+                _ => None,
+            }
+        }
+
+        fn op() -> impl Strategy<Value = (bool, u64, prop::sample::Index)> {
+            (
+                any::<bool>(),
+                (0u32..19, any::<u64>()),
+                any::<prop::sample::Index>(),
+            )
+                .prop_map(|(alloc, (bits, x), i)| (alloc, 1 + x % (1u64 << bits), i))
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn random_reserve_release_matches_a_brute_force_model(
+                which in 0..6usize,
+                ops in prop::collection::vec(op(), 1..400),
+            ) {
+                let strategy = Placement::ALL[which];
+                let exact = matches!(
+                    strategy,
+                    Placement::FirstFit
+                        | Placement::BestFit
+                        | Placement::WorstFit
+                );
+                let mut pool = Pool::new(CAPACITY, strategy);
+                let mut live: Vec<(u64, u64, u64)> = Vec::new(); // offset, reserved, requested
+                let mut peak = 0;
+                for (alloc, size, index) in ops {
+                    if alloc || live.is_empty() {
+                        let rounded = pool.round(size).unwrap();
+                        prop_assert!(rounded >= size && rounded % 256 == 0);
+                        let fits = pool.fits(rounded);
+                        let got = pool.alloc(rounded, size);
+                        prop_assert_eq!(got.is_some(), fits);
+                        if exact {
+                            prop_assert_eq!(got, expected(strategy, &holes(&live), rounded));
+                        }
+                        if let Some(offset) = got {
+                            live.push((offset, rounded, size));
+                        }
+                    } else {
+                        let (offset, reserved, requested) = live.swap_remove(index.index(live.len()));
+                        prop_assert_eq!(pool.allocated_size(offset).unwrap_or(reserved), reserved);
+                        prop_assert_eq!(pool.free(offset, requested), Some(reserved));
+                        let before = pool.clone();
+                        prop_assert_eq!(pool.free(offset, requested), None, "double free");
+                        prop_assert_eq!(&pool, &before);
+                    }
+                    // No overlap, inside the pool.
+                    let mut sorted = live.clone();
+                    sorted.sort_unstable();
+                    for w in sorted.windows(2) {
+                        prop_assert!(w[0].0 + w[0].1 <= w[1].0, "overlap {:?}", w);
+                    }
+                    if let Some(last) = sorted.last() {
+                        prop_assert!(last.0 + last.1 <= CAPACITY);
+                    }
+                    if strategy == Placement::BuddySystem {
+                        for b in &live {
+                            prop_assert_eq!(b.0 % b.1, 0, "buddy block not aligned to its size");
+                        }
+                    }
+                    // Bytes conserved and statistics equal to the model's.
+                    let in_use: u64 = live.iter().map(|b| b.1).sum();
+                    peak = peak.max(in_use);
+                    prop_assert_eq!(pool.counters.in_use, in_use);
+                    prop_assert_eq!(pool.counters.requested, live.iter().map(|b| b.2).sum::<u64>());
+                    prop_assert_eq!(pool.counters.peak, peak);
+                    prop_assert_eq!(pool.free_bytes(), CAPACITY - in_use);
+                    prop_assert_eq!(pool.fragmentation(), fragmentation(pool.largest_free(), pool.free_bytes()));
+                    if exact {
+                        let h = holes(&live);
+                        prop_assert_eq!(pool.largest_free(), h.iter().map(|h| h.1).max().unwrap_or(0));
+                        prop_assert_eq!(pool.free_blocks(), h.len() as u64);
+                        if let Engine::Arena(a, _) = &pool.engine {
+                            a.check();
+                            prop_assert_eq!(a.free_list(), h);
+                        }
+                    } else {
+                        prop_assert!(pool.largest_free() <= pool.free_bytes());
+                    }
+                }
+                // Releasing everything restores a fresh pool.
+                for (offset, reserved, requested) in live.drain(..) {
+                    prop_assert_eq!(pool.free(offset, requested), Some(reserved));
+                }
+                let fresh = Pool::new(CAPACITY, strategy);
+                prop_assert_eq!(pool.free_bytes(), CAPACITY);
+                prop_assert_eq!(pool.largest_free(), fresh.largest_free());
+                prop_assert_eq!(pool.free_blocks(), fresh.free_blocks());
+            }
+        }
+    }
 }
