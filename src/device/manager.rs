@@ -662,7 +662,7 @@ mod tests {
             let b = m
                 .reserve(&[(DeviceId(0), 3000), (DeviceId(2), 9 * MIB)])
                 .unwrap();
-            let _keep = m.reserve(&[(DeviceId(1), 1 * MIB)]).unwrap();
+            let _keep = m.reserve(&[(DeviceId(1), MIB)]).unwrap();
             m.release(a).unwrap();
             let before = state(&m);
             let stats_before: Vec<_> = (0..3).map(|d| m.stats(DeviceId(d)).unwrap()).collect();

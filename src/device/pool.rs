@@ -11,7 +11,7 @@ pub(crate) const GRANULE: u64 = 256;
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Engine {
     Arena(Arena, Fit),
-    Adaptive(Slabs, Median),
+    Adaptive(Slabs, Box<Median>),
     Buddy(Buddy),
     Slabs(Slabs),
 }
@@ -100,9 +100,10 @@ impl Pool {
             Strategy::WorstFit => Engine::Arena(Arena::new(capacity, false), Fit::Worst),
             Strategy::BuddySystem => Engine::Buddy(Buddy::new(capacity)),
             Strategy::PoolBased => Engine::Slabs(Slabs::new(capacity)),
-            Strategy::Adaptive => {
-                Engine::Adaptive(Slabs::with_fallback(capacity, true), Median::new())
-            }
+            Strategy::Adaptive => Engine::Adaptive(
+                Slabs::with_fallback(capacity, true),
+                Box::new(Median::new()),
+            ),
         };
         Self {
             capacity,
