@@ -261,6 +261,9 @@ impl PoolManager {
     /// # Ok::<(), highwater::device::PoolError>(())
     /// ```
     pub fn reserve(&self, needs: &[(DeviceId, u64)]) -> Result<Reservation, PoolError> {
+        if let [(device, bytes)] = *needs {
+            return self.reserve_one(device, bytes);
+        }
         if needs.is_empty() {
             return Err(PoolError::EmptyRequest);
         }
@@ -350,6 +353,42 @@ impl PoolManager {
         })
     }
 
+    /// [`PoolManager::reserve`] for a single device: one lock, and `alloc` (which changes
+    /// nothing when it fails) stands in for the separate admission check.
+    fn reserve_one(&self, device: DeviceId, bytes: u64) -> Result<Reservation, PoolError> {
+        self.check_device(device)?;
+        if bytes == 0 {
+            return Err(PoolError::ZeroBytes { device });
+        }
+        let mut pool = self.pools[device.0 as usize].lock();
+        let rounded = pool
+            .round(bytes)
+            .ok_or(PoolError::Overflow { device, bytes })?;
+        let Some(offset) = pool.alloc(rounded, bytes) else {
+            let shortfall = self.shortfall(device, bytes, rounded, &pool);
+            pool.counters.failures += 1;
+            return Err(AdmissionError {
+                shortfalls: vec![shortfall],
+            }
+            .into());
+        };
+        let total = self.total_in_use.fetch_add(rounded, Ordering::Relaxed) + rounded;
+        self.total_peak.fetch_max(total, Ordering::Relaxed);
+        let observed = self.observe(std::iter::once((device, &*pool)));
+        drop(pool);
+        report(observed);
+        let block = ReservedBlock {
+            device,
+            offset,
+            requested: bytes,
+            reserved: rounded,
+        };
+        Ok(Reservation {
+            manager: self.id,
+            blocks: vec![block],
+        })
+    }
+
     /// Reserves `total` bytes split evenly over `devices`, the last device taking the remainder.
     ///
     /// Devices whose share is zero (fewer bytes than devices) are left out.
@@ -417,6 +456,20 @@ impl PoolManager {
                 manager: self.id,
                 reservation,
             });
+        }
+        if let [block] = reservation.blocks[..] {
+            let mut pool = self.pools[block.device.0 as usize].lock();
+            let freed =
+                pool.free(block.offset, block.requested)
+                    .ok_or(PoolError::UnknownBlock {
+                        device: block.device,
+                        offset: block.offset,
+                    })?;
+            self.total_in_use.fetch_sub(freed, Ordering::Relaxed);
+            let observed = self.observe(std::iter::once((block.device, &*pool)));
+            drop(pool);
+            report(observed);
+            return Ok(freed);
         }
         let mut held: Vec<(DeviceId, MutexGuard<'_, Pool>)> =
             Vec::with_capacity(reservation.blocks.len());
@@ -675,10 +728,16 @@ mod tests {
                 .unwrap_err();
             assert_eq!(admission(err).shortfalls().len(), 1, "{strategy}");
             assert_eq!(state(&m), before, "{strategy}");
+            // The single-device path, too.
+            assert!(m.reserve(&[(DeviceId(2), 60 * MIB)]).is_err(), "{strategy}");
+            assert_eq!(state(&m), before, "{strategy}");
             let stats_after: Vec<_> = (0..3).map(|d| m.stats(DeviceId(d)).unwrap()).collect();
             assert_eq!(stats_after[1].failures, stats_before[1].failures + 1);
             assert_eq!(stats_after[0], stats_before[0], "{strategy}");
-            assert_eq!(stats_after[2], stats_before[2], "{strategy}");
+            let mut before_2 = stats_before[2].clone();
+            before_2.failures += 1;
+            before_2.success_rate = stats_after[2].success_rate;
+            assert_eq!(stats_after[2], before_2, "{strategy}");
             m.release(b).unwrap();
         }
     }
