@@ -2,9 +2,9 @@
 //!
 //! Free blocks are kept by offset in a `BTreeMap`, so a freed block finds its free neighbours
 //! with one range lookup each side and merges with them at once (free blocks are therefore never
-//! adjacent). They are also indexed by `(size, offset)`, which gives best fit (the first entry
-//! at or after `(n, 0)`) and worst fit (the last entry) in O(log n), and optionally by the
-//! [`FreeTree`] for first fit. Allocated blocks live in a hash map from offset to size, which is
+//! adjacent). They are also indexed either by `(size, offset)`, which gives best fit (the first
+//! entry at or after `(n, 0)`) and worst fit (the last entry) in O(log n), or, for first fit, by
+//! the [`FreeTree`]. Allocated blocks live in a hash map from offset to size, which is
 //! all a release needs to validate its block. Free and allocated blocks together tile the arena.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -62,9 +62,10 @@ pub(crate) struct Arena {
     free: BTreeMap<u64, u64>,
     /// Allocated blocks: offset to size.
     allocated: OffsetMap,
-    /// Free blocks as `(size, offset)`.
-    by_size: BTreeSet<(u64, u64)>,
-    /// Free blocks by offset with subtree max size; present only when first fit is used.
+    /// Free blocks as `(size, offset)`, for best and worst fit. Exactly one of `by_size` and
+    /// `by_addr` is present.
+    by_size: Option<BTreeSet<(u64, u64)>>,
+    /// Free blocks by offset with subtree max size, for first fit.
     by_addr: Option<FreeTree>,
     /// Sum of free block sizes.
     free_bytes: u64,
@@ -77,7 +78,7 @@ impl Arena {
             capacity,
             free: BTreeMap::new(),
             allocated: OffsetMap::default(),
-            by_size: BTreeSet::new(),
+            by_size: (!first_fit).then(BTreeSet::new),
             by_addr: first_fit.then(FreeTree::new),
             free_bytes: 0,
         };
@@ -92,35 +93,35 @@ impl Arena {
     }
 
     pub(crate) fn largest_free(&self) -> u64 {
-        self.by_size.last().map_or(0, |&(size, _)| size)
+        match (&self.by_size, &self.by_addr) {
+            (Some(by_size), _) => by_size.last().map_or(0, |&(size, _)| size),
+            (None, Some(tree)) => tree.max_size(),
+            (None, None) => 0,
+        }
     }
 
     pub(crate) fn free_blocks(&self) -> u64 {
-        self.by_size.len() as u64
+        self.free.len() as u64
     }
 
     /// The free block `fit` would carve `size` bytes from, as `(offset, block size)`, without
     /// changing anything.
     pub(crate) fn find(&self, size: u64, fit: Fit) -> Option<(u64, u64)> {
-        match fit {
-            Fit::Best => self
-                .by_size
-                .range((size, 0)..)
-                .next()
-                .map(|&(s, off)| (off, s)),
-            Fit::Worst => self
-                .by_size
+        // An arena has the index of the fits it was built for; asked for another, it answers
+        // with the one it has rather than scanning.
+        match (fit, &self.by_size, &self.by_addr) {
+            (Fit::Best, Some(by_size), _) | (Fit::First, Some(by_size), None) => {
+                by_size.range((size, 0)..).next().map(|&(s, off)| (off, s))
+            }
+            (Fit::Worst, Some(by_size), _) => by_size
                 .last()
                 .filter(|&&(s, _)| s >= size)
                 .map(|&(s, off)| (off, s)),
-            Fit::First => match &self.by_addr {
-                Some(tree) => {
-                    let off = tree.first_fit(size)?;
-                    self.free.get(&off).map(|&s| (off, s))
-                }
-                // Constructed without the index: fall back to best fit rather than scanning.
-                None => self.find(size, Fit::Best),
-            },
+            (_, _, Some(tree)) => {
+                let off = tree.first_fit(size)?;
+                self.free.get(&off).map(|&s| (off, s))
+            }
+            (_, None, None) => None,
         }
     }
 
@@ -179,7 +180,9 @@ impl Arena {
 
     fn insert_free(&mut self, offset: u64, size: u64) {
         self.free.insert(offset, size);
-        self.by_size.insert((size, offset));
+        if let Some(by_size) = &mut self.by_size {
+            by_size.insert((size, offset));
+        }
         if let Some(tree) = &mut self.by_addr {
             tree.insert(offset, size);
         }
@@ -188,7 +191,9 @@ impl Arena {
 
     fn remove_free(&mut self, offset: u64, size: u64) {
         self.free.remove(&offset);
-        self.by_size.remove(&(size, offset));
+        if let Some(by_size) = &mut self.by_size {
+            by_size.remove(&(size, offset));
+        }
         if let Some(tree) = &mut self.by_addr {
             tree.remove(offset);
         }
@@ -200,8 +205,10 @@ impl Arena {
         if let Some(s) = self.free.get_mut(&offset) {
             *s = new;
         }
-        self.by_size.remove(&(old, offset));
-        self.by_size.insert((new, offset));
+        if let Some(by_size) = &mut self.by_size {
+            by_size.remove(&(old, offset));
+            by_size.insert((new, offset));
+        }
         if let Some(tree) = &mut self.by_addr {
             tree.update(offset, offset, new);
         }
@@ -213,8 +220,10 @@ impl Arena {
     fn move_free(&mut self, from: u64, old: u64, to: u64, new: u64) {
         self.free.remove(&from);
         self.free.insert(to, new);
-        self.by_size.remove(&(old, from));
-        self.by_size.insert((new, to));
+        if let Some(by_size) = &mut self.by_size {
+            by_size.remove(&(old, from));
+            by_size.insert((new, to));
+        }
         if let Some(tree) = &mut self.by_addr {
             tree.update(from, to, new);
         }
@@ -239,8 +248,14 @@ impl Arena {
         }
         assert_eq!(next, self.capacity);
         assert_eq!(self.free.values().sum::<u64>(), self.free_bytes);
-        let want: BTreeSet<(u64, u64)> = self.free.iter().map(|(&o, &s)| (s, o)).collect();
-        assert_eq!(want, self.by_size);
+        if let Some(by_size) = &self.by_size {
+            let want: BTreeSet<(u64, u64)> = self.free.iter().map(|(&o, &s)| (s, o)).collect();
+            assert_eq!(&want, by_size);
+        }
+        assert_eq!(
+            self.largest_free(),
+            self.free.values().copied().max().unwrap_or(0)
+        );
         if let Some(tree) = &self.by_addr {
             let want: Vec<(u64, u64)> = self.free.iter().map(|(&o, &s)| (o, s)).collect();
             assert_eq!(tree.entries(), want);
@@ -288,19 +303,24 @@ mod tests {
 
     #[test]
     fn first_fit_prefers_address_over_size() {
-        let mut a = Arena::new(4096, true);
-        let x = a.alloc(1024, Fit::First, End::Low); // [0,1024)
-        let _keep = a.alloc(256, Fit::First, End::Low); // [1024,1280)
-        let y = a.alloc(256, Fit::First, End::Low); // [1280,1536)
-        let _keep2 = a.alloc(256, Fit::First, End::Low); // [1536,1792)
-        assert_eq!((x, y), (Some(0), Some(1280)));
-        a.free(0);
-        a.free(1280);
-        // Free: 1024 at 0, 256 at 1280, 2304 at 1792. Best fit takes 1280, first fit takes 0.
-        assert_eq!(a.find(256, Fit::Best), Some((1280, 256)));
-        assert_eq!(a.find(256, Fit::First), Some((0, 1024)));
-        assert_eq!(a.find(2048, Fit::First), Some((1792, 2304)));
-        a.check();
+        for first_fit in [true, false] {
+            let mut a = Arena::new(4096, first_fit);
+            let fit = if first_fit { Fit::First } else { Fit::Best };
+            let x = a.alloc(1024, fit, End::Low); // [0,1024)
+            let _keep = a.alloc(256, fit, End::Low); // [1024,1280)
+            let y = a.alloc(256, fit, End::Low); // [1280,1536)
+            let _keep2 = a.alloc(256, fit, End::Low); // [1536,1792)
+            assert_eq!((x, y), (Some(0), Some(1280)));
+            a.free(0);
+            a.free(1280);
+            // Free: 1024 at 0, 256 at 1280, 2304 at 1792. Best fit takes 1280, first fit 0.
+            let want = if first_fit { (0, 1024) } else { (1280, 256) };
+            assert_eq!(a.find(256, fit), Some(want));
+            assert_eq!(a.find(2048, fit), Some((1792, 2304)));
+            assert_eq!(a.largest_free(), 2304);
+            assert_eq!(a.free_blocks(), 3);
+            a.check();
+        }
     }
 
     #[test]

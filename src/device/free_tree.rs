@@ -68,6 +68,15 @@ impl FreeTree {
         }
     }
 
+    /// Size of the largest block, 0 when empty.
+    pub(crate) fn max_size(&self) -> u64 {
+        if self.root == NIL {
+            0
+        } else {
+            self.nodes[self.root as usize].max
+        }
+    }
+
     /// Adds a free block; `offset` must not be present.
     pub(crate) fn insert(&mut self, offset: u64, size: u64) {
         self.seed = self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
