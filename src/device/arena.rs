@@ -117,10 +117,7 @@ impl Arena {
                 .last()
                 .filter(|&&(s, _)| s >= size)
                 .map(|&(s, off)| (off, s)),
-            (_, _, Some(tree)) => {
-                let off = tree.first_fit(size)?;
-                self.free.get(&off).map(|&s| (off, s))
-            }
+            (_, _, Some(tree)) => tree.first_fit(size),
             (_, None, None) => None,
         }
     }

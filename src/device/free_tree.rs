@@ -46,8 +46,8 @@ impl FreeTree {
         }
     }
 
-    /// Lowest offset of a free block holding at least `size` bytes.
-    pub(crate) fn first_fit(&self, size: u64) -> Option<u64> {
+    /// The lowest-offset free block holding at least `size` bytes, as `(offset, size)`.
+    pub(crate) fn first_fit(&self, size: u64) -> Option<(u64, u64)> {
         let mut t = self.root;
         if t == NIL || self.nodes[t as usize].max < size {
             return None;
@@ -57,7 +57,7 @@ impl FreeTree {
             if node.left != NIL && self.nodes[node.left as usize].max >= size {
                 t = node.left;
             } else if node.size >= size {
-                return Some(node.offset);
+                return Some((node.offset, node.size));
             } else {
                 // The subtree's max is >= size and neither the left side nor this node has it.
                 t = node.right;
@@ -99,24 +99,75 @@ impl FreeTree {
                 (self.nodes.len() - 1) as u32
             }
         };
-        let (lo, hi) = self.split(self.root, offset);
-        let lo = self.merge(lo, index);
-        self.root = self.merge(lo, hi);
+        self.root = self.insert_at(self.root, index);
+    }
+
+    /// Inserts node `n` under `t` by key, rotating it up while its priority beats its parent's;
+    /// returns the subtree's new root.
+    fn insert_at(&mut self, t: u32, n: u32) -> u32 {
+        if t == NIL {
+            return n;
+        }
+        if self.nodes[n as usize].offset < self.nodes[t as usize].offset {
+            let l = self.insert_at(self.nodes[t as usize].left, n);
+            self.nodes[t as usize].left = l;
+            if self.nodes[l as usize].priority > self.nodes[t as usize].priority {
+                // Rotate right: `l` takes `t`'s place and `t` becomes its right child.
+                self.nodes[t as usize].left = self.nodes[l as usize].right;
+                self.pull(t);
+                self.nodes[l as usize].right = t;
+                self.pull(l);
+                return l;
+            }
+        } else {
+            let r = self.insert_at(self.nodes[t as usize].right, n);
+            self.nodes[t as usize].right = r;
+            if self.nodes[r as usize].priority > self.nodes[t as usize].priority {
+                // Rotate left: `r` takes `t`'s place and `t` becomes its left child.
+                self.nodes[t as usize].right = self.nodes[r as usize].left;
+                self.pull(t);
+                self.nodes[r as usize].left = t;
+                self.pull(r);
+                return r;
+            }
+        }
+        self.pull(t);
+        t
     }
 
     /// Removes the free block at `offset`; returns whether it was present.
     pub(crate) fn remove(&mut self, offset: u64) -> bool {
-        let (lo, rest) = self.split(self.root, offset);
-        let (mid, hi) = match offset.checked_add(1) {
-            Some(next) => self.split(rest, next),
-            None => (rest, NIL),
-        };
-        let found = mid != NIL;
-        if found {
-            self.vacant.push(mid);
-        }
-        self.root = self.merge(lo, hi);
+        let (root, found) = self.remove_at(self.root, offset);
+        self.root = root;
         found
+    }
+
+    /// Removes `key` from the subtree at `t`; returns the subtree's new root and whether the key
+    /// was there.
+    fn remove_at(&mut self, t: u32, key: u64) -> (u32, bool) {
+        if t == NIL {
+            return (NIL, false);
+        }
+        let node = &self.nodes[t as usize];
+        if key < node.offset {
+            let (l, found) = self.remove_at(node.left, key);
+            self.nodes[t as usize].left = l;
+            if found {
+                self.pull(t);
+            }
+            (t, found)
+        } else if key > node.offset {
+            let (r, found) = self.remove_at(node.right, key);
+            self.nodes[t as usize].right = r;
+            if found {
+                self.pull(t);
+            }
+            (t, found)
+        } else {
+            let (l, r) = (node.left, node.right);
+            self.vacant.push(t);
+            (self.merge(l, r), true)
+        }
     }
 
     /// Moves the block at `offset` to `new_offset` with `new_size`, in place; returns whether it
@@ -178,24 +229,6 @@ impl FreeTree {
         self.nodes[t as usize].max = max;
     }
 
-    /// Splits `t` into (offsets < key, offsets >= key).
-    fn split(&mut self, t: u32, key: u64) -> (u32, u32) {
-        if t == NIL {
-            return (NIL, NIL);
-        }
-        if self.nodes[t as usize].offset < key {
-            let (a, b) = self.split(self.nodes[t as usize].right, key);
-            self.nodes[t as usize].right = a;
-            self.pull(t);
-            (t, b)
-        } else {
-            let (a, b) = self.split(self.nodes[t as usize].left, key);
-            self.nodes[t as usize].left = b;
-            self.pull(t);
-            (a, t)
-        }
-    }
-
     /// Joins two treaps where every offset in `a` is below every offset in `b`.
     fn merge(&mut self, a: u32, b: u32) -> u32 {
         if a == NIL {
@@ -243,14 +276,15 @@ mod tests {
         for (off, size) in [(0, 100), (1000, 500), (2000, 300), (3000, 800), (4000, 500)] {
             t.insert(off, size);
         }
-        assert_eq!(t.first_fit(50), Some(0));
-        assert_eq!(t.first_fit(200), Some(1000));
-        assert_eq!(t.first_fit(600), Some(3000));
+        assert_eq!(t.first_fit(50).map(|b| b.0), Some(0));
+        assert_eq!(t.first_fit(200).map(|b| b.0), Some(1000));
+        assert_eq!(t.first_fit(600).map(|b| b.0), Some(3000));
         assert_eq!(t.first_fit(801), None);
+        assert_eq!(t.first_fit(600), Some((3000, 800)));
         assert!(t.remove(1000));
         assert!(!t.remove(1000));
-        assert_eq!(t.first_fit(200), Some(2000));
-        assert_eq!(t.first_fit(400), Some(3000));
+        assert_eq!(t.first_fit(200).map(|b| b.0), Some(2000));
+        assert_eq!(t.first_fit(400).map(|b| b.0), Some(3000));
         assert_eq!(
             t.entries(),
             vec![(0, 100), (2000, 300), (3000, 800), (4000, 500)]
@@ -278,8 +312,12 @@ mod tests {
                 assert!(t.update(off, off, size));
             }
             let want = 1 + (x >> 40) % 1000;
-            let expect = model.iter().find(|(_, &s)| s >= want).map(|(&o, _)| o);
+            let expect = model
+                .iter()
+                .find(|(_, &s)| s >= want)
+                .map(|(&o, &s)| (o, s));
             assert_eq!(t.first_fit(want), expect);
+            assert_eq!(t.max_size(), model.values().copied().max().unwrap_or(0));
         }
     }
 }
