@@ -73,23 +73,39 @@ impl fmt::Debug for PoolManager {
 pub struct Reservation {
     manager: u64,
     /// One block per device, in ascending device order.
-    blocks: Vec<ReservedBlock>,
+    blocks: Blocks,
+}
+
+/// A reservation's blocks; most reservations name one device, and keep it inline.
+#[derive(Debug, PartialEq, Eq)]
+enum Blocks {
+    One(ReservedBlock),
+    Many(Vec<ReservedBlock>),
+}
+
+impl Blocks {
+    fn as_slice(&self) -> &[ReservedBlock] {
+        match self {
+            Blocks::One(b) => std::slice::from_ref(b),
+            Blocks::Many(v) => v,
+        }
+    }
 }
 
 impl Reservation {
     /// The blocks held, one per device, in ascending device order.
     pub fn blocks(&self) -> &[ReservedBlock] {
-        &self.blocks
+        self.blocks.as_slice()
     }
 
     /// Bytes held across devices, after rounding.
     pub fn reserved_bytes(&self) -> u64 {
-        self.blocks.iter().map(|b| b.reserved).sum()
+        self.blocks().iter().map(|b| b.reserved).sum()
     }
 
     /// Bytes asked for across devices.
     pub fn requested_bytes(&self) -> u64 {
-        self.blocks.iter().map(|b| b.requested).sum()
+        self.blocks().iter().map(|b| b.requested).sum()
     }
 
     pub(crate) fn manager_id(&self) -> u64 {
@@ -349,7 +365,7 @@ impl PoolManager {
         report(observed);
         Ok(Reservation {
             manager: self.id,
-            blocks,
+            blocks: Blocks::Many(blocks),
         })
     }
 
@@ -385,7 +401,7 @@ impl PoolManager {
         };
         Ok(Reservation {
             manager: self.id,
-            blocks: vec![block],
+            blocks: Blocks::One(block),
         })
     }
 
@@ -457,7 +473,7 @@ impl PoolManager {
                 reservation,
             });
         }
-        if let [block] = reservation.blocks[..] {
+        if let Blocks::One(block) = reservation.blocks {
             let mut pool = self.pools[block.device.0 as usize].lock();
             let freed =
                 pool.free(block.offset, block.requested)
@@ -472,13 +488,13 @@ impl PoolManager {
             return Ok(freed);
         }
         let mut held: Vec<(DeviceId, MutexGuard<'_, Pool>)> =
-            Vec::with_capacity(reservation.blocks.len());
-        for block in &reservation.blocks {
+            Vec::with_capacity(reservation.blocks().len());
+        for block in reservation.blocks() {
             held.push((block.device, self.pools[block.device.0 as usize].lock()));
         }
         let mut freed = 0u64;
         let mut missing = None;
-        for (block, (_, pool)) in reservation.blocks.iter().zip(held.iter_mut()) {
+        for (block, (_, pool)) in reservation.blocks().iter().zip(held.iter_mut()) {
             match pool.free(block.offset, block.requested) {
                 Some(size) => freed += size,
                 None => missing = Some((block.device, block.offset)),
