@@ -8,6 +8,7 @@
 
 pub mod analysis;
 mod capture;
+pub mod device;
 pub mod export;
 mod model;
 mod profile;
