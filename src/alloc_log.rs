@@ -107,9 +107,8 @@ impl AllocLog {
         let mut offset = 8u64;
         let mut tag = [0u8; 1];
         loop {
-            match input.read(&mut tag).map_err(read_error)? {
-                0 => return Ok(log),
-                _ => {}
+            if input.read(&mut tag).map_err(read_error)? == 0 {
+                return Ok(log);
             }
             match tag[0] {
                 ALLOC | FREE => {
@@ -157,6 +156,29 @@ impl AllocLog {
                 other => return Err(invalid(offset, &format!("unknown record tag {other}"))),
             }
         }
+    }
+
+    /// The allocation stream of device `device` (an index into [`AllocLog::devices`]), as
+    /// operations for [`crate::device::simulate`]. An allocation over a key that is still live
+    /// (its free was never recorded) frees the old block first, so ids stay unique among live
+    /// allocations.
+    #[cfg(not(loom))]
+    pub fn sim_ops(&self, device: u16) -> Vec<crate::device::SimOp> {
+        use crate::device::SimOp;
+        let mut live = std::collections::HashSet::new();
+        let mut ops = Vec::new();
+        for record in self.records.iter().filter(|r| r.device == device) {
+            if record.alloc {
+                if !live.insert(record.key) {
+                    ops.push(SimOp::free(record.ts_ns, record.key));
+                }
+                ops.push(SimOp::alloc(record.ts_ns, record.key, record.bytes));
+            } else {
+                live.remove(&record.key);
+                ops.push(SimOp::free(record.ts_ns, record.key));
+            }
+        }
+        ops
     }
 
     /// The index of device `name`, if the log has it.

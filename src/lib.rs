@@ -8,6 +8,7 @@
 
 pub mod analysis;
 mod capture;
+#[cfg(not(loom))]
 pub mod device;
 pub mod export;
 mod model;

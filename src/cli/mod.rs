@@ -4,6 +4,7 @@
 mod args;
 mod diff;
 mod export;
+mod simulate;
 mod spans;
 mod summary;
 mod top;
@@ -42,11 +43,33 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             format,
             output,
         } => export::run(&profile, format, output.as_deref()),
+        Command::Simulate {
+            input,
+            device,
+            strategy,
+            limit,
+            stream,
+            json,
+        } => simulate::run(&simulate::Request {
+            input: &input,
+            device,
+            strategy,
+            limit,
+            stream: stream.as_deref(),
+            json,
+        }),
     }
 }
 
 /// The exit code for an error returned by [`run`].
 pub(crate) fn exit_code(error: &anyhow::Error) -> u8 {
+    if error
+        .downcast_ref::<highwater::alloc_log::AllocLogError>()
+        .is_some()
+        || error.downcast_ref::<simulate::InputError>().is_some()
+    {
+        return EXIT_BAD_INPUT;
+    }
     match error.downcast_ref::<ProfileError>() {
         Some(ProfileError::Write { .. }) | None => EXIT_FAILURE,
         Some(_) => EXIT_BAD_INPUT,

@@ -605,12 +605,16 @@ impl PoolManager {
         *self.observer.write() = None;
     }
 
-    /// Snapshots of the touched pools, taken under their locks, if an observer is set.
+    /// Snapshots of the touched pools, taken under their locks, if an observer is set or a
+    /// session is recording (which receives them as pool events).
     fn observe<'a>(
         &self,
         touched: impl Iterator<Item = (DeviceId, &'a Pool)>,
-    ) -> Option<(Arc<PoolObserver>, Vec<PoolSnapshot>)> {
-        let observer = self.observer.read().clone()?;
+    ) -> Option<(Option<Arc<PoolObserver>>, Vec<PoolSnapshot>)> {
+        let observer = self.observer.read().clone();
+        if observer.is_none() && !crate::capture::recording() {
+            return None;
+        }
         Some((
             observer,
             touched.map(|(d, pool)| self.snapshot_of(d, pool)).collect(),
@@ -657,10 +661,23 @@ impl PoolManager {
     }
 }
 
-/// Calls the observer with each snapshot; the pools are unlocked by now.
-fn report(observed: Option<(Arc<PoolObserver>, Vec<PoolSnapshot>)>) {
-    if let Some((observer, snapshots)) = observed {
-        for s in &snapshots {
+/// Records each snapshot into a running session and calls the observer with it; the pools
+/// are unlocked by now.
+fn report(observed: Option<(Option<Arc<PoolObserver>>, Vec<PoolSnapshot>)>) {
+    let Some((observer, snapshots)) = observed else {
+        return;
+    };
+    for s in &snapshots {
+        if crate::capture::recording() {
+            crate::capture::record_pool_state(
+                crate::capture::names::device(&s.name),
+                s.capacity_bytes,
+                s.reserved_bytes,
+                s.largest_free_block,
+                s.fragmentation,
+            );
+        }
+        if let Some(observer) = &observer {
             observer(s);
         }
     }
