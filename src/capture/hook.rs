@@ -229,33 +229,27 @@ pub(crate) fn retire_current_thread(index: usize) {
 /// Records a heap allocation that the inner allocator just made.
 #[inline(always)]
 pub(crate) fn record_alloc(addr: usize, size: usize) {
-    emit([RawKind::Alloc], Stamp::Fresh, |current, ticks| {
-        [RawEvent {
-            ticks,
-            kind: RawKind::Alloc as u8,
-            flags: current.scope.category() as u8,
-            device: 0,
-            span: current.span,
-            a: addr as u64,
-            b: size as u64,
-        }]
-    });
+    record_one(
+        RawKind::Alloc,
+        Stamp::Fresh,
+        0,
+        Flags::ScopeCategory,
+        addr as u64,
+        size as u64,
+    );
 }
 
 /// Records a heap free that is about to happen.
 #[inline(always)]
 pub(crate) fn record_free(addr: usize, size: usize) {
-    emit([RawKind::Free], Stamp::Recent, |current, ticks| {
-        [RawEvent {
-            ticks,
-            kind: RawKind::Free as u8,
-            flags: 0,
-            device: 0,
-            span: current.span,
-            a: addr as u64,
-            b: size as u64,
-        }]
-    });
+    record_one(
+        RawKind::Free,
+        Stamp::Recent,
+        0,
+        Flags::Value(0),
+        addr as u64,
+        size as u64,
+    );
 }
 
 /// Records a completed realloc as one unit. `released` was read before the inner realloc
@@ -394,20 +388,38 @@ pub(crate) fn open_gate() {
     RECORDING.store(true, Ordering::SeqCst);
 }
 
-/// Records one event of `kind` stamped now, with the thread's current span.
-#[inline]
-fn record_now(kind: RawKind, device: u16, flags: u8, a: u64, b: u64) {
-    emit([kind], Stamp::Fresh, |current, ticks| {
+/// An event's `flags` byte.
+#[derive(Debug, Clone, Copy)]
+enum Flags {
+    /// This value.
+    Value(u8),
+    /// The category the thread's open spans give a new block.
+    ScopeCategory,
+}
+
+/// Records one event of `kind` with the thread's current span.
+#[inline(always)]
+fn record_one(kind: RawKind, stamp: Stamp, device: u16, flags: Flags, a: u64, b: u64) {
+    emit([kind], stamp, |current, ticks| {
         [RawEvent {
             ticks,
             kind: kind as u8,
-            flags,
+            flags: match flags {
+                Flags::Value(value) => value,
+                Flags::ScopeCategory => current.scope.category() as u8,
+            },
             device,
             span: current.span,
             a,
             b,
         }]
     });
+}
+
+/// Records one event of `kind` stamped now.
+#[inline]
+fn record_now(kind: RawKind, device: u16, flags: u8, a: u64, b: u64) {
+    record_one(kind, Stamp::Fresh, device, Flags::Value(flags), a, b);
 }
 
 /// Records a two-event record (head then tail) as one unit stamped now.
