@@ -141,7 +141,6 @@ impl SessionBuilder {
         lifecycle::set_ring_capacity(ring_events);
         lifecycle::install();
         enable_asymmetric_barrier();
-        capture::advance_epoch();
         install_exit_handler();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));
         let alloc_log = self.alloc_log.or(env.alloc_log);

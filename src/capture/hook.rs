@@ -17,27 +17,6 @@ use crate::model::{CategoryScope, SpanLabel};
 /// the ring's stop protocol); written only by the session.
 pub(crate) static RECORDING: AtomicBool = AtomicBool::new(false);
 
-/// Advanced by the collector on every wake (and by a session's start). A free may reuse its
-/// thread's last clock reading while the epoch has not moved, so its timestamp is never later
-/// than the free and at most one collector interval early.
-pub(crate) static EPOCH: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-
-/// Moves [`EPOCH`] on.
-pub(crate) fn advance_epoch() {
-    EPOCH.fetch_add(1, Ordering::Relaxed);
-}
-
-/// How an event is timestamped.
-#[derive(Debug, Clone, Copy)]
-enum Stamp {
-    /// Read the clock now. Allocations need this: their timestamp must not be earlier than the
-    /// allocation, or a reuse of the address could sort before the free that released it.
-    Fresh,
-    /// Any reading not later than now will do (frees): reuse the thread's last reading while
-    /// the epoch has not moved, which skips the clock on most frees of a busy thread.
-    Recent,
-}
-
 /// Events dropped without a ring to count them in (no free ring, thread already exiting), by
 /// [`RawKind`]. Rare, so a shared read-modify-write is fine here.
 pub(crate) static UNATTRIBUTED_DROPS: [AtomicU64; RawKind::COUNT] =
@@ -67,9 +46,6 @@ struct ThreadState {
     last_span: u32,
     /// What the open spans say about categories.
     scope: CategoryScope,
-    /// This thread's last clock reading, and the [`EPOCH`] it was read in.
-    last_ticks: u64,
-    last_epoch: u32,
 }
 
 impl ThreadState {
@@ -84,8 +60,6 @@ impl ThreadState {
             named: None,
             step: None,
         },
-        last_ticks: 0,
-        last_epoch: u32::MAX,
     };
 }
 
@@ -121,12 +95,17 @@ fn drop_unattributed(kinds: &[RawKind]) {
 }
 
 /// Writes the events built by `build` into this thread's ring, or counts them as dropped.
-/// `kinds` names the events, for counting them when no ring can take them; `stamp` says how
-/// to timestamp them. `build` gets the thread's state and the timestamp.
+/// `kinds` names the events, for counting them when no ring can take them. `build` gets the
+/// thread's state and a clock reading taken once the ring has room.
+///
+/// Every event reads the clock afresh. Cross-thread address reuse needs an allocation's stamp
+/// not earlier than the allocation and a free's not later than the free, and the analysis
+/// judges a free older than the live block's allocation to belong to an earlier life: a free
+/// that reused an older reading could predate the allocation another thread made of the block
+/// it frees, and would be ignored.
 #[inline(always)]
 fn emit<const N: usize>(
     kinds: [RawKind; N],
-    stamp: Stamp,
     build: impl FnOnce(ThreadState, u64) -> [RawEvent; N],
 ) {
     if !RECORDING.load(Ordering::Relaxed) {
@@ -154,30 +133,9 @@ fn emit<const N: usize>(
         claimed => usize::from(claimed - 1),
     };
     let ring = &REGISTRY.slots()[index].ring;
-    let mut read = None;
     // SAFETY: this thread claimed ring `index` (its state says so) and has not retired it, so it
     // is the ring's only producer; `claim_ring` installed storage before recording the claim.
-    let _: Pushed = unsafe {
-        ring.push(&RECORDING, kinds, || {
-            let epoch = EPOCH.load(Ordering::Relaxed);
-            let ticks = match stamp {
-                Stamp::Recent if current.last_epoch == epoch => current.last_ticks,
-                Stamp::Fresh | Stamp::Recent => {
-                    let ticks = clock::ticks();
-                    read = Some((ticks, epoch));
-                    ticks
-                }
-            };
-            build(current, ticks)
-        })
-    };
-    if let Some((ticks, epoch)) = read {
-        set_state(ThreadState {
-            last_ticks: ticks,
-            last_epoch: epoch,
-            ..current
-        });
-    }
+    let _: Pushed = unsafe { ring.push(&RECORDING, kinds, || build(current, clock::ticks())) };
 }
 
 /// Claims a ring for this thread (cold path: once per thread). Returns its index.
@@ -231,7 +189,6 @@ pub(crate) fn retire_current_thread(index: usize) {
 pub(crate) fn record_alloc(addr: usize, size: usize) {
     record_one(
         RawKind::Alloc,
-        Stamp::Fresh,
         0,
         Flags::ScopeCategory,
         addr as u64,
@@ -242,14 +199,7 @@ pub(crate) fn record_alloc(addr: usize, size: usize) {
 /// Records a heap free that is about to happen.
 #[inline(always)]
 pub(crate) fn record_free(addr: usize, size: usize) {
-    record_one(
-        RawKind::Free,
-        Stamp::Recent,
-        0,
-        Flags::Value(0),
-        addr as u64,
-        size as u64,
-    );
+    record_one(RawKind::Free, 0, Flags::Value(0), addr as u64, size as u64);
 }
 
 /// Records a completed realloc as one unit. `released` was read before the inner realloc
@@ -265,7 +215,6 @@ pub(crate) fn record_realloc(
 ) {
     emit(
         [RawKind::ReallocFrom, RawKind::ReallocTo],
-        Stamp::Fresh,
         |current, ticks| {
             let event = |kind: RawKind, ticks: u64, addr: usize, size: usize| RawEvent {
                 ticks,
@@ -304,7 +253,7 @@ pub(crate) fn span_enter(name: &'static str, label: SpanLabel) -> SpanRestore {
     current.span = restore.id;
     current.scope = current.scope.enter(label);
     set_state(current);
-    emit([RawKind::SpanEnter], Stamp::Fresh, |_, ticks| {
+    emit([RawKind::SpanEnter], |_, ticks| {
         [RawEvent {
             ticks,
             kind: RawKind::SpanEnter as u8,
@@ -323,7 +272,7 @@ pub(crate) fn span_exit(restore: SpanRestore) {
     if restore.id == 0 {
         return;
     }
-    emit([RawKind::SpanExit], Stamp::Fresh, |_, ticks| {
+    emit([RawKind::SpanExit], |_, ticks| {
         [RawEvent {
             ticks,
             kind: RawKind::SpanExit as u8,
@@ -399,8 +348,8 @@ enum Flags {
 
 /// Records one event of `kind` with the thread's current span.
 #[inline(always)]
-fn record_one(kind: RawKind, stamp: Stamp, device: u16, flags: Flags, a: u64, b: u64) {
-    emit([kind], stamp, |current, ticks| {
+fn record_one(kind: RawKind, device: u16, flags: Flags, a: u64, b: u64) {
+    emit([kind], |current, ticks| {
         [RawEvent {
             ticks,
             kind: kind as u8,
@@ -419,13 +368,13 @@ fn record_one(kind: RawKind, stamp: Stamp, device: u16, flags: Flags, a: u64, b:
 /// Records one event of `kind` stamped now.
 #[inline]
 fn record_now(kind: RawKind, device: u16, flags: u8, a: u64, b: u64) {
-    record_one(kind, Stamp::Fresh, device, Flags::Value(flags), a, b);
+    record_one(kind, device, Flags::Value(flags), a, b);
 }
 
 /// Records a two-event record (head then tail) as one unit stamped now.
 #[inline]
 fn record_pair_now(kinds: [RawKind; 2], device: u16, flags: u8, words: [u64; 4]) {
-    emit(kinds, Stamp::Fresh, |current, ticks| {
+    emit(kinds, |current, ticks| {
         let event = |kind: RawKind, a: u64, b: u64| RawEvent {
             ticks,
             kind: kind as u8,
