@@ -12,13 +12,15 @@
 //!
 //! | tag | then |
 //! |---|---|
-//! | `0` alloc | device `u16`, timestamp ns `u64`, key (address or tensor id) `u64`, bytes `u64` |
+//! | `0` alloc (`0x10 + 0x10 × category index` when the category is known) | device `u16`, timestamp ns `u64`, key (address or tensor id) `u64`, bytes `u64` |
 //! | `1` free | device `u16`, timestamp ns `u64`, key `u64`, bytes `u64` |
 //! | `2` device name | device `u16`, length `u16`, UTF-8 name; before the device's first use |
 
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+
+use crate::model::Category;
 
 /// The first eight bytes of a log.
 pub const MAGIC: &[u8; 8] = b"HWALLOC1";
@@ -43,6 +45,8 @@ pub struct AllocRecord {
     pub bytes: u64,
     /// Whether the block became live (else it died).
     pub alloc: bool,
+    /// The block's category when it became live, when known.
+    pub category: Option<Category>,
 }
 
 /// A log read back.
@@ -110,8 +114,9 @@ impl AllocLog {
             if input.read(&mut tag).map_err(read_error)? == 0 {
                 return Ok(log);
             }
-            match tag[0] {
-                ALLOC | FREE => {
+            let (kind, category) = (tag[0] & 0x0F, tag[0] >> 4);
+            match (kind, category) {
+                (ALLOC, 0..=5) | (FREE, 0) => {
                     let mut body = [0u8; 26];
                     input
                         .read_exact(&mut body)
@@ -130,11 +135,12 @@ impl AllocLog {
                         ts_ns: word(2),
                         key: word(10),
                         bytes: word(18),
-                        alloc: tag[0] == ALLOC,
+                        alloc: kind == ALLOC,
+                        category: category.checked_sub(1).map(Category::from_index),
                     });
                     offset += 27;
                 }
-                DEVICE => {
+                (DEVICE, 0) => {
                     let mut head = [0u8; 4];
                     input
                         .read_exact(&mut head)
@@ -153,7 +159,10 @@ impl AllocLog {
                     log.devices.push(name);
                     offset += 5 + len as u64;
                 }
-                other => return Err(invalid(offset, &format!("unknown record tag {other}"))),
+                _ => {
+                    let detail = format!("unknown record tag {}", tag[0]);
+                    return Err(invalid(offset, &detail));
+                }
             }
         }
     }
@@ -231,11 +240,13 @@ impl AllocLogWriter {
 
     /// Appends one alloc or free on device `device` (the analysis' id), naming the device
     /// first if needed.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn record(
         &mut self,
         device: u16,
         device_name: impl FnOnce() -> String,
         alloc: bool,
+        category: Option<Category>,
         ts_ns: u64,
         key: u64,
         bytes: u64,
@@ -264,7 +275,11 @@ impl AllocLogWriter {
         }
         let result = result.and_then(|()| {
             let mut record = [0u8; 27];
-            record[0] = if alloc { ALLOC } else { FREE };
+            record[0] = match (alloc, category) {
+                (true, Some(category)) => ALLOC | ((category.index() as u8 + 1) << 4),
+                (true, None) => ALLOC,
+                (false, _) => FREE,
+            };
             record[1..3].copy_from_slice(&self.index[slot].to_le_bytes());
             record[3..11].copy_from_slice(&ts_ns.to_le_bytes());
             record[11..19].copy_from_slice(&key.to_le_bytes());
@@ -300,10 +315,27 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a/run.alloc");
         let mut log = AllocLogWriter::create(&path);
-        log.record(0, || "cpu".into(), true, 10, 0x1000, 64);
-        log.record(3, || "cuda:0".into(), true, 11, 7, 1 << 20);
-        log.record(0, || unreachable!("named once"), false, 12, 0x1000, 64);
-        log.record(3, || unreachable!("named once"), false, 13, 7, 1 << 20);
+        let grad = Some(Category::Gradient);
+        log.record(0, || "cpu".into(), true, None, 10, 0x1000, 64);
+        log.record(3, || "cuda:0".into(), true, grad, 11, 7, 1 << 20);
+        log.record(
+            0,
+            || unreachable!("named once"),
+            false,
+            None,
+            12,
+            0x1000,
+            64,
+        );
+        log.record(
+            3,
+            || unreachable!("named once"),
+            false,
+            None,
+            13,
+            7,
+            1 << 20,
+        );
         assert_eq!(log.finish().unwrap(), path);
         let read = AllocLog::read(&path).unwrap();
         assert_eq!(read.devices, vec!["cpu".to_string(), "cuda:0".to_string()]);
@@ -348,7 +380,7 @@ mod tests {
         let blocker = dir.path().join("file");
         std::fs::write(&blocker, "x").unwrap();
         let mut log = AllocLogWriter::create(&blocker.join("run.alloc"));
-        log.record(0, || "cpu".into(), true, 1, 1, 1);
+        log.record(0, || "cpu".into(), true, None, 1, 1, 1);
         assert!(log.finish().is_err());
     }
 }

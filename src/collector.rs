@@ -512,21 +512,33 @@ fn log_event(log: &mut AllocLogWriter, device_names: &[String], event: &Event) {
     let ts = event.ts_ns;
     match event.kind {
         EventKind::Alloc {
-            device, addr, size, ..
-        } => log.record(device.0, name(device), true, ts, addr, size),
+            device,
+            addr,
+            size,
+            category,
+        } => log.record(device.0, name(device), true, Some(category), ts, addr, size),
         EventKind::Free { device, addr, size } => {
-            log.record(device.0, name(device), false, ts, addr, size)
+            log.record(device.0, name(device), false, None, ts, addr, size)
         }
         EventKind::Realloc {
             old_addr,
             old_size,
             new_addr,
             new_size,
+            category,
             ..
         } => {
             let cpu = DeviceId::CPU;
-            log.record(cpu.0, name(cpu), false, ts, old_addr, old_size);
-            log.record(cpu.0, name(cpu), true, ts, new_addr, new_size);
+            log.record(cpu.0, name(cpu), false, None, ts, old_addr, old_size);
+            log.record(
+                cpu.0,
+                name(cpu),
+                true,
+                Some(category),
+                ts,
+                new_addr,
+                new_size,
+            );
         }
         _ => {}
     }

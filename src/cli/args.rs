@@ -65,9 +65,13 @@ pub(crate) enum Command {
         #[arg(short, long, value_enum)]
         format: Format,
         /// Where to write; `-` for standard output. Default: next to the profile, with the
-        /// extension `.trace.json` (chrome) or `.html` (html).
+        /// extension `.trace.json` (chrome), `.html` (html) or `.pickle` (torch).
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// torch only: most allocations and frees per device, a window ending at the device's
+        /// peak (the viewer replays every event in the browser).
+        #[arg(long, default_value_t = highwater::export::torch::DEFAULT_MAX_EVENTS)]
+        max_events: usize,
     },
     /// Replay a run's allocations through a device pool: would it fit, when would it run out,
     /// how fragmented would it get, under each strategy?
@@ -140,4 +144,7 @@ pub(crate) enum Format {
     Chrome,
     /// A self-contained HTML report that opens from disk.
     Html,
+    /// PyTorch's CUDA memory snapshot (a pickle for pytorch.org/memory_viz), from the run's
+    /// allocation log (record with HIGHWATER_ALLOC_LOG=path).
+    Torch,
 }

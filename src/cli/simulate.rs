@@ -1,8 +1,8 @@
 //! `highwater simulate`: replay a run's allocation log through a device pool.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use highwater::alloc_log::{AllocLog, MAGIC};
+use highwater::alloc_log::AllocLog;
 use highwater::device::{
     compare_strategies, simulate, DeviceKind, SimComparison, SimReport, Strategy,
 };
@@ -24,11 +24,12 @@ pub(crate) struct Request<'a> {
 /// The input cannot be replayed (no log, unknown stream).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub(crate) struct InputError(String);
+pub(crate) struct InputError(pub(crate) String);
 
 /// Replays the requested stream and prints the report and the strategy comparison.
 pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
-    let (log_path, peak_device) = locate_log(request.input)?;
+    let (log_path, profile) = super::locate_log(request.input)?;
+    let peak_device = profile.as_ref().and_then(peak_device);
     let log = AllocLog::read(&log_path)?;
     let stream_name = request
         .stream
@@ -78,35 +79,6 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
     text.push_str(&SimComparison::from(all).to_string());
     text.push('\n');
     super::emit(&text)
-}
-
-/// The log to replay and the profile's peak device: `input` is a log, or a profile naming one
-/// (a relative log path is tried as written, then beside the profile).
-fn locate_log(input: &Path) -> anyhow::Result<(PathBuf, Option<String>)> {
-    let mut head = [0u8; 8];
-    let is_log = std::fs::File::open(input)
-        .and_then(|mut file| std::io::Read::read_exact(&mut file, &mut head))
-        .is_ok()
-        && &head == MAGIC;
-    if is_log {
-        return Ok((input.to_path_buf(), None));
-    }
-    let profile = super::load(input)?;
-    let named = profile.meta.alloc_log.clone().ok_or_else(|| {
-        InputError(format!(
-            "profile {} has no allocation log; record one with HIGHWATER_ALLOC_LOG=path",
-            input.display()
-        ))
-    })?;
-    let named = PathBuf::from(named);
-    let beside = input
-        .parent()
-        .map(|dir| dir.join(named.file_name().unwrap_or_default()));
-    let path = match beside {
-        Some(beside) if !named.exists() && beside.exists() => beside,
-        _ => named,
-    };
-    Ok((path, peak_device(&profile)))
 }
 
 fn peak_device(profile: &Profile) -> Option<String> {

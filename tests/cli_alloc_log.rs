@@ -1,6 +1,7 @@
-//! `highwater simulate` replays a recorded allocation log through a device pool: a pattern that
-//! fits on a 24 GB L4 runs out of memory on a 16 GiB TPU v5e through fragmentation (the free
-//! bytes would cover the request, no block does), at the time the log says.
+//! What the allocation log feeds. `highwater simulate` replays it through a device pool: a
+//! pattern that fits on a 24 GB L4 runs out of memory on a 16 GiB TPU v5e through fragmentation
+//! (the free bytes would cover the request, no block does). `highwater export --format torch`
+//! turns it into PyTorch's memory snapshot, checked here with Python's own unpickler.
 
 use std::path::Path;
 use std::process::Command;
@@ -121,4 +122,48 @@ fn simulate_rejects_what_it_cannot_replay() {
         assert!(stderr.contains(want), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
+}
+
+#[test]
+fn torch_snapshot_holds_every_allocation_with_its_category() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = record(dir.path());
+    let snapshot = dir.path().join("run.pickle");
+    let output = highwater(&[
+        "export",
+        profile.to_str().unwrap(),
+        "--format",
+        "torch",
+        "-o",
+        snapshot.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    // Python's own unpickler reads it, and the structure is what the viewer walks.
+    let check = r#"
+import pickle, sys
+s = pickle.load(open(sys.argv[1], "rb"))
+cuda = [i for i, t in enumerate(s["device_traces"]) if t and t[0]["frames"][0]["filename"] == "cuda:0"][0]
+trace = s["device_traces"][cuda]
+allocs = [e for e in trace if e["action"] == "alloc"]
+frees = [e for e in trace if e["action"] == "free_completed"]
+assert [e["size"] >> 30 for e in allocs] == [6, 6, 4, 8], allocs
+assert len(frees) == 2, frees
+assert all(e["category"] == "other" for e in allocs), allocs
+live = [g for g in s["segments"] if g["device"] == cuda]
+assert sorted(g["total_size"] >> 30 for g in live) == [6, 8], live
+spans = sorted((g["address"], g["address"] + g["total_size"]) for g in live)
+assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+assert all(b["state"] == "active_allocated" for g in live for b in g["blocks"])
+print("snapshot-ok", len(s["device_traces"]))
+"#;
+    let python = Command::new("python3")
+        .args(["-c", check, snapshot.to_str().unwrap()])
+        .output()
+        .expect("python3 runs (CI machines have it)");
+    assert!(
+        python.status.success(),
+        "{}",
+        String::from_utf8_lossy(&python.stderr)
+    );
+    assert!(String::from_utf8_lossy(&python.stdout).contains("snapshot-ok"));
 }
