@@ -3,7 +3,14 @@
 //!
 //! Contenders are called directly through `GlobalAlloc` (only one can be the global
 //! allocator): the system allocator; highwater with no session (pure passthrough) and with a
-//! session recording; `stats_alloc`'s counter-only wrapper; dhat's heap profiler.
+//! session recording; `stats_alloc`'s counter-only wrapper; `tracking-allocator` with a
+//! counting tracker; dhat's heap profiler.
+//!
+//! `tracking-allocator` needs no `#[global_allocator]` slot to work: it prefixes each block with
+//! an 8-byte group header it allocates from its inner allocator and reads back on free, so a
+//! block it hands out is only ever freed through it. Its tracker here does what the crate's
+//! docs suggest for counting: two relaxed atomic adds per event (count and bytes), with the
+//! allocation group left at the root.
 //!
 //! A recording session cannot analyse events as fast as a tight loop makes them (two events
 //! per pair, tens of millions a second), so its rings fill and some events are dropped and
@@ -18,6 +25,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -65,6 +73,42 @@ fn pairs<A: GlobalAlloc + Sync>(allocator: &'static A, threads: usize, iters: u6
 
 static STATS_ALLOC: stats_alloc::StatsAlloc<System> = stats_alloc::StatsAlloc::system();
 static DHAT: dhat::Alloc = dhat::Alloc;
+static TRACKING: tracking_allocator::Allocator<System> = tracking_allocator::Allocator::system();
+
+/// A `tracking-allocator` tracker that only counts, as its documentation suggests for
+/// allocation frequency: events and live bytes, relaxed.
+#[derive(Debug, Default)]
+struct CountingTracker {
+    events: AtomicU64,
+    live_bytes: AtomicU64,
+}
+
+impl tracking_allocator::AllocationTracker for CountingTracker {
+    fn allocated(
+        &self,
+        _addr: usize,
+        object_size: usize,
+        _wrapped_size: usize,
+        _group_id: tracking_allocator::AllocationGroupId,
+    ) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+        self.live_bytes
+            .fetch_add(object_size as u64, Ordering::Relaxed);
+    }
+
+    fn deallocated(
+        &self,
+        _addr: usize,
+        object_size: usize,
+        _wrapped_size: usize,
+        _source_group_id: tracking_allocator::AllocationGroupId,
+        _current_group_id: tracking_allocator::AllocationGroupId,
+    ) {
+        self.events.fetch_add(1, Ordering::Relaxed);
+        self.live_bytes
+            .fetch_sub(object_size as u64, Ordering::Relaxed);
+    }
+}
 
 fn hot_path(c: &mut Criterion) {
     let mut group = c.benchmark_group("alloc_free_64B");
@@ -75,6 +119,10 @@ fn hot_path(c: &mut Criterion) {
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let mut thread_counts = vec![1, 2, cores];
     thread_counts.dedup();
+
+    tracking_allocator::AllocationRegistry::set_global_tracker(CountingTracker::default())
+        .expect("no other tracking-allocator tracker is set in this process");
+    tracking_allocator::AllocationRegistry::enable_tracking();
 
     for &threads in &thread_counts {
         group.bench_with_input(BenchmarkId::new("system", threads), &threads, |b, &t| {
@@ -89,6 +137,11 @@ fn hot_path(c: &mut Criterion) {
             BenchmarkId::new("stats_alloc", threads),
             &threads,
             |b, &t| b.iter_custom(|iters| pairs(&STATS_ALLOC, t, iters)),
+        );
+        group.bench_with_input(
+            BenchmarkId::new("tracking_allocator", threads),
+            &threads,
+            |b, &t| b.iter_custom(|iters| pairs(&TRACKING, t, iters)),
         );
 
         let session = highwater::Session::builder()
