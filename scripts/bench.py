@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""Run every highwater benchmark in one go and print the tables of BENCHMARKS.md.
+
+    scripts/bench.py                 # everything, about 10-15 minutes on 2 cores
+    scripts/bench.py --quick         # a smaller stream and baseline prefix, for a smoke test
+    scripts/bench.py --out FILE      # also write the Markdown there
+
+Each table compares contenders measured in this same run, as ratios; absolute figures are
+labelled with the machine they came from (printed at the top). Results land in
+$CARGO_TARGET_DIR (or ./target): criterion's estimates under criterion/, the analysis bench's
+JSON under highwater-bench/.
+
+Needs: cargo, python3 (standard library only), lscpu (optional, for the machine label).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+CRITERION = TARGET / "criterion"
+
+HOT_PATH_ROWS = [
+    ("system", "system allocator"),
+    ("highwater_passthrough", "highwater, no session (passthrough)"),
+    ("highwater_recording", "highwater, recording"),
+    ("stats_alloc", "stats_alloc"),
+    ("tracking_allocator", "tracking-allocator (counting tracker)"),
+    ("dhat", "dhat (heap mode)"),
+]
+
+
+def log(message):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def run(args, env=None, capture=True):
+    """Runs a command from the repository root; returns its stdout (stderr goes through)."""
+    log(" ".join(args))
+    merged = dict(os.environ, **(env or {}))
+    done = subprocess.run(
+        args, cwd=ROOT, env=merged, text=True, stdout=subprocess.PIPE if capture else None
+    )
+    if done.returncode != 0:
+        sys.exit(f"command failed ({done.returncode}): {' '.join(args)}")
+    return done.stdout or ""
+
+
+def machine():
+    model, cores = platform.processor() or platform.machine(), os.cpu_count()
+    try:
+        lscpu = subprocess.run(["lscpu"], text=True, capture_output=True).stdout
+        found = re.search(r"^Model name:\s*(.+)$", lscpu, re.M)
+        if found:
+            model = found.group(1).strip()
+        hypervisor = re.search(r"^Hypervisor vendor:\s*(.+)$", lscpu, re.M)
+        if hypervisor:
+            model += f" ({hypervisor.group(1).strip()} guest)"
+    except OSError:
+        pass
+    rustc = subprocess.run(["rustc", "-V"], text=True, capture_output=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True, capture_output=True
+    ).stdout.strip()
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (
+        f"Machine: {model}, {cores} cores, {platform.system()} {platform.release()}; "
+        f"{rustc}; commit {commit}; {when}; load average at start {load:.2f}."
+    )
+
+
+def ns(value):
+    if value >= 1e6:
+        return f"{value / 1e6:,.1f} ms"
+    if value >= 1e3:
+        return f"{value / 1e3:,.2f} µs"
+    return f"{value:,.1f} ns"
+
+
+def seconds(value):
+    if value >= 1:
+        return f"{value:,.2f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:,.1f} ms"
+    return f"{value * 1e6:,.0f} µs"
+
+
+def size(value):
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= scale:
+            return f"{value / scale:,.1f} {unit}"
+    return f"{value:,} B"
+
+
+def ratio(value, base):
+    if not base:
+        return "–"
+    r = value / base
+    return f"{r:,.0f}×" if r >= 100 else f"{r:,.2f}×"
+
+
+def estimate(path):
+    """Criterion's mean estimate, in ns per iteration."""
+    data = json.loads(path.read_text())
+    return data["mean"]["point_estimate"]
+
+
+def hot_path():
+    out = run(["cargo", "bench", "--bench", "hot_path", "--", "alloc_free_64B"])
+    drops = dict(re.findall(r"^highwater_recording/(\d+): .*\(([\d.]+)% dropped\)", out, re.M))
+    group = CRITERION / "alloc_free_64B"
+    threads = sorted(
+        {int(p.name) for p in (group / "system").iterdir() if p.name.isdigit()}
+    )
+    results = {
+        (name, t): estimate(group / name / str(t) / "new" / "estimates.json")
+        for name, _ in HOT_PATH_ROWS
+        for t in threads
+        if (group / name / str(t) / "new" / "estimates.json").exists()
+    }
+    lines = [
+        "Time per 64-byte `alloc` + `dealloc` pair, per thread, all threads running at once "
+        "(criterion mean; ratios are to the system allocator and to stats_alloc in the same "
+        "column).",
+        "",
+        "| allocator | "
+        + " | ".join(f"{t} thread{'s' if t > 1 else ''}: ns/pair, ×system, ×stats_alloc" for t in threads)
+        + " |",
+        "|---|" + "---|" * len(threads),
+    ]
+    for name, label in HOT_PATH_ROWS:
+        cells = []
+        for t in threads:
+            value = results.get((name, t))
+            if value is None:
+                cells.append("–")
+                continue
+            cells.append(
+                f"{ns(value)}, {ratio(value, results.get(('system', t)))}, "
+                f"{ratio(value, results.get(('stats_alloc', t)))}"
+            )
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if drops:
+        lines += [
+            "",
+            "Events highwater dropped while recording (its rings were full): "
+            + ", ".join(f"{t} thread{'s' if int(t) > 1 else ''}: {p}%" for t, p in sorted(drops.items()))
+            + ".",
+        ]
+    return "\n".join(lines)
+
+
+def analysis(quick):
+    path = TARGET / "highwater-bench" / "analysis.json"
+    env = {"HIGHWATER_BENCH_OUT": str(path)}
+    if quick:
+        env.update(HIGHWATER_BENCH_EVENTS="1000000", HIGHWATER_BENCH_PREFIX="20000")
+    run(["cargo", "bench", "--bench", "analysis"], env=env, capture=False)
+    data = json.loads(path.read_text())
+    stream = data["stream"]
+    ours_prefix, ours_full, base = data["replay"]
+    lines = [
+        f"Stream: {stream['events']:,} events from seed {stream['seed']:#x} "
+        f"({stream['threads']} threads, {stream['training_steps']:,} training steps, "
+        f"at most {stream['most_live_blocks']:,} blocks live at once, "
+        f"{stream['end_live_blocks']:,} at the end). The baseline runs on the first "
+        f"{stream['prefix']:,} events.",
+        "",
+        "| analysis | events | time | events/s | × baseline events/s | heap held after replay | most heap held |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row, label in (
+        (base, "candle-graph `analyze_memory` + node metrics (baseline)"),
+        (ours_prefix, "highwater `Timeline` (apply + finish)"),
+        (ours_full, "highwater `Timeline` (apply + finish)"),
+    ):
+        lines.append(
+            f"| {label} | {row['events']:,} | {seconds(row['seconds'])} | "
+            f"{row['events_per_s']:,.0f} | {ratio(row['events_per_s'], base['events_per_s'])} | "
+            f"{size(row['retained_heap_bytes'])} | {size(row['peak_heap_bytes'])} |"
+        )
+    half = base.get("second_half_events_per_s")
+    if half:
+        lines += [
+            "",
+            f"The baseline's rate over the second half of its walk (past the first steps' "
+            f"growth, where nearly every allocation is a new peak): {half:,.0f} events/s; "
+            f"highwater on the same prefix is {ratio(ours_prefix['events_per_s'], half)} that.",
+        ]
+    lines += [
+        "",
+        f"highwater's heap after replay is its live map and tables: "
+        f"{size(ours_prefix['retained_heap_bytes'])} after {ours_prefix['events']:,} events "
+        f"({ours_prefix['end_live_blocks']:,} blocks live) and "
+        f"{size(ours_full['retained_heap_bytes'])} after {ours_full['events']:,} events "
+        f"({ours_full['end_live_blocks']:,} blocks live): it follows the live set, not the "
+        f"event count. The baseline keeps a timeline point per memory event "
+        f"({base['timeline_points']:,} points).",
+    ]
+    out_prefix, out_full, out_base = data["output"]
+    replay = "\n".join(lines)
+    lines = [
+        f"The profiles of the replays above, and the baseline's document for its "
+        f"{out_base['events']:,}-event prefix.",
+        "",
+        "| document | events | JSON size | × baseline size | write | × baseline write | read | × baseline read | HTML report | Chrome trace |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| candle-graph memory profile, pretty JSON (baseline) | {out_base['events']:,} | "
+        f"{size(out_base['json_bytes'])} | 1× | {seconds(out_base['write_s'])} | 1× | "
+        f"{seconds(out_base['load_s'])} | 1× | – | – |",
+    ]
+    for row in (out_prefix, out_full):
+        lines.append(
+            f"| highwater `Profile` | {row['events']:,} | {size(row['json_bytes'])} | "
+            f"{ratio(row['json_bytes'], out_base['json_bytes'])} | {seconds(row['write_s'])} | "
+            f"{ratio(row['write_s'], out_base['write_s'])} | {seconds(row['load_s'])} | "
+            f"{ratio(row['load_s'], out_base['load_s'])} | "
+            f"{size(row['html_bytes'])} in {seconds(row['html_s'])} | "
+            f"{size(row['chrome_bytes'])} in {seconds(row['chrome_s'])} |"
+        )
+    lines += [
+        "",
+        "Write is `Profile::write` (pretty JSON, temporary file, fsync, rename); read is "
+        "`Profile::load`; HTML and Chrome are `export::html::render` and "
+        "`export::chrome::render` (in memory). Medians of 5; the baseline once.",
+    ]
+    return replay, "\n".join(lines)
+
+
+def candle_workload():
+    example = ROOT / "examples" / "train_mlp.rs"
+    manifest = (ROOT / "Cargo.toml").read_text()
+    if not example.exists() or not re.search(r"^candle\s*=", manifest, re.M):
+        return (
+            "Not measured yet: `examples/train_mlp.rs` (with a `candle` feature) is not in this "
+            "tree. When it is, this script runs it with and without `HIGHWATER=off`."
+        )
+    cmd = ["cargo", "run", "--release", "--features", "candle", "--example", "train_mlp"]
+    run(["cargo", "build", "--release", "--features", "candle", "--example", "train_mlp"])
+    timings = {}
+    outputs = {}
+    for label, env in (("unprofiled (HIGHWATER=off)", {"HIGHWATER": "off"}), ("highwater", {})):
+        began = time.perf_counter()
+        outputs[label] = run(cmd, env=env)
+        timings[label] = time.perf_counter() - began
+    base = timings["unprofiled (HIGHWATER=off)"]
+    lines = [
+        "Whole-run wall time of the example (its own step-time output follows each row).",
+        "",
+        "| run | wall time | × unprofiled |",
+        "|---|---|---|",
+    ]
+    for label, value in timings.items():
+        lines.append(f"| {label} | {seconds(value)} | {ratio(value, base)} |")
+    for label, text in outputs.items():
+        tail = "\n".join(text.strip().splitlines()[-5:])
+        lines += ["", f"`{label}` output (last lines):", "", "```text", tail, "```"]
+    lines += ["", "dhat column: not wired yet (the example needs a dhat mode)."]
+    return "\n".join(lines)
+
+
+def pools():
+    manifest = (ROOT / "Cargo.toml").read_text()
+    if not (ROOT / "benches" / "pools.rs").exists() or not re.search(
+        r'name\s*=\s*"pools"', manifest
+    ):
+        return "Not measured yet: `benches/pools.rs` is not in this tree."
+    started = time.time()
+    out = run(["cargo", "bench", "--bench", "pools"])
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    if table:
+        return "\n".join(table)
+    # No table printed: list the criterion estimates this run wrote, with ratios to the
+    # original design's row of the same group (an id naming `vec`, `original` or `baseline`).
+    rows = {}
+    for path in CRITERION.glob("**/new/estimates.json"):
+        if path.stat().st_mtime < started or "alloc_free_64B" in path.parts:
+            continue
+        bench = path.parent.parent.relative_to(CRITERION)
+        rows[str(bench)] = estimate(path)
+    lines = ["| benchmark | mean | × original design |", "|---|---|---|"]
+    for name, value in sorted(rows.items()):
+        group = name.split("/")[0]
+        base = next(
+            (
+                v
+                for n, v in rows.items()
+                if n.split("/")[0] == group and re.search(r"vec|original|baseline", n)
+                and n.split("/")[2:] == name.split("/")[2:]
+            ),
+            None,
+        )
+        lines.append(f"| {name} | {ns(value)} | {ratio(value, base)} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller stream, for a smoke test")
+    parser.add_argument("--out", type=Path, help="also write the Markdown to this file")
+    args = parser.parse_args()
+
+    header = machine()
+    log(header)
+    run(["cargo", "bench", "--no-run"], capture=False)
+    hot = hot_path()
+    workload = candle_workload()
+    replay, output = analysis(args.quick)
+    sections = [
+        ("1. Hot path", hot),
+        ("2. Real workload: candle MLP training", workload),
+        ("3. Analysis: replaying a recorded stream", replay),
+        ("4. Device pools", pools()),
+        ("5. Output", output),
+    ]
+    text = "\n\n".join([header] + [f"## {title}\n\n{body}" for title, body in sections]) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+        log(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
