@@ -4,6 +4,7 @@
     scripts/bench.py                 # everything, about 10-15 minutes on 2 cores
     scripts/bench.py --quick         # a smaller stream and baseline prefix, for a smoke test
     scripts/bench.py --out FILE      # also write the Markdown there
+    scripts/bench.py --report-only   # re-print the tables from the last run's results
 
 Each table compares contenders measured in this same run, as ratios; absolute figures are
 labelled with the machine they came from (printed at the top). Results land in
@@ -42,8 +43,13 @@ def log(message):
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+REPORT_ONLY = False
+
+
 def run(args, env=None, capture=True):
     """Runs a command from the repository root; returns its stdout (stderr goes through)."""
+    if REPORT_ONLY:
+        return ""
     log(" ".join(args))
     merged = dict(os.environ, **(env or {}))
     done = subprocess.run(
@@ -107,7 +113,7 @@ def ratio(value, base):
     r = value / base
     if r >= 100:
         return f"{r:,.0f}×"
-    return f"{r:,.2f}×" if r >= 0.1 else f"{r:.2g}×"
+    return f"{r:,.2f}×" if r >= 0.1 else f"1/{1 / r:,.0f}"
 
 
 def per_iteration(directory):
@@ -124,10 +130,15 @@ def estimate(directory):
 
 def hot_path():
     results = TARGET / "highwater-bench" / "hot_path.json"
-    out = run(
-        ["cargo", "bench", "--bench", "hot_path", "--", "alloc_free_64B"],
-        env={"HIGHWATER_BENCH_HOT_OUT": str(results)},
-    )
+    stdout = TARGET / "highwater-bench" / "hot_path.stdout"
+    if REPORT_ONLY:
+        out = stdout.read_text() if stdout.exists() else ""
+    else:
+        out = run(
+            ["cargo", "bench", "--bench", "hot_path", "--", "alloc_free_64B"],
+            env={"HIGHWATER_BENCH_HOT_OUT": str(results)},
+        )
+        stdout.write_text(out)
     drops = dict(re.findall(r"^highwater_recording/(\d+): .*\(([\d.]+)% dropped\)", out, re.M))
     group = CRITERION / "alloc_free_64B"
     threads = sorted({int(p.name) for p in (group / "system").iterdir() if p.name.isdigit()})
@@ -327,8 +338,11 @@ def candle_workload():
             "Not measured yet: `examples/train_mlp.rs` (with a `candle` feature) is not in this "
             "tree. When it is, this script runs it with and without `HIGHWATER=off`."
         )
-    cmd = ["cargo", "run", "--release", "--features", "candle", "--example", "train_mlp"]
+    if REPORT_ONLY:
+        return "Skipped (`--report-only`): run the script to measure the example."
     run(["cargo", "build", "--release", "--features", "candle", "--example", "train_mlp"])
+    # The built binary, not `cargo run`, so cargo's own start-up is not in the times.
+    cmd = [str(TARGET / "release" / "examples" / "train_mlp")]
     timings = {}
     outputs = {}
     for label, env in (("unprofiled (HIGHWATER=off)", {"HIGHWATER": "off"}), ("highwater", {})):
@@ -357,6 +371,8 @@ def pools():
         r'name\s*=\s*"pools"', manifest
     ):
         return "Not measured yet: `benches/pools.rs` is not in this tree."
+    if REPORT_ONLY:
+        return "Skipped (`--report-only`): run the script to measure the pools."
     started = time.time()
     out = run(["cargo", "bench", "--bench", "pools"])
     table = [line for line in out.splitlines() if line.startswith("|")]
@@ -390,7 +406,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller stream, for a smoke test")
     parser.add_argument("--out", type=Path, help="also write the Markdown to this file")
+    parser.add_argument(
+        "--report-only", action="store_true", help="print the last run's tables, run nothing"
+    )
     args = parser.parse_args()
+    global REPORT_ONLY
+    REPORT_ONLY = args.report_only
+    (TARGET / "highwater-bench").mkdir(parents=True, exist_ok=True)
 
     header = machine()
     log(header)
