@@ -22,7 +22,8 @@
 //! seconds, so each case runs a fixed number of times (`HIGHWATER_BENCH_REPEAT`, default 3;
 //! the baseline once) and the median is reported. Results are printed and written as JSON to
 //! `HIGHWATER_BENCH_OUT` (default `target/highwater-bench/analysis.json`), which
-//! `scripts/bench.py` turns into the tables of `BENCHMARKS.md`.
+//! `scripts/bench.py` turns into the tables of `BENCHMARKS.md`. Without `--bench` (as under
+//! `cargo test --benches`) it makes a 50 k-event smoke run and writes nothing.
 //!
 //! ```text
 //! cargo bench --bench analysis
@@ -229,8 +230,16 @@ fn output_dir() -> PathBuf {
 }
 
 fn main() {
-    let events = env_usize("HIGHWATER_BENCH_EVENTS", 10_000_000);
-    let prefix = env_usize("HIGHWATER_BENCH_PREFIX", 1_000_000).min(events);
+    // `cargo bench` passes `--bench`; `cargo test --benches` does not, and gets a smoke run
+    // that checks the baseline against the Timeline in a second and writes no results.
+    let measuring = std::env::args().any(|arg| arg == "--bench");
+    let (events, prefix) = if measuring {
+        (10_000_000, 1_000_000)
+    } else {
+        (50_000, 2_000)
+    };
+    let events = env_usize("HIGHWATER_BENCH_EVENTS", events);
+    let prefix = env_usize("HIGHWATER_BENCH_PREFIX", prefix).min(events);
     let repeat = env_usize("HIGHWATER_BENCH_REPEAT", 3);
     let out = output_dir();
 
@@ -317,6 +326,10 @@ fn main() {
         "replay": [ours_prefix, ours_full, baseline],
         "output": [out_prefix, out_full, out_baseline],
     });
+    if !measuring {
+        println!("smoke run (no --bench): results not written");
+        return;
+    }
     if let Some(parent) = out.parent() {
         std::fs::create_dir_all(parent).expect("create the results directory");
     }
