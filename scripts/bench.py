@@ -340,15 +340,18 @@ def candle_workload():
         )
     if REPORT_ONLY:
         return "Skipped (`--report-only`): run the script to measure the example."
-    run(["cargo", "build", "--release", "--features", "candle", "--example", "train_mlp"])
-    # The built binary, not `cargo run`, so cargo's own start-up is not in the times.
-    cmd = [str(TARGET / "release" / "examples" / "train_mlp")]
     timings = {}
     outputs = {}
-    for label, env in (("unprofiled (HIGHWATER=off)", {"HIGHWATER": "off"}), ("highwater", {})):
-        began = time.perf_counter()
-        outputs[label] = run(cmd, env=env)
-        timings[label] = time.perf_counter() - began
+    try:
+        run(["cargo", "build", "--release", "--features", "candle", "--example", "train_mlp"])
+        # The built binary, not `cargo run`, so cargo's own start-up is not in the times.
+        cmd = [str(TARGET / "release" / "examples" / "train_mlp")]
+        for label, env in (("unprofiled (HIGHWATER=off)", {"HIGHWATER": "off"}), ("highwater", {})):
+            began = time.perf_counter()
+            outputs[label] = run(cmd, env=env)
+            timings[label] = time.perf_counter() - began
+    except SystemExit as failure:
+        return f"Not measured: the example failed ({failure})."
     base = timings["unprofiled (HIGHWATER=off)"]
     lines = [
         "Whole-run wall time of the example (its own step-time output follows each row).",
