@@ -241,7 +241,7 @@ def analysis(quick):
     path = TARGET / "highwater-bench" / "analysis.json"
     env = {"HIGHWATER_BENCH_OUT": str(path)}
     if quick:
-        env.update(HIGHWATER_BENCH_EVENTS="1000000", HIGHWATER_BENCH_PREFIX="20000")
+        env.update(HIGHWATER_BENCH_EVENTS="1000000", HIGHWATER_BENCH_PREFIX="5000")
     run(["cargo", "bench", "--bench", "analysis"], env=env, capture=False)
     data = json.loads(path.read_text())
     stream = data["stream"]
