@@ -160,8 +160,13 @@ impl Arena {
     pub(crate) fn free(&mut self, offset: u64) -> Option<u64> {
         let size = self.allocated.remove(&offset)?;
         let end = offset + size;
-        let next = self.free.get(&end).copied();
-        let prev = self.free.range(..offset).next_back().map(|(&o, &s)| (o, s));
+        // One descent finds both neighbours: walking down from `end`, the first free block is
+        // the next neighbour if it starts at `end`, and the previous one otherwise.
+        let mut below = self.free.range(..=end).rev().map(|(&o, &s)| (o, s));
+        let (next, prev) = match below.next() {
+            Some((o, s)) if o == end => (Some(s), below.next()),
+            first => (None, first),
+        };
         let prev = prev.filter(|&(p, p_size)| p + p_size == offset);
         match (prev, next) {
             (Some((p, p_size)), Some(n_size)) => {
