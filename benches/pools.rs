@@ -60,31 +60,38 @@ enum Op {
 }
 
 /// `ops` operations around `target` occupancy, then frees of whatever is left (so the stream
-/// can be replayed in a loop). Ids are dense from 0.
+/// can be replayed in a loop). An allocation's id is a slot number reused once it is freed, so
+/// ids stay below the most blocks ever live and replayers can keep live blocks in a small
+/// vector indexed by id (the harness should not be what the benchmark measures).
 fn workload(capacity: u64, target: f64, ops: usize, seed: u64) -> (Vec<Op>, usize) {
     let mut rng = Rng(seed);
     let mut live: Vec<(usize, u64)> = Vec::new();
+    let mut vacant: Vec<usize> = Vec::new();
+    let mut slots = 0;
     let mut sum = 0u64;
     let mut out = Vec::with_capacity(ops + 20_000);
-    let mut next_id = 0;
     let limit = (capacity as f64 * target) as u64;
     for _ in 0..ops {
         if sum > limit && !live.is_empty() {
             let (id, size) = live.swap_remove((rng.next() % live.len() as u64) as usize);
             sum -= size;
+            vacant.push(id);
             out.push(Op::Free { id });
         } else {
             let size = rng.size();
-            live.push((next_id, size));
+            let id = vacant.pop().unwrap_or_else(|| {
+                slots += 1;
+                slots - 1
+            });
+            live.push((id, size));
             sum += size;
-            out.push(Op::Alloc { id: next_id, size });
-            next_id += 1;
+            out.push(Op::Alloc { id, size });
         }
     }
     for (id, _) in live {
         out.push(Op::Free { id });
     }
-    (out, next_id)
+    (out, slots)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,13 +1,13 @@
-//! A BFC-style arena: address-ordered free blocks with immediate coalescing and a size index.
+//! A BFC-style arena: boundary-tagged free blocks, immediate coalescing and a size index.
 //!
-//! Free blocks are kept by offset in a `BTreeMap`, so a freed block finds its free neighbours
-//! with one range lookup each side and merges with them at once (free blocks are therefore never
+//! Free blocks are kept in hash maps by start and by end (boundary tags), so a freed block finds
+//! its free neighbours in O(1) and merges with them at once (free blocks are therefore never
 //! adjacent). They are also indexed either by `(size, offset)`, which gives best fit (the first
 //! entry at or after `(n, 0)`) and worst fit (the last entry) in O(log n), or, for first fit, by
 //! the [`FreeTree`]. Allocated blocks live in a hash map from offset to size, which is
 //! all a release needs to validate its block. Free and allocated blocks together tile the arena.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use super::free_tree::FreeTree;
@@ -59,7 +59,10 @@ type OffsetMap = HashMap<u64, u64, BuildHasherDefault<OffsetHasher>>;
 pub(crate) struct Arena {
     capacity: u64,
     /// Free blocks: offset to size. Never two adjacent ones.
-    free: BTreeMap<u64, u64>,
+    free: OffsetMap,
+    /// Free blocks: end offset to offset (a boundary tag, so a released block finds the free
+    /// block ending where it starts in O(1)).
+    free_ends: OffsetMap,
     /// Allocated blocks: offset to size.
     allocated: OffsetMap,
     /// Free blocks as `(size, offset)`, for best and worst fit. Exactly one of `by_size` and
@@ -76,7 +79,8 @@ impl Arena {
     pub(crate) fn new(capacity: u64, first_fit: bool) -> Self {
         let mut arena = Self {
             capacity,
-            free: BTreeMap::new(),
+            free: OffsetMap::default(),
+            free_ends: OffsetMap::default(),
             allocated: OffsetMap::default(),
             by_size: (!first_fit).then(BTreeSet::new),
             by_addr: first_fit.then(FreeTree::new),
@@ -161,8 +165,10 @@ impl Arena {
         let size = self.allocated.remove(&offset)?;
         let end = offset + size;
         let next = self.free.get(&end).copied();
-        let prev = self.free.range(..offset).next_back().map(|(&o, &s)| (o, s));
-        let prev = prev.filter(|&(p, p_size)| p + p_size == offset);
+        let prev = self
+            .free_ends
+            .get(&offset)
+            .and_then(|&p| self.free.get(&p).map(|&p_size| (p, p_size)));
         match (prev, next) {
             (Some((p, p_size)), Some(n_size)) => {
                 self.remove_free(end, n_size);
@@ -177,6 +183,7 @@ impl Arena {
 
     fn insert_free(&mut self, offset: u64, size: u64) {
         self.free.insert(offset, size);
+        self.free_ends.insert(offset + size, offset);
         if let Some(by_size) = &mut self.by_size {
             by_size.insert((size, offset));
         }
@@ -188,6 +195,7 @@ impl Arena {
 
     fn remove_free(&mut self, offset: u64, size: u64) {
         self.free.remove(&offset);
+        self.free_ends.remove(&(offset + size));
         if let Some(by_size) = &mut self.by_size {
             by_size.remove(&(size, offset));
         }
@@ -202,6 +210,8 @@ impl Arena {
         if let Some(s) = self.free.get_mut(&offset) {
             *s = new;
         }
+        self.free_ends.remove(&(offset + old));
+        self.free_ends.insert(offset + new, offset);
         if let Some(by_size) = &mut self.by_size {
             by_size.remove(&(old, offset));
             by_size.insert((new, offset));
@@ -217,6 +227,8 @@ impl Arena {
     fn move_free(&mut self, from: u64, old: u64, to: u64, new: u64) {
         self.free.remove(&from);
         self.free.insert(to, new);
+        self.free_ends.remove(&(from + old));
+        self.free_ends.insert(to + new, to);
         if let Some(by_size) = &mut self.by_size {
             by_size.remove(&(old, from));
             by_size.insert((new, to));
@@ -245,6 +257,8 @@ impl Arena {
         }
         assert_eq!(next, self.capacity);
         assert_eq!(self.free.values().sum::<u64>(), self.free_bytes);
+        let ends: OffsetMap = self.free.iter().map(|(&o, &s)| (o + s, o)).collect();
+        assert_eq!(ends, self.free_ends);
         if let Some(by_size) = &self.by_size {
             let want: BTreeSet<(u64, u64)> = self.free.iter().map(|(&o, &s)| (s, o)).collect();
             assert_eq!(&want, by_size);
@@ -254,15 +268,16 @@ impl Arena {
             self.free.values().copied().max().unwrap_or(0)
         );
         if let Some(tree) = &self.by_addr {
-            let want: Vec<(u64, u64)> = self.free.iter().map(|(&o, &s)| (o, s)).collect();
-            assert_eq!(tree.entries(), want);
+            assert_eq!(tree.entries(), self.free_list());
         }
     }
 
     /// Free blocks in address order; for tests.
     #[cfg(test)]
     pub(crate) fn free_list(&self) -> Vec<(u64, u64)> {
-        self.free.iter().map(|(&o, &s)| (o, s)).collect()
+        let mut list: Vec<(u64, u64)> = self.free.iter().map(|(&o, &s)| (o, s)).collect();
+        list.sort_unstable();
+        list
     }
 }
 

@@ -283,7 +283,9 @@ mod tests {
         use crate::device::Strategy as Placement;
         use proptest::prelude::*;
 
-        const CAPACITY: u64 = 1 << 20;
+        // Larger than a 2 MiB slab, so the size-class strategies use slabs; small enough that
+        // requests of up to 4 MiB fill it and fail.
+        const CAPACITY: u64 = 8 << 20;
 
         /// Free intervals `(offset, size)` left between the live blocks, in address order.
         fn holes(live: &[(u64, u64, u64)]) -> Vec<(u64, u64)> {
@@ -311,13 +313,14 @@ mod tests {
             }
         }
 
+        /// Sizes up to 4 MiB: half log-uniform, half from a few popular sizes, so slabs of a
+        /// class fill up (a 512 KiB class slab holds four) and exact fits happen.
         fn op() -> impl Strategy<Value = (bool, u64, prop::sample::Index)> {
-            (
-                any::<bool>(),
-                (0u32..19, any::<u64>()),
-                any::<prop::sample::Index>(),
-            )
-                .prop_map(|(alloc, (bits, x), i)| (alloc, 1 + x % (1u64 << bits), i))
+            let size = prop_oneof![
+                (0u32..23, any::<u64>()).prop_map(|(bits, x)| 1 + x % (1u64 << bits)),
+                prop::sample::select(vec![256u64, 4096, 300 << 10, 512 << 10, 1 << 20, 3 << 20]),
+            ];
+            (any::<bool>(), size, any::<prop::sample::Index>())
         }
 
         proptest! {

@@ -28,8 +28,13 @@ const CLASSES: usize = (SMALL_MAX.trailing_zeros() - MIN_ORDER + 1) as usize;
 struct Slab {
     /// Class order: slots are `2^order` bytes.
     order: u32,
-    /// Free slot indexes; the next slot handed out is the last.
+    /// Slots freed since the slab was carved; the next slot handed out is the last.
     free_slots: Vec<u32>,
+    /// Slots from here on have never been handed out (so carving a slab costs O(1), not a
+    /// push per slot).
+    fresh: u32,
+    /// Slots handed out and not yet freed.
+    in_use: u32,
     /// One bit per slot, set while the slot is allocated.
     used: Vec<u64>,
 }
@@ -139,7 +144,9 @@ impl Slabs {
                 let slots = (SLAB_BYTES >> order) as u32;
                 let slab = Slab {
                     order,
-                    free_slots: (0..slots).rev().collect(),
+                    free_slots: Vec::new(),
+                    fresh: 0,
+                    in_use: 0,
                     used: vec![0; (slots as usize).div_ceil(64)],
                 };
                 self.slabs.insert(at, slab);
@@ -150,9 +157,18 @@ impl Slabs {
             }
         };
         let slab = self.slabs.get_mut(&slab_at)?;
-        let slot = slab.free_slots.pop()?;
+        let slots = (SLAB_BYTES >> slab.order) as u32;
+        let slot = match slab.free_slots.pop() {
+            Some(slot) => slot,
+            None if slab.fresh < slots => {
+                slab.fresh += 1;
+                slab.fresh - 1
+            }
+            None => return None,
+        };
         slab.used[slot as usize / 64] |= 1 << (slot % 64);
-        if slab.free_slots.is_empty() {
+        slab.in_use += 1;
+        if slab.free_slots.is_empty() && slab.fresh == slots {
             self.partial[c].remove(&slab_at);
         }
         self.free_slot_count -= 1;
@@ -184,9 +200,10 @@ impl Slabs {
         let slab = self.slabs.get_mut(&slab_at)?;
         slab.used[slot as usize / 64] &= !(1 << (slot % 64));
         slab.free_slots.push(slot);
+        slab.in_use -= 1;
         let c = (slab.order - MIN_ORDER) as usize;
         let slots = (SLAB_BYTES >> slab.order) as usize;
-        let empty = slab.free_slots.len() == slots;
+        let empty = slab.in_use == 0;
         self.free_slot_count += 1;
         self.free_slot_bytes += size;
         if empty {
