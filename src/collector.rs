@@ -45,19 +45,24 @@ pub(crate) struct CollectorConfig {
 }
 
 /// Starts the collector thread.
+///
+/// Call it before the recording gate opens: the rings' drop counters are read here, on the
+/// caller's thread, as the baseline the session's drops are counted from. (Read on the collector
+/// thread, which may first run long after the gate opened, they would swallow every drop made
+/// before it ran.)
 pub(crate) fn spawn(config: CollectorConfig) -> std::io::Result<(JoinHandle<()>, Sender<Control>)> {
     let (control, requests) = crossbeam_channel::unbounded();
+    let merger = Merger::new(config.calibration, config.timeline.clone());
     let handle = std::thread::Builder::new()
         .name("highwater-collector".into())
         .spawn(move || {
             capture::mark_internal_thread();
-            run(config, requests);
+            run(config, merger, requests);
         })?;
     Ok((handle, control))
 }
 
-fn run(config: CollectorConfig, requests: Receiver<Control>) {
-    let mut merger = Merger::new(config.calibration, config.timeline);
+fn run(config: CollectorConfig, mut merger: Merger, requests: Receiver<Control>) {
     let lag_ns = config.lag.as_nanos() as u64;
     loop {
         match requests.recv_timeout(config.interval) {
@@ -118,7 +123,8 @@ impl Merger {
             calibration,
             timeline: Timeline::new(config),
             // Drop counters are cumulative over the process: start from what earlier sessions
-            // already saw.
+            // already saw. Read before the gate opens (see `spawn`), so nothing this session
+            // drops is in the baseline.
             cursors: REGISTRY
                 .slots()
                 .iter()

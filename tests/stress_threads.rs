@@ -401,3 +401,71 @@ fn a_panic_inside_a_span() {
         );
     });
 }
+
+/// Regression: drops made before the collector thread first runs were absorbed into its
+/// baseline of the rings' drop counters (read when the collector started, after the gate had
+/// opened) and so were neither recorded nor counted. On one CPU with threads already allocating
+/// when each session starts, the collector starts late every time. Proves, per thread and per
+/// kind over twenty sessions: (completed before `finish` − started before `start` returned) ≤
+/// recorded + dropped ≤ (started before `finish` returned − completed before `start` was called).
+#[test]
+fn drops_made_before_the_collector_first_runs_are_counted() {
+    isolated(
+        "drops_made_before_the_collector_first_runs_are_counted",
+        || {
+            static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+            // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes inside it; 0 = this process.
+            unsafe {
+                let mut one_cpu: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut one_cpu);
+                let pinned =
+                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &one_cpu);
+                assert_eq!(pinned, 0, "sched_setaffinity failed");
+            }
+            let started = |tid| counters(tid, |row| &row.started);
+            let completed = |tid| counters(tid, |row| &row.completed);
+            let sub = |a: [u64; 3], b: [u64; 3]| std::array::from_fn(|k| a[k].saturating_sub(b[k]));
+            let (send, receive) = std::sync::mpsc::channel();
+            let workers: Vec<_> = (0..3)
+                .map(|_| {
+                    let send = send.clone();
+                    std::thread::spawn(move || {
+                        send.send(gettid()).unwrap();
+                        drop(send);
+                        while !STOP.load(Ordering::Relaxed) {
+                            black_box(vec![0u8; 32]);
+                        }
+                    })
+                })
+                .collect();
+            drop(send);
+            let tids: Vec<u64> = receive.iter().collect();
+            for round in 0..20 {
+                let before_start: Vec<_> = tids.iter().map(|&tid| completed(tid)).collect();
+                let session = Session::builder()
+                    .ring_events(1024)
+                    .write_profile(false)
+                    .start()
+                    .unwrap();
+                let after_start: Vec<_> = tids.iter().map(|&tid| started(tid)).collect();
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                let before_finish: Vec<_> = tids.iter().map(|&tid| completed(tid)).collect();
+                let profile = session.finish().unwrap();
+                let after_finish: Vec<_> = tids.iter().map(|&tid| started(tid)).collect();
+                for (i, &tid) in tids.iter().enumerate() {
+                    check_between(
+                        &profile,
+                        tid,
+                        sub(before_finish[i], after_start[i]),
+                        sub(after_finish[i], before_start[i]),
+                        &format!("session {round}"),
+                    );
+                }
+            }
+            STOP.store(true, Ordering::Relaxed);
+            for worker in workers {
+                worker.join().unwrap();
+            }
+        },
+    );
+}
