@@ -21,6 +21,8 @@ mod collector;
 mod error;
 #[cfg(not(loom))]
 mod session;
+#[cfg(all(not(loom), target_os = "linux"))]
+mod signal;
 #[cfg(not(loom))]
 mod span;
 
