@@ -50,15 +50,23 @@ pub(crate) struct CollectorConfig {
 /// caller's thread, as the baseline the session's drops are counted from. (Read on the collector
 /// thread, which may first run long after the gate opened, they would swallow every drop made
 /// before it ran.)
+///
+/// Returns once the thread has marked itself internal: std allocates on a new thread before
+/// the closure runs, and with the gate already open that would be recorded as a user thread's.
 pub(crate) fn spawn(config: CollectorConfig) -> std::io::Result<(JoinHandle<()>, Sender<Control>)> {
     let (control, requests) = crossbeam_channel::unbounded();
     let merger = Merger::new(config.calibration, config.timeline.clone());
+    let (ready, internal) = crossbeam_channel::bounded(1);
     let handle = std::thread::Builder::new()
         .name("highwater-collector".into())
         .spawn(move || {
             capture::mark_internal_thread();
+            let _ = ready.send(());
             run(config, merger, requests);
         })?;
+    internal
+        .recv()
+        .map_err(|_| std::io::Error::other("the highwater collector thread ended as it started"))?;
     Ok((handle, control))
 }
 

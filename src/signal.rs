@@ -136,10 +136,22 @@ fn start_watcher() -> io::Result<()> {
     // The handler must never block: a full pipe already holds a wake-up.
     // SAFETY: `write_end` is an open descriptor we own.
     unsafe { libc::fcntl(write_end, libc::F_SETFL, libc::O_NONBLOCK) };
+    // Wait until the thread is marked internal, so nothing it allocates while starting is
+    // recorded (the gate may be open by the time it runs).
+    let (ready, internal) = crossbeam_channel::bounded(1);
     let spawned = std::thread::Builder::new()
         .name("highwater-signals".into())
         .stack_size(256 << 10)
-        .spawn(move || watch(read_end));
+        .spawn(move || {
+            capture::mark_internal_thread();
+            let _ = ready.send(());
+            watch(read_end)
+        })
+        .and_then(|_| {
+            internal
+                .recv()
+                .map_err(|_| io::Error::other("the signal watcher thread ended as it started"))
+        });
     if let Err(error) = spawned {
         // SAFETY: both descriptors are open and owned here.
         unsafe {
@@ -154,7 +166,6 @@ fn start_watcher() -> io::Result<()> {
 
 /// The watcher: waits for a signal's byte, finishes the session, steps aside and re-raises.
 fn watch(read_end: libc::c_int) {
-    capture::mark_internal_thread();
     loop {
         let mut byte = 0u8;
         // SAFETY: `byte` is a writable one-byte buffer; `read_end` stays open for the process.
