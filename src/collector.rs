@@ -75,8 +75,13 @@ fn run(config: CollectorConfig, mut merger: Merger, requests: Receiver<Control>)
     loop {
         match requests.recv_timeout(config.interval) {
             Err(RecvTimeoutError::Timeout) => {
-                merger.drain();
+                // Read the clock before draining, not after: an event missing from this drain
+                // was published after its ring was drained, so anything that happened after it
+                // (another thread reusing a freed address) is stamped later than `now` and waits
+                // for the next round too. Read after, a slow drain (more than the lag) could
+                // merge the reuse before the free it depends on.
                 let now = config.calibration.now_ns();
+                merger.drain();
                 merger.merge_until(now.saturating_sub(lag_ns));
             }
             Ok(Control::Snapshot(reply)) => {
