@@ -85,10 +85,14 @@ fn run(config: CollectorConfig, mut merger: Merger, requests: Receiver<Control>)
                 merger.merge_until(now.saturating_sub(lag_ns));
             }
             Ok(Control::Snapshot(reply)) => {
+                // Everything stamped before the request, not everything drained: an event
+                // stamped later may depend on one its thread publishes just after its ring was
+                // drained (see above); it stays staged for the next round.
+                let now = config.calibration.now_ns();
                 merger.drain();
-                merger.merge_until(u64::MAX);
-                let now = config.calibration.now_ns().max(merger.newest_ns);
-                let _ = reply.send(merger.timeline.finish(now));
+                merger.merge_until(now);
+                let end = now.max(merger.newest_ns);
+                let _ = reply.send(merger.timeline.finish(end));
             }
             Ok(Control::Stop(reply)) => {
                 let _ = reply.send(merger.stop());

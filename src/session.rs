@@ -216,8 +216,8 @@ impl Session {
 
     /// The profile as of now, while recording goes on. Nothing is written.
     ///
-    /// Events younger than the collector's merge lag are included: a snapshot merges everything
-    /// published so far.
+    /// Events younger than the collector's merge lag are included: a snapshot merges every event
+    /// stamped before the collector took the request.
     ///
     /// # Errors
     ///

@@ -73,6 +73,9 @@ pub struct Row {
     pub held: AtomicI64,
     /// Highest value `held` reached.
     pub held_peak: AtomicI64,
+    /// Whether the thread is highwater's own (named `highwater-…` when it first allocated):
+    /// nothing it does is in a window, as highwater records nothing of it.
+    pub internal: AtomicBool,
 }
 
 impl Row {
@@ -89,6 +92,7 @@ impl Row {
         window_live: AtomicI64::new(0),
         held: AtomicI64::new(0),
         held_peak: AtomicI64::new(0),
+        internal: AtomicBool::new(false),
     };
 
     fn hold(&self, delta: i64) {
@@ -108,6 +112,28 @@ static WINDOWS_OPENED: AtomicU64 = AtomicU64::new(0);
 thread_local! {
     /// This thread's row; `usize::MAX` until its first operation.
     static ROW: Cell<usize> = const { Cell::new(usize::MAX) };
+    /// Set by [`uncounted`]: this thread's operations are outside every window.
+    static UNCOUNTED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with this thread's operations outside the counting window, for highwater calls that
+/// allocate without recording (`Session::snapshot` runs paused). Blocks it allocates count as
+/// born outside the window.
+pub fn uncounted<R>(f: impl FnOnce() -> R) -> R {
+    UNCOUNTED.with(|flag| flag.set(true));
+    let result = f();
+    UNCOUNTED.with(|flag| flag.set(false));
+    result
+}
+
+/// The open window, or `0` when closed, or this thread is [`uncounted`] or highwater's own.
+fn window() -> u64 {
+    if UNCOUNTED.try_with(Cell::get).unwrap_or(false)
+        || row().is_some_and(|row| row.internal.load(Ordering::Relaxed))
+    {
+        return 0;
+    }
+    WINDOW.load(Ordering::SeqCst)
 }
 
 /// The calling thread's OS id.
@@ -128,8 +154,18 @@ fn row() -> Option<&'static Row> {
         return None;
     };
     row.tid.store(gettid(), Ordering::SeqCst);
+    row.internal
+        .store(thread_name_starts_with(b"highwater-"), Ordering::SeqCst);
     let _ = ROW.try_with(|cell| cell.set(index));
     Some(row)
+}
+
+/// Whether the calling thread's name starts with `prefix` (read without allocating).
+fn thread_name_starts_with(prefix: &[u8]) -> bool {
+    let mut name = [0u8; 16];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes into the buffer.
+    let read = unsafe { libc::prctl(libc::PR_GET_NAME, name.as_mut_ptr()) };
+    read == 0 && name.starts_with(prefix)
 }
 
 /// Every claimed row. Panics if some thread could not get one.
@@ -179,7 +215,7 @@ impl<A> Counting<A> {
 
 /// Counts an allocation of `size` bytes; returns the window to stamp on the block.
 fn note_alloc(size: usize, kind: usize) -> u64 {
-    let window = WINDOW.load(Ordering::SeqCst);
+    let window = window();
     if let Some(row) = row() {
         row.performed[kind].fetch_add(1, Ordering::Relaxed);
         row.hold(size as i64);
@@ -194,7 +230,7 @@ fn note_alloc(size: usize, kind: usize) -> u64 {
 /// Counts the end of a block of `size` bytes born in window `born` (by a free, or as the source
 /// of a realloc).
 fn note_end(size: usize, born: u64, kind: usize) {
-    let window = WINDOW.load(Ordering::SeqCst);
+    let window = window();
     if let Some(row) = row() {
         if kind == FREE {
             row.performed[FREE].fetch_add(1, Ordering::Relaxed);
@@ -272,7 +308,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         if moved.is_null() {
             return moved;
         }
-        let window = WINDOW.load(Ordering::SeqCst);
+        let window = window();
         if let Some(row) = row() {
             row.performed[REALLOC].fetch_add(1, Ordering::Relaxed);
             if window != 0 {
