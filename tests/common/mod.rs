@@ -615,5 +615,8 @@ pub fn isolated(name: &str, body: impl FnOnce()) {
         output.stdout,
         output.stderr
     );
+    for line in output.stderr.lines().filter(|l| l.starts_with("SKIPPED")) {
+        eprintln!("{name}: {line}");
+    }
     eprintln!("{name}: {:.2?}", output.elapsed);
 }
