@@ -98,10 +98,37 @@ impl Row {
     fn hold(&self, delta: i64) {
         let now = self.held.fetch_add(delta, Ordering::Relaxed) + delta;
         self.held_peak.fetch_max(now, Ordering::Relaxed);
+        let heap = HEAP.fetch_add(delta, Ordering::Relaxed) + delta;
+        HEAP_PEAK.fetch_max(heap, Ordering::Relaxed);
     }
 }
 
 static TABLE: [Row; ROWS] = [const { Row::NEW }; ROWS];
+/// Bytes live on the heap of the whole process (through [`Counting`]), and their highest value
+/// since [`reset_heap_peak`].
+static HEAP: AtomicI64 = AtomicI64::new(0);
+static HEAP_PEAK: AtomicI64 = AtomicI64::new(0);
+
+/// Bytes the process holds on the heap now.
+pub fn heap_bytes() -> i64 {
+    HEAP.load(Ordering::SeqCst)
+}
+
+/// The highest [`heap_bytes`] since the last [`reset_heap_peak`].
+pub fn heap_peak() -> i64 {
+    HEAP_PEAK.load(Ordering::SeqCst)
+}
+
+/// Starts a new heap peak from the current value.
+pub fn reset_heap_peak() {
+    HEAP_PEAK.store(HEAP.load(Ordering::SeqCst), Ordering::SeqCst);
+}
+
+/// Index of the next row to be claimed: rows at or after it belong to threads that had not
+/// allocated yet.
+pub fn next_row() -> usize {
+    NEXT_ROW.load(Ordering::SeqCst)
+}
 static NEXT_ROW: AtomicUsize = AtomicUsize::new(0);
 /// Set if a thread found the table full (its operations were not counted).
 static OVERFLOW: AtomicBool = AtomicBool::new(false);
@@ -615,7 +642,15 @@ pub fn isolated(name: &str, body: impl FnOnce()) {
         output.stdout,
         output.stderr
     );
+    // What the child wants the parent's log to show: skipped checks and measured figures.
     for line in output.stderr.lines().filter(|l| l.starts_with("SKIPPED")) {
+        eprintln!("{name}: {line}");
+    }
+    for line in output
+        .stdout
+        .lines()
+        .filter_map(|l| l.split("FIGURES ").nth(1))
+    {
         eprintln!("{name}: {line}");
     }
     eprintln!("{name}: {:.2?}", output.elapsed);
