@@ -578,7 +578,14 @@ pub struct ChildOutput {
 pub fn run_child(name: &str, env: &[(&str, &str)], limit: Duration) -> ChildOutput {
     let mut command = Command::new(std::env::current_exe().expect("test binary path"));
     command
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        // `--include-ignored`: an ignored test the parent was asked to run runs in the child.
+        .args([
+            "--exact",
+            name,
+            "--nocapture",
+            "--test-threads=1",
+            "--include-ignored",
+        ])
         .env("HW_CHILD", name)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
