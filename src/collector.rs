@@ -165,9 +165,27 @@ impl Merger {
             if state == SlotState::Free || !slot.ring.has_storage() {
                 continue;
             }
+            self.scratch.clear();
+            // SAFETY: this thread is the only consumer of every ring (one collector runs at a
+            // time: the session starts it and joins it before another can start), and storage
+            // is installed (checked above).
+            unsafe { slot.ring.drain(&mut self.scratch) };
+            let dropped = slot.ring.dropped();
             let thread = match self.cursors[index].thread {
                 Some(thread) => thread,
+                // Nothing from the current owner yet: do not name it. A thread that has just
+                // claimed the ring may not have stored its tid yet (the slot would still show
+                // the previous owner's, and every later event would be charged to that tid).
+                None if self.scratch.is_empty() && dropped == self.cursors[index].dropped_seen => {
+                    if state == SlotState::Retired {
+                        self.cursors[index].realloc_from = None;
+                        REGISTRY.free(index);
+                    }
+                    continue;
+                }
                 None => {
+                    // The owner stored its tid before publishing the events just drained (the
+                    // drain's Acquire load of `head` makes it visible).
                     let thread = self.threads.len() as u32;
                     self.threads.push(ThreadCapture {
                         thread,
@@ -178,18 +196,13 @@ impl Merger {
                     thread
                 }
             };
-            self.scratch.clear();
-            // SAFETY: this thread is the only consumer of every ring (one collector runs at a
-            // time: the session starts it and joins it before another can start), and storage
-            // is installed (checked above).
-            unsafe { slot.ring.drain(&mut self.scratch) };
             let was_empty = self.cursors[index].staged.is_empty();
             let mut scratch = std::mem::take(&mut self.scratch);
             for raw in scratch.drain(..) {
                 self.decode(index, thread, raw);
             }
             self.scratch = scratch;
-            self.charge_drops(index, thread, slot.ring.dropped());
+            self.charge_drops(index, thread, dropped);
             if was_empty {
                 if let Some(front) = self.cursors[index].staged.front() {
                     self.heap.push(Reverse((front.ts_ns, index)));
