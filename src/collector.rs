@@ -8,17 +8,19 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::analysis::{DeviceId, Event, EventKind, NameId, Timeline, TimelineConfig};
+use crate::alloc_log::AllocLogWriter;
+use crate::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, Timeline, TimelineConfig};
 use crate::capture::clock::Calibration;
 use crate::capture::raw::{RawEvent, RawKind};
 use crate::capture::registry::{SlotState, REGISTRY};
 use crate::capture::ring::close_gate;
-use crate::capture::{self, RECORDING, UNATTRIBUTED_DROPS};
+use crate::capture::{self, names, RECORDING, UNATTRIBUTED_DROPS};
 use crate::model::{Category, SpanLabel};
 use crate::profile::{CaptureStats, Profile, ThreadCapture};
 
@@ -42,6 +44,8 @@ pub(crate) struct CollectorConfig {
     pub(crate) lag: Duration,
     /// Analysis settings.
     pub(crate) timeline: TimelineConfig,
+    /// Where to write the allocation log, if anywhere.
+    pub(crate) alloc_log: Option<PathBuf>,
 }
 
 /// Starts the collector thread.
@@ -55,7 +59,8 @@ pub(crate) struct CollectorConfig {
 /// the closure runs, and with the gate already open that would be recorded as a user thread's.
 pub(crate) fn spawn(config: CollectorConfig) -> std::io::Result<(JoinHandle<()>, Sender<Control>)> {
     let (control, requests) = crossbeam_channel::unbounded();
-    let merger = Merger::new(config.calibration, config.timeline.clone());
+    let mut merger = Merger::new(config.calibration, config.timeline.clone());
+    merger.log = config.alloc_log.as_deref().map(AllocLogWriter::create);
     let (ready, internal) = crossbeam_channel::bounded(1);
     let handle = std::thread::Builder::new()
         .name("highwater-collector".into())
@@ -113,8 +118,9 @@ struct RingCursor {
     thread: Option<u32>,
     /// Decoded events not yet merged, oldest first.
     staged: VecDeque<Event>,
-    /// The first half of a realloc, waiting for its second.
-    realloc_from: Option<RawEvent>,
+    /// The first half of a two-event record (realloc, annotation, pool report), waiting for
+    /// its second.
+    head: Option<RawEvent>,
     /// Drop counters as last read, to charge new drops to the current owner.
     dropped_seen: [u64; RawKind::COUNT],
 }
@@ -128,6 +134,14 @@ struct Merger {
     heap: BinaryHeap<Reverse<(u64, usize)>>,
     /// Span names by their `&'static str` address and length.
     names: HashMap<(u64, u64), NameId>,
+    /// Timeline ids of the process-wide interner's names, shapes and devices.
+    interned_names: HashMap<u32, NameId>,
+    interned_shapes: HashMap<u32, ShapeId>,
+    interned_devices: HashMap<u16, DeviceId>,
+    /// Device names by the timeline's device id, for the allocation log.
+    device_names: Vec<String>,
+    /// The allocation log, when the session asked for one.
+    log: Option<AllocLogWriter>,
     threads: Vec<ThreadCapture>,
     scratch: Vec<RawEvent>,
     /// Newest timestamp merged, for `duration_ns`.
@@ -152,6 +166,11 @@ impl Merger {
                 .collect(),
             heap: BinaryHeap::new(),
             names: HashMap::new(),
+            interned_names: HashMap::new(),
+            interned_shapes: HashMap::new(),
+            interned_devices: HashMap::new(),
+            device_names: vec!["cpu".to_string()],
+            log: None,
             threads: Vec::new(),
             scratch: Vec::new(),
             newest_ns: 0,
@@ -178,7 +197,7 @@ impl Merger {
                 // the previous owner's, and every later event would be charged to that tid).
                 None if self.scratch.is_empty() && dropped == self.cursors[index].dropped_seen => {
                     if state == SlotState::Retired {
-                        self.cursors[index].realloc_from = None;
+                        self.cursors[index].head = None;
                         REGISTRY.free(index);
                     }
                     continue;
@@ -211,7 +230,7 @@ impl Merger {
             if state == SlotState::Retired {
                 // Everything it wrote before retiring was drained above.
                 self.cursors[index].thread = None;
-                self.cursors[index].realloc_from = None;
+                self.cursors[index].head = None;
                 REGISTRY.free(index);
             }
         }
@@ -233,8 +252,8 @@ impl Merger {
                 Some(RawKind::Alloc) => stats.dropped_allocs += new,
                 Some(RawKind::Free) => stats.dropped_frees += new,
                 Some(RawKind::ReallocTo) => stats.dropped_reallocs += new,
-                // The first half of a dropped realloc is counted by its second.
-                Some(RawKind::ReallocFrom) => {}
+                // The first half of a two-event record is counted by its second.
+                Some(head) if head.is_head() => {}
                 _ => stats.dropped_other += new,
             }
         }
@@ -245,64 +264,146 @@ impl Merger {
 
     /// Turns one raw event into an analysis event on ring `index`'s queue.
     fn decode(&mut self, index: usize, thread: u32, raw: RawEvent) {
-        let Some(ts_ns) = self.calibration.to_ns(raw.ticks) else {
-            return; // from before this session started
+        // A realloc's first half is stamped just before the recording gate is checked, so it
+        // may predate the session by a moment: it counts as the session's start.
+        let ts_ns = self.calibration.to_ns(raw.ticks).unwrap_or(0);
+        let Some(kind) = RawKind::from_byte(raw.kind) else {
+            return;
+        };
+        if kind.is_head() {
+            self.cursors[index].head = Some(raw);
+            return;
+        }
+        let is_tail = matches!(
+            kind,
+            RawKind::ReallocTo | RawKind::AnnotateTail | RawKind::PoolTail
+        );
+        let first = if is_tail {
+            self.cursors[index].head.take().unwrap_or_default()
+        } else {
+            RawEvent::default()
+        };
+        let category = Category::from_index(raw.flags);
+        let event = match kind {
+            RawKind::Alloc => EventKind::Alloc {
+                device: DeviceId::CPU,
+                addr: raw.a,
+                size: raw.b,
+                category,
+            },
+            RawKind::Free => EventKind::Free {
+                device: DeviceId::CPU,
+                addr: raw.a,
+                size: raw.b,
+            },
+            RawKind::ReallocTo => EventKind::Realloc {
+                old_addr: first.a,
+                old_size: first.b,
+                new_addr: raw.a,
+                new_size: raw.b,
+                category,
+                released_ns: Some(self.calibration.to_ns(first.ticks).unwrap_or(0)),
+            },
+            RawKind::SpanEnter => EventKind::SpanEnter {
+                id: (raw.b >> 32) as u32,
+                name: self.intern_static_name(raw.a, raw.b & 0xFFFF_FFFF),
+                label: SpanLabel::from_byte(raw.flags),
+            },
+            RawKind::SpanExit => EventKind::SpanExit { id: raw.span },
+            RawKind::OpBegin => EventKind::OpBegin {
+                name: self.name(raw.a as u32),
+                output: 0,
+                shape: None,
+                dtype: None,
+            },
+            RawKind::OpEnd => EventKind::OpEnd,
+            RawKind::DeviceAlloc => EventKind::Alloc {
+                device: self.device(raw.device),
+                addr: raw.a,
+                size: raw.b,
+                category,
+            },
+            RawKind::DeviceFree => EventKind::Free {
+                device: self.device(raw.device),
+                addr: raw.a,
+                size: raw.b,
+            },
+            RawKind::SetCategory => EventKind::SetCategory {
+                device: self.device(raw.device),
+                addr: raw.a,
+                category,
+            },
+            RawKind::AnnotateTail => EventKind::Annotate {
+                device: self.device(raw.device),
+                addr: first.a,
+                op: self.name(first.b as u32),
+                shape: raw.a.checked_sub(1).map(|id| self.shape(id as u32)),
+                dtype: raw.b.checked_sub(1).map(|id| self.name(id as u32)),
+            },
+            RawKind::PoolTail => EventKind::PoolState {
+                device: self.device(raw.device),
+                capacity: first.a,
+                reserved: first.b,
+                largest_free: raw.a,
+                fragmentation: f64::from_bits(raw.b),
+            },
+            RawKind::ReallocFrom | RawKind::AnnotateHead | RawKind::PoolHead => return,
         };
         let stats = &mut self.threads[thread as usize];
-        let kind = match RawKind::from_byte(raw.kind) {
-            Some(RawKind::Alloc) => {
-                stats.allocs += 1;
-                EventKind::Alloc {
-                    device: DeviceId(raw.device),
-                    addr: raw.a,
-                    size: raw.b,
-                    category: Category::from_index(raw.flags),
-                }
-            }
-            Some(RawKind::Free) => {
-                stats.frees += 1;
-                EventKind::Free {
-                    device: DeviceId(raw.device),
-                    addr: raw.a,
-                    size: raw.b,
-                }
-            }
-            Some(RawKind::ReallocFrom) => {
-                self.cursors[index].realloc_from = Some(raw);
-                return;
-            }
-            Some(RawKind::ReallocTo) => {
-                stats.reallocs += 1;
-                let from = self.cursors[index].realloc_from.take().unwrap_or_default();
-                EventKind::Realloc {
-                    old_addr: from.a,
-                    old_size: from.b,
-                    new_addr: raw.a,
-                    new_size: raw.b,
-                    category: Category::from_index(raw.flags),
-                }
-            }
-            Some(RawKind::SpanEnter) => {
-                stats.span_events += 1;
-                let name = self.intern_static_name(raw.a, raw.b & 0xFFFF_FFFF);
-                EventKind::SpanEnter {
-                    id: (raw.b >> 32) as u32,
-                    name,
-                    label: SpanLabel::from_byte(raw.flags),
-                }
-            }
-            Some(RawKind::SpanExit) => {
-                stats.span_events += 1;
-                EventKind::SpanExit { id: raw.span }
-            }
-            Some(RawKind::Other) | None => return,
-        };
+        match kind {
+            RawKind::Alloc => stats.allocs += 1,
+            RawKind::Free => stats.frees += 1,
+            RawKind::ReallocTo => stats.reallocs += 1,
+            RawKind::SpanEnter | RawKind::SpanExit => stats.span_events += 1,
+            _ => stats.other_events += 1,
+        }
         self.cursors[index].staged.push_back(Event {
             ts_ns,
             thread,
             span: raw.span,
-            kind,
+            kind: event,
         });
+    }
+
+    /// The timeline's id for the interner's name `id`.
+    fn name(&mut self, id: u32) -> NameId {
+        if let Some(name) = self.interned_names.get(&id) {
+            return *name;
+        }
+        let text = names::name_of(id).unwrap_or_else(|| format!("(name {id})"));
+        let name = self.timeline.intern_name(&text);
+        self.interned_names.insert(id, name);
+        name
+    }
+
+    /// The timeline's id for the interner's shape `id`.
+    fn shape(&mut self, id: u32) -> ShapeId {
+        if let Some(shape) = self.interned_shapes.get(&id) {
+            return *shape;
+        }
+        let dims = names::shape_of(id).unwrap_or_default();
+        let shape = self.timeline.intern_shape(&dims);
+        self.interned_shapes.insert(id, shape);
+        shape
+    }
+
+    /// The timeline's id for the interner's device `id`.
+    fn device(&mut self, id: u16) -> DeviceId {
+        if id == names::CPU {
+            return DeviceId::CPU;
+        }
+        if let Some(device) = self.interned_devices.get(&id) {
+            return *device;
+        }
+        let text = names::device_of(id).unwrap_or_else(|| format!("device:{id}"));
+        let device = self.timeline.intern_device(&text);
+        self.interned_devices.insert(id, device);
+        let slot = usize::from(device.0);
+        if self.device_names.len() <= slot {
+            self.device_names.resize(slot + 1, String::new());
+        }
+        self.device_names[slot] = text;
+        device
     }
 
     /// Interns a span name recorded as a `&'static str`'s address and length.
@@ -323,20 +424,34 @@ impl Merger {
         id
     }
 
-    /// Applies staged events in time order up to `watermark_ns`.
+    /// Applies staged events in time order up to `watermark_ns`. The ring with the oldest
+    /// front event applies its events up to the next ring's front in one run, so the heap is
+    /// touched once per run rather than once per event.
     fn merge_until(&mut self, watermark_ns: u64) {
         while let Some(&Reverse((ts, index))) = self.heap.peek() {
             if ts > watermark_ns {
                 break;
             }
             self.heap.pop();
-            let queue = &mut self.cursors[index].staged;
-            if let Some(event) = queue.pop_front() {
+            let limit = self
+                .heap
+                .peek()
+                .map_or(u64::MAX, |&Reverse((next, _))| next)
+                .min(watermark_ns);
+            while let Some(event) = self.cursors[index].staged.pop_front() {
                 self.newest_ns = self.newest_ns.max(event.ts_ns);
                 self.timeline.apply(&event);
-            }
-            if let Some(front) = self.cursors[index].staged.front() {
-                self.heap.push(Reverse((front.ts_ns, index)));
+                if let Some(log) = self.log.as_mut() {
+                    log_event(log, &self.device_names, &event);
+                }
+                match self.cursors[index].staged.front() {
+                    Some(front) if front.ts_ns <= limit => {}
+                    Some(front) => {
+                        self.heap.push(Reverse((front.ts_ns, index)));
+                        break;
+                    }
+                    None => break,
+                }
             }
         }
     }
@@ -359,6 +474,12 @@ impl Merger {
         }
         let mut profile = self.timeline.finish(end_ns);
         profile.capture = self.capture_stats(unattributed);
+        if let Some(Err((path, error))) = self.log.take().map(AllocLogWriter::finish) {
+            profile.warnings.push(format!(
+                "the allocation log {} could not be written ({error}); it is incomplete",
+                path.display()
+            ));
+        }
         profile.meta.threads = self.threads.len() as u32;
         profile
     }
@@ -372,8 +493,14 @@ impl Merger {
         };
         let sum = |field: fn(&ThreadCapture) -> u64| self.threads.iter().map(field).sum::<u64>();
         let loose = |kind: RawKind| unattributed[kind as usize];
-        let loose_other =
-            loose(RawKind::SpanEnter) + loose(RawKind::SpanExit) + loose(RawKind::Other);
+        let loose_other = (0..RawKind::COUNT as u8)
+            .filter_map(RawKind::from_byte)
+            .filter(|kind| {
+                !kind.is_head()
+                    && !matches!(kind, RawKind::Alloc | RawKind::Free | RawKind::ReallocTo)
+            })
+            .map(loose)
+            .sum::<u64>();
         for (kind, total) in [
             ("alloc", sum(|t| t.dropped_allocs) + loose(RawKind::Alloc)),
             ("free", sum(|t| t.dropped_frees) + loose(RawKind::Free)),
@@ -386,5 +513,50 @@ impl Merger {
             stats.dropped_by_kind.insert(kind.to_string(), total);
         }
         stats
+    }
+}
+
+/// Appends an applied event's allocation or free to the allocation log.
+fn log_event(log: &mut AllocLogWriter, device_names: &[String], event: &Event) {
+    let name = |device: DeviceId| {
+        move || {
+            device_names
+                .get(usize::from(device.0))
+                .cloned()
+                .unwrap_or_else(|| format!("device:{}", device.0))
+        }
+    };
+    let ts = event.ts_ns;
+    match event.kind {
+        EventKind::Alloc {
+            device,
+            addr,
+            size,
+            category,
+        } => log.record(device.0, name(device), true, Some(category), ts, addr, size),
+        EventKind::Free { device, addr, size } => {
+            log.record(device.0, name(device), false, None, ts, addr, size)
+        }
+        EventKind::Realloc {
+            old_addr,
+            old_size,
+            new_addr,
+            new_size,
+            category,
+            ..
+        } => {
+            let cpu = DeviceId::CPU;
+            log.record(cpu.0, name(cpu), false, None, ts, old_addr, old_size);
+            log.record(
+                cpu.0,
+                name(cpu),
+                true,
+                Some(category),
+                ts,
+                new_addr,
+                new_size,
+            );
+        }
+        _ => {}
     }
 }

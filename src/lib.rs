@@ -8,6 +8,8 @@
 
 pub mod analysis;
 mod capture;
+#[cfg(not(loom))]
+pub mod device;
 pub mod export;
 mod model;
 mod profile;
@@ -15,10 +17,13 @@ pub mod report;
 
 #[cfg(not(loom))]
 mod alloc;
+pub mod alloc_log;
 #[cfg(not(loom))]
 mod collector;
 #[cfg(not(loom))]
 mod error;
+#[cfg(not(loom))]
+pub mod ops;
 #[cfg(not(loom))]
 mod session;
 #[cfg(all(not(loom), target_os = "linux"))]

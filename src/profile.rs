@@ -101,6 +101,9 @@ pub struct RunMeta {
     pub clock: String,
     /// Threads that recorded at least one event.
     pub threads: u32,
+    /// The allocation log written beside the profile, when one was asked for.
+    #[serde(default)]
+    pub alloc_log: Option<String>,
 }
 
 /// The headline figures of a profile.
@@ -307,6 +310,9 @@ pub struct ThreadCapture {
     pub reallocs: u64,
     /// Span entries and exits recorded.
     pub span_events: u64,
+    /// Op, device-tensor, annotation and pool events recorded.
+    #[serde(default)]
+    pub other_events: u64,
     /// Allocations dropped (ring full).
     pub dropped_allocs: u64,
     /// Frees dropped.

@@ -12,9 +12,11 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use crate::analysis::TimelineConfig;
+use crate::capture::ring::enable_asymmetric_barrier;
 use crate::capture::{self, clock, lifecycle};
 use crate::collector::{self, CollectorConfig, Control};
 use crate::error::Error;
+use crate::export::html;
 use crate::profile::{Profile, RunMeta};
 
 /// Where the profile goes when neither the builder nor `HIGHWATER_OUT` says.
@@ -29,6 +31,7 @@ struct Running {
     control: Sender<Control>,
     output: PathBuf,
     write: bool,
+    html: bool,
     meta: RunMeta,
 }
 
@@ -38,6 +41,8 @@ struct Running {
 /// |---|---|---|
 /// | `HIGHWATER` | `on`, `off` (also `1`/`0`, `true`/`false`) | `off` disables recording with no code change |
 /// | `HIGHWATER_OUT` | a path | where the profile goes unless [`SessionBuilder::output`] says |
+/// | `HIGHWATER_ALLOC_LOG` | a path | also write the allocation log there ([`crate::alloc_log`]) |
+/// | `HIGHWATER_HTML` | `1`/`0` (also `on`/`off`, `true`/`false`) | also write the HTML report next to the profile |
 /// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | events per thread ring |
 /// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | force the portable clock |
 /// | `HIGHWATER_SIGNALS` | `on`, `off` (also `1`/`0`, …) | write the profile on SIGINT/SIGTERM unless [`SessionBuilder::write_on_signal`] says |
@@ -59,6 +64,8 @@ pub struct SessionBuilder {
     ring_events: Option<usize>,
     write: Option<bool>,
     signals: Option<bool>,
+    html: Option<bool>,
+    alloc_log: Option<PathBuf>,
     timeline: TimelineConfig,
 }
 
@@ -107,6 +114,20 @@ impl SessionBuilder {
         self
     }
 
+    /// Also write the self-contained HTML report next to the profile (`profile.html` beside
+    /// `profile.json`) when the session ends. Default: `$HIGHWATER_HTML`, else off.
+    pub fn html(mut self, html: bool) -> SessionBuilder {
+        self.html = Some(html);
+        self
+    }
+
+    /// Also write the allocation log (every allocation and free, for `highwater simulate`) to
+    /// `path`. Default: `$HIGHWATER_ALLOC_LOG`, else none. See [`crate::alloc_log`].
+    pub fn alloc_log(mut self, path: impl Into<PathBuf>) -> SessionBuilder {
+        self.alloc_log = Some(path.into());
+        self
+    }
+
     /// Analysis settings (timeline resolution, table sizes).
     pub fn timeline(mut self, config: TimelineConfig) -> SessionBuilder {
         self.timeline = config;
@@ -148,13 +169,16 @@ impl SessionBuilder {
         let clock_name = clock::init(env.force_monotonic);
         lifecycle::set_ring_capacity(ring_events);
         lifecycle::install();
+        enable_asymmetric_barrier();
         install_exit_handler();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));
+        let alloc_log = self.alloc_log.or(env.alloc_log);
         let (collector, control) = collector::spawn(CollectorConfig {
             calibration,
             interval: Duration::from_millis(2),
             lag: Duration::from_millis(5),
             timeline: self.timeline,
+            alloc_log: alloc_log.clone(),
         })
         .map_err(|error| {
             disarm_signals();
@@ -168,6 +192,7 @@ impl SessionBuilder {
                 .or(env.output)
                 .unwrap_or_else(|| DEFAULT_OUTPUT.into()),
             write: self.write.unwrap_or(true),
+            html: self.html.or(env.html).unwrap_or(false),
             meta: RunMeta {
                 program: program_name(),
                 highwater_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -177,6 +202,7 @@ impl SessionBuilder {
                     .unwrap_or(0),
                 clock: clock_name.to_string(),
                 threads: 0,
+                alloc_log: alloc_log.map(|path| path.display().to_string()),
             },
         });
         capture::open_gate();
@@ -322,7 +348,13 @@ fn finish_running(running: Running) -> Result<Profile, Error> {
         ..running.meta
     };
     let written = if running.write {
-        profile.write(&running.output)
+        profile.write(&running.output).and_then(|()| {
+            if running.html {
+                html::write(&profile, html::path_beside(&running.output))
+            } else {
+                Ok(())
+            }
+        })
     } else {
         Ok(())
     };
@@ -385,6 +417,8 @@ fn check_ring_events(events: usize) -> Result<(), String> {
 struct EnvConfig {
     enabled: bool,
     output: Option<PathBuf>,
+    html: Option<bool>,
+    alloc_log: Option<PathBuf>,
     ring_events: Option<usize>,
     force_monotonic: bool,
     signals: Option<bool>,
@@ -413,6 +447,20 @@ impl EnvConfig {
             }
             Some(value) => Some(PathBuf::from(value)),
         };
+        let alloc_log = match var("HIGHWATER_ALLOC_LOG") {
+            None => None,
+            Some(value) if value.trim().is_empty() => {
+                return Err(invalid("HIGHWATER_ALLOC_LOG", &value, "a file path"))
+            }
+            Some(value) => Some(PathBuf::from(value)),
+        };
+        let html =
+            match var("HIGHWATER_HTML") {
+                None => None,
+                Some(value) => Some(parse_switch(&value).ok_or_else(|| {
+                    invalid("HIGHWATER_HTML", &value, "1 or 0 (on/off, true/false)")
+                })?),
+            };
         let ring_events = match var("HIGHWATER_RING_EVENTS") {
             None => None,
             Some(value) => {
@@ -440,6 +488,8 @@ impl EnvConfig {
         Ok(EnvConfig {
             enabled,
             output,
+            html,
+            alloc_log,
             ring_events,
             force_monotonic,
             signals,
@@ -491,6 +541,7 @@ mod tests {
             ("HIGHWATER_CLOCK", "sundial"),
             ("HIGHWATER_OUT", " "),
             ("HIGHWATER_SIGNALS", "sometimes"),
+            ("HIGHWATER_HTML", "sometimes"),
         ] {
             let message = parse(&[(var, value)]).unwrap_err().to_string();
             assert!(message.contains(var), "{message}");

@@ -132,11 +132,17 @@ fn recorded_plus_dropped_equals_performed_per_thread() {
             .collect();
         assert_eq!(recorded.len(), 1, "thread {tid} should appear once");
         let thread = recorded[0];
+        let context = format!(
+            "unattributed {} by kind {:?}; all threads {:#?}",
+            profile.capture.unattributed_dropped,
+            profile.capture.dropped_by_kind,
+            profile.capture.threads
+        );
         assert!(performed(&COUNTS.allocs) >= ROUNDS as u64);
         assert_eq!(
             thread.allocs + thread.dropped_allocs,
             performed(&COUNTS.allocs),
-            "allocs of thread {tid}: {thread:?}"
+            "allocs of thread {tid}: {thread:?}; {context}"
         );
         assert_eq!(
             thread.frees + thread.dropped_frees,
@@ -147,7 +153,7 @@ fn recorded_plus_dropped_equals_performed_per_thread() {
         assert_eq!(
             thread.reallocs + thread.dropped_reallocs,
             performed(&COUNTS.reallocs),
-            "reallocs of thread {tid}: {thread:?}"
+            "reallocs of thread {tid}: {thread:?}; {context}"
         );
         any_dropped |= thread.dropped_allocs + thread.dropped_frees > 0;
     }

@@ -29,6 +29,7 @@ fn rich_profile() -> Profile {
             started_unix_ms: 1_700_000_000_000,
             clock: "tsc".into(),
             threads: 3,
+            alloc_log: Some("run.hwlog".into()),
         },
         summary: Summary {
             peak_bytes: 4 << 20,
@@ -128,6 +129,7 @@ fn rich_profile() -> Profile {
                 frees: 8,
                 reallocs: 1,
                 span_events: 4,
+                other_events: 1,
                 dropped_allocs: 2,
                 dropped_frees: 0,
                 dropped_reallocs: 0,

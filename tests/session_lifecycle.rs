@@ -116,6 +116,83 @@ fn environment_output_path_is_used_and_drop_writes_the_profile() {
 }
 
 #[test]
+fn html_report_is_written_next_to_the_profile_when_asked() {
+    let name = "html_report_is_written_next_to_the_profile_when_asked";
+    if is_child(name) {
+        let session = Session::builder()
+            .output(std::env::var("HW_OUT").unwrap())
+            .start()
+            .unwrap();
+        let _kept = allocate_a_little();
+        session.finish().unwrap();
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.json");
+    let output = child(
+        name,
+        &[("HW_OUT", path.to_str().unwrap()), ("HIGHWATER_HTML", "1")],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let html = std::fs::read_to_string(dir.path().join("run.html")).unwrap();
+    assert!(
+        html.starts_with("<!DOCTYPE html>"),
+        "{}",
+        &html[..60.min(html.len())]
+    );
+    assert!(html.contains("forward"), "the report names the span");
+    assert!(Profile::load(&path).is_ok());
+}
+
+#[test]
+fn allocation_log_records_every_allocation_the_profile_counts() {
+    let name = "allocation_log_records_every_allocation_the_profile_counts";
+    if is_child(name) {
+        let session = Session::builder()
+            .output(std::env::var("HW_OUT").unwrap())
+            .start()
+            .unwrap();
+        let mut grown = Vec::new();
+        for i in 0..1000u32 {
+            grown.push(i);
+        }
+        let _kept = allocate_a_little();
+        session.finish().unwrap();
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.json");
+    let log_path = dir.path().join("run.alloc");
+    let output = child(
+        name,
+        &[
+            ("HW_OUT", path.to_str().unwrap()),
+            ("HIGHWATER_ALLOC_LOG", log_path.to_str().unwrap()),
+        ],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let profile = Profile::load(&path).unwrap();
+    assert_eq!(
+        profile.meta.alloc_log.as_deref(),
+        Some(log_path.to_str().unwrap())
+    );
+    let log = highwater::alloc_log::AllocLog::read(&log_path).unwrap();
+    assert_eq!(log.devices, vec!["cpu".to_string()]);
+    let allocs = log.records.iter().filter(|r| r.alloc).count() as u64;
+    assert!(profile.summary.realloc_count > 0, "the Vec grew by realloc");
+    assert_eq!(
+        allocs,
+        profile.summary.alloc_count + profile.summary.realloc_count,
+        "one alloc record per allocation and per realloc"
+    );
+    let stamps: Vec<u64> = log.records.iter().map(|r| r.ts_ns).collect();
+    assert!(
+        stamps.windows(2).all(|w| w[0] <= w[1]),
+        "records in merged order"
+    );
+}
+
+#[test]
 fn a_second_session_is_refused_while_one_runs() {
     let name = "a_second_session_is_refused_while_one_runs";
     if is_child(name) {

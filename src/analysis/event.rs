@@ -78,6 +78,11 @@ pub enum EventKind {
         new_size: u64,
         /// Category decided by the span stack at the time of the resize.
         category: Category,
+        /// When the old block was given up, if earlier than the event's own time: the old
+        /// address is judged as of then (a later allocation of it by another thread is a new
+        /// life), while the new block is live from the event's time.
+        #[serde(default)]
+        released_ns: Option<u64>,
     },
     /// A span opened on this thread. The event's `span` field is the parent.
     SpanEnter {
@@ -115,6 +120,20 @@ pub enum EventKind {
         addr: u64,
         /// Its category from now on.
         category: Category,
+    },
+    /// Names what a live block is: the op that made it and its shape (an op hook that learns
+    /// its output after the op ran). Unknown blocks are ignored.
+    Annotate {
+        /// Device the block lives on.
+        device: DeviceId,
+        /// Address or tensor id.
+        addr: u64,
+        /// Op that made it.
+        op: NameId,
+        /// Its shape, when known.
+        shape: Option<ShapeId>,
+        /// Its dtype, when known.
+        dtype: Option<NameId>,
     },
     /// A device pool's state after a reservation or release.
     PoolState {

@@ -141,6 +141,13 @@ impl LiveSet {
         Some((before.size, before.category))
     }
 
+    /// Sets the op (name, shape, dtype id) of a live block; unknown blocks are ignored.
+    pub(crate) fn annotate(&mut self, device: DeviceId, addr: u64, op: u32) {
+        if let Some(entry) = self.map.get_mut(&(device, addr)) {
+            entry.origin.op = op;
+        }
+    }
+
     /// Records that the event `seq` set a new global peak.
     pub(crate) fn mark_peak(&mut self, seq: u64) {
         self.peak_seq = Some(seq);

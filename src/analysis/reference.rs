@@ -201,15 +201,17 @@ impl Model {
                 new_addr,
                 new_size,
                 category,
+                released_ns,
                 ..
             } => {
                 self.counts[2] += 1;
+                let released = released_ns.map_or(ts, |at| at.min(ts));
                 let growth = match self.find(0, old_addr) {
                     None => {
                         self.counts[4] += 1;
                         new_size
                     }
-                    Some(i) if ts < self.live[i].ts => {
+                    Some(i) if released < self.live[i].ts => {
                         self.counts[5] += 1;
                         new_size
                     }
@@ -270,6 +272,17 @@ impl Model {
             EventKind::OpEnd => {
                 if let Some(stack) = self.ops.get_mut(&event.thread) {
                     stack.pop();
+                }
+            }
+            EventKind::Annotate {
+                device, addr, op, ..
+            } => {
+                if let Some(block) = self
+                    .live
+                    .iter_mut()
+                    .find(|b| b.device == device.0 && b.addr == addr)
+                {
+                    block.op = Some(op.0);
                 }
             }
             EventKind::PoolState { .. } => {}
@@ -605,6 +618,7 @@ fn build_stream(steps: &[(u8, u8, u64, u64)]) -> Vec<Event> {
                     new_addr,
                     new_size: 1 + b % 8192,
                     category: Category::from_index((a >> 8) as u8 % 5),
+                    released_ns: (a % 3 == 0).then(|| ts.saturating_sub(b % 50)),
                 }
             }
             10 | 11 => {
@@ -720,7 +734,7 @@ proptest! {
             let kind = match kind {
                 0 => EventKind::Alloc { device, addr: b % 8, size: c, category: Category::from_index((a % 7) as u8) },
                 1 => EventKind::Free { device, addr: b % 8, size: c },
-                2 => EventKind::Realloc { old_addr: a % 8, old_size: b, new_addr: b % 8, new_size: c, category: Category::Other },
+                2 => EventKind::Realloc { old_addr: a % 8, old_size: b, new_addr: b % 8, new_size: c, category: Category::Other, released_ns: Some(c) },
                 3 => EventKind::SpanEnter { id: (b % 6) as u32, name: NameId((c % 9) as u32), label: SpanLabel::Step(Step::Backward) },
                 4 => EventKind::SpanExit { id: (b % 6) as u32 },
                 5 => EventKind::OpBegin { name: NameId((b % 3) as u32), output: c, shape: Some(ShapeId(7)), dtype: None },

@@ -411,12 +411,14 @@ impl Timeline {
                 new_addr,
                 new_size,
                 category,
+                released_ns,
                 ..
             } => {
                 let device = DeviceId::CPU;
                 self.device(device);
                 self.counts.reallocs += 1;
-                let growth = match self.live.free(device, old_addr, ts) {
+                let released = released_ns.map_or(ts, |at| at.min(ts));
+                let growth = match self.live.free(device, old_addr, released) {
                     Freed::Ended(entry) => {
                         self.end(device, &entry);
                         new_size.saturating_sub(entry.size)
@@ -487,20 +489,7 @@ impl Timeline {
             EventKind::OpBegin {
                 name, shape, dtype, ..
             } => {
-                let key = [
-                    name.0,
-                    shape.map_or(NONE, |s| s.0),
-                    dtype.map_or(NONE, |d| d.0),
-                ];
-                let op = match self.op_ids.get(&key) {
-                    Some(&op) => op,
-                    None => {
-                        let op = u32::try_from(self.op_keys.len()).unwrap_or(NONE);
-                        self.op_keys.push(key);
-                        self.op_ids.insert(key, op);
-                        op
-                    }
-                };
+                let op = self.op_id(name, shape, dtype);
                 let ops = self.threads.entry(event.thread).or_default();
                 if ops.stack.len() < MAX_OP_DEPTH {
                     ops.stack.push(op);
@@ -508,6 +497,16 @@ impl Timeline {
                 } else {
                     ops.overflow += 1;
                 }
+            }
+            EventKind::Annotate {
+                device,
+                addr,
+                op,
+                shape,
+                dtype,
+            } => {
+                let op = self.op_id(op, shape, dtype);
+                self.live.annotate(device, addr, op);
             }
             EventKind::OpEnd => {
                 if let Some(ops) = self.threads.get_mut(&event.thread) {
@@ -550,6 +549,22 @@ impl Timeline {
                 });
             }
         }
+    }
+
+    /// The id of an (op name, shape, dtype) triple, interned on first sight.
+    fn op_id(&mut self, name: NameId, shape: Option<ShapeId>, dtype: Option<NameId>) -> u32 {
+        let key = [
+            name.0,
+            shape.map_or(NONE, |s| s.0),
+            dtype.map_or(NONE, |d| d.0),
+        ];
+        if let Some(&op) = self.op_ids.get(&key) {
+            return op;
+        }
+        let op = u32::try_from(self.op_keys.len()).unwrap_or(NONE);
+        self.op_keys.push(key);
+        self.op_ids.insert(key, op);
+        op
     }
 
     /// Where a block allocated by `event` comes from: innermost op and span.
@@ -1206,6 +1221,7 @@ mod tests {
             new_addr: 0x30,
             new_size: 2 * MIB,
             category: Category::Activation,
+            released_ns: None,
         });
         s.exit();
         s.enter("backward", SpanLabel::Step(Step::Backward));
@@ -1306,6 +1322,7 @@ mod tests {
             new_addr: 0x80,
             new_size: 16,
             category: Category::Other,
+            released_ns: None,
         }); // realloc of an unknown block
         s.push(EventKind::SpanExit { id: 42 });
         s.push(EventKind::OpEnd);

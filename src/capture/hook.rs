@@ -95,9 +95,19 @@ fn drop_unattributed(kinds: &[RawKind]) {
 }
 
 /// Writes the events built by `build` into this thread's ring, or counts them as dropped.
-/// `kinds` names the events, for counting them when no ring can take them.
+/// `kinds` names the events, for counting them when no ring can take them. `build` gets the
+/// thread's state and a clock reading taken once the ring has room.
+///
+/// Every event reads the clock afresh. Cross-thread address reuse needs an allocation's stamp
+/// not earlier than the allocation and a free's not later than the free, and the analysis
+/// judges a free older than the live block's allocation to belong to an earlier life: a free
+/// that reused an older reading could predate the allocation another thread made of the block
+/// it frees, and would be ignored.
 #[inline(always)]
-fn emit<const N: usize>(kinds: [RawKind; N], build: impl FnOnce(ThreadState) -> [RawEvent; N]) {
+fn emit<const N: usize>(
+    kinds: [RawKind; N],
+    build: impl FnOnce(ThreadState, u64) -> [RawEvent; N],
+) {
     if !RECORDING.load(Ordering::Relaxed) {
         return;
     }
@@ -125,7 +135,7 @@ fn emit<const N: usize>(kinds: [RawKind; N], build: impl FnOnce(ThreadState) -> 
     let ring = &REGISTRY.slots()[index].ring;
     // SAFETY: this thread claimed ring `index` (its state says so) and has not retired it, so it
     // is the ring's only producer; `claim_ring` installed storage before recording the claim.
-    let _: Pushed = unsafe { ring.push(&RECORDING, || build(current)) };
+    let _: Pushed = unsafe { ring.push(&RECORDING, kinds, || build(current, clock::ticks())) };
 }
 
 /// Claims a ring for this thread (cold path: once per thread). Returns its index.
@@ -177,60 +187,55 @@ pub(crate) fn retire_current_thread(index: usize) {
 /// Records a heap allocation that the inner allocator just made.
 #[inline(always)]
 pub(crate) fn record_alloc(addr: usize, size: usize) {
-    emit([RawKind::Alloc], |current| {
-        [RawEvent {
-            ticks: clock::ticks(),
-            kind: RawKind::Alloc as u8,
-            flags: current.scope.category() as u8,
-            device: 0,
-            span: current.span,
-            a: addr as u64,
-            b: size as u64,
-        }]
-    });
+    record_one(
+        RawKind::Alloc,
+        0,
+        Flags::ScopeCategory,
+        addr as u64,
+        size as u64,
+    );
 }
 
 /// Records a heap free that is about to happen.
 #[inline(always)]
 pub(crate) fn record_free(addr: usize, size: usize) {
-    emit([RawKind::Free], |current| {
-        [RawEvent {
-            ticks: clock::ticks(),
-            kind: RawKind::Free as u8,
-            flags: 0,
-            device: 0,
-            span: current.span,
-            a: addr as u64,
-            b: size as u64,
-        }]
-    });
+    record_one(RawKind::Free, 0, Flags::Value(0), addr as u64, size as u64);
 }
 
-/// Records a completed realloc as one unit. `ticks` was read before the inner realloc ran, so
-/// the event sorts before any reuse of the old block by another thread.
+/// Records a completed realloc as one unit. `released` was read before the inner realloc
+/// ran, so the old block's half sorts before any reuse of it by another thread; the new
+/// block's half is stamped now, after the inner call returned it.
 #[inline(always)]
 pub(crate) fn record_realloc(
-    ticks: u64,
+    released: u64,
     old_addr: usize,
     old_size: usize,
     new_addr: usize,
     new_size: usize,
 ) {
-    emit([RawKind::ReallocFrom, RawKind::ReallocTo], |current| {
-        let event = |kind: RawKind, addr: usize, size: usize| RawEvent {
-            ticks,
-            kind: kind as u8,
-            flags: current.scope.category() as u8,
-            device: 0,
-            span: current.span,
-            a: addr as u64,
-            b: size as u64,
-        };
-        [
-            event(RawKind::ReallocFrom, old_addr, old_size),
-            event(RawKind::ReallocTo, new_addr, new_size),
-        ]
-    });
+    emit(
+        [RawKind::ReallocFrom, RawKind::ReallocTo],
+        |current, ticks| {
+            let event = |kind: RawKind, ticks: u64, addr: usize, size: usize| RawEvent {
+                ticks,
+                kind: kind as u8,
+                flags: current.scope.category() as u8,
+                device: 0,
+                span: current.span,
+                a: addr as u64,
+                b: size as u64,
+            };
+            [
+                event(
+                    RawKind::ReallocFrom,
+                    released.min(ticks),
+                    old_addr,
+                    old_size,
+                ),
+                event(RawKind::ReallocTo, ticks, new_addr, new_size),
+            ]
+        },
+    );
 }
 
 /// Opens a span on this thread: updates the thread's span state (always, so spans opened before
@@ -248,9 +253,9 @@ pub(crate) fn span_enter(name: &'static str, label: SpanLabel) -> SpanRestore {
     current.span = restore.id;
     current.scope = current.scope.enter(label);
     set_state(current);
-    emit([RawKind::SpanEnter], |_| {
+    emit([RawKind::SpanEnter], |_, ticks| {
         [RawEvent {
-            ticks: clock::ticks(),
+            ticks,
             kind: RawKind::SpanEnter as u8,
             flags: label.to_byte(),
             device: 0,
@@ -267,9 +272,9 @@ pub(crate) fn span_exit(restore: SpanRestore) {
     if restore.id == 0 {
         return;
     }
-    emit([RawKind::SpanExit], |_| {
+    emit([RawKind::SpanExit], |_, ticks| {
         [RawEvent {
-            ticks: clock::ticks(),
+            ticks,
             kind: RawKind::SpanExit as u8,
             flags: 0,
             device: 0,
@@ -330,4 +335,123 @@ pub(crate) fn paused<R>(f: impl FnOnce() -> R) -> R {
 /// Opens the recording gate (the session, once everything is ready).
 pub(crate) fn open_gate() {
     RECORDING.store(true, Ordering::SeqCst);
+}
+
+/// An event's `flags` byte.
+#[derive(Debug, Clone, Copy)]
+enum Flags {
+    /// This value.
+    Value(u8),
+    /// The category the thread's open spans give a new block.
+    ScopeCategory,
+}
+
+/// Records one event of `kind` with the thread's current span.
+#[inline(always)]
+fn record_one(kind: RawKind, device: u16, flags: Flags, a: u64, b: u64) {
+    emit([kind], |current, ticks| {
+        [RawEvent {
+            ticks,
+            kind: kind as u8,
+            flags: match flags {
+                Flags::Value(value) => value,
+                Flags::ScopeCategory => current.scope.category() as u8,
+            },
+            device,
+            span: current.span,
+            a,
+            b,
+        }]
+    });
+}
+
+/// Records one event of `kind` stamped now.
+#[inline]
+fn record_now(kind: RawKind, device: u16, flags: u8, a: u64, b: u64) {
+    record_one(kind, device, Flags::Value(flags), a, b);
+}
+
+/// Records a two-event record (head then tail) as one unit stamped now.
+#[inline]
+fn record_pair_now(kinds: [RawKind; 2], device: u16, flags: u8, words: [u64; 4]) {
+    emit(kinds, |current, ticks| {
+        let event = |kind: RawKind, a: u64, b: u64| RawEvent {
+            ticks,
+            kind: kind as u8,
+            flags,
+            device,
+            span: current.span,
+            a,
+            b,
+        };
+        [
+            event(kinds[0], words[0], words[1]),
+            event(kinds[1], words[2], words[3]),
+        ]
+    });
+}
+
+/// The category the thread's open spans give a new block.
+pub(crate) fn scope_category() -> crate::model::Category {
+    state().map_or(crate::model::Category::Other, |current| {
+        current.scope.category()
+    })
+}
+
+/// Records the start of an op named by interned `name`.
+pub(crate) fn record_op_begin(name: u32) {
+    record_now(RawKind::OpBegin, 0, 0, u64::from(name), 0);
+}
+
+/// Records the end of the innermost op.
+pub(crate) fn record_op_end() {
+    record_now(RawKind::OpEnd, 0, 0, 0, 0);
+}
+
+/// Records a device tensor becoming live.
+pub(crate) fn record_device_alloc(device: u16, tensor: u64, bytes: u64, category: u8) {
+    record_now(RawKind::DeviceAlloc, device, category, tensor, bytes);
+}
+
+/// Records a device tensor dying.
+pub(crate) fn record_device_free(device: u16, tensor: u64, bytes: u64) {
+    record_now(RawKind::DeviceFree, device, 0, tensor, bytes);
+}
+
+/// Records that the live block `key` on `device` has category `category` from now on.
+pub(crate) fn record_set_category(device: u16, key: u64, category: u8) {
+    record_now(RawKind::SetCategory, device, category, key, 0);
+}
+
+/// Records what made the live block `key` on `device`: op name, shape and dtype ids.
+pub(crate) fn record_annotation(
+    device: u16,
+    key: u64,
+    op: u32,
+    shape: Option<u32>,
+    dtype: Option<u32>,
+) {
+    let plus_one = |id: Option<u32>| id.map_or(0, |id| u64::from(id) + 1);
+    record_pair_now(
+        [RawKind::AnnotateHead, RawKind::AnnotateTail],
+        device,
+        0,
+        [key, u64::from(op), plus_one(shape), plus_one(dtype)],
+    );
+}
+
+/// Records a device pool's state.
+pub(crate) fn record_pool_state(
+    device: u16,
+    capacity: u64,
+    reserved: u64,
+    largest_free: u64,
+    fragmentation: f64,
+) {
+    record_pair_now(
+        [RawKind::PoolHead, RawKind::PoolTail],
+        device,
+        0,
+        [capacity, reserved, largest_free, fragmentation.to_bits()],
+    );
 }

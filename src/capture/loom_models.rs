@@ -59,7 +59,7 @@ fn ring_delivers_events_in_order_or_counts_them() {
             thread::spawn(move || {
                 for ticks in 1..=3 {
                     // SAFETY: this thread is the ring's only producer.
-                    unsafe { fixture.ring.push(&gate, || event(ticks)) };
+                    unsafe { fixture.ring.push(&gate, [RawKind::Alloc], || event(ticks)) };
                 }
             })
         };
@@ -85,7 +85,11 @@ fn stop_model<P: GateProtocol>() {
         let producer = {
             let (fixture, gate) = (fixture.clone(), gate.clone());
             // SAFETY: this thread is the ring's only producer.
-            thread::spawn(move || unsafe { fixture.ring.push_with::<1, P>(&gate, || event(1)) })
+            thread::spawn(move || unsafe {
+                fixture
+                    .ring
+                    .push_with::<1, P>(&gate, [RawKind::Alloc], || event(1))
+            })
         };
         close_gate(&gate);
         fixture.ring.wait_idle();
@@ -154,7 +158,7 @@ fn handover_model(drain_before_free: bool) {
             thread::spawn(move || {
                 if let Some(index) = table.claim() {
                     // SAFETY: this thread owns the ring (it claimed slot `index`).
-                    unsafe { fixture.ring.push(&gate, || event(ticks)) };
+                    unsafe { fixture.ring.push(&gate, [RawKind::Alloc], || event(ticks)) };
                     if retire {
                         table.retire(index);
                     }

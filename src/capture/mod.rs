@@ -16,6 +16,8 @@ pub(crate) mod clock;
 mod hook;
 #[cfg(not(loom))]
 pub(crate) mod lifecycle;
+#[cfg(not(loom))]
+pub(crate) mod names;
 
 #[cfg(not(loom))]
 pub(crate) use hook::*;

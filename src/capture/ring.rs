@@ -25,10 +25,13 @@ pub(crate) trait GateProtocol {
 
 /// The protocol the hook uses.
 ///
-/// In normal builds an SC swap and an SC load: on x86-64 the swap is one locked instruction,
-/// cheaper than `mfence`. Loom treats SC accesses as acquire/release (it would report false
-/// races) but models SC fences exactly, so under loom the same order is built from relaxed
-/// accesses around `fence(SeqCst)`, the form C++ guarantees for the store-buffering pattern.
+/// Where the kernel offers `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` ([`ASYMMETRIC`]),
+/// the producer's side is a plain store and a compiler fence, and the stopper's membarrier
+/// supplies the fence on every running thread: the asymmetric form of the same
+/// store-buffering argument, which moves the whole cost to the rare stop. Otherwise an SC swap
+/// and an SC load (one locked instruction on x86-64, cheaper than `mfence`). Loom treats SC
+/// accesses as acquire/release (it would report false races) but models SC fences exactly, so
+/// under loom the order is built from relaxed accesses around `fence(SeqCst)`.
 #[derive(Debug)]
 pub(crate) struct Sound;
 
@@ -37,8 +40,16 @@ impl GateProtocol for Sound {
     fn enter(busy: &AtomicU64, gate: &AtomicBool) -> bool {
         #[cfg(not(loom))]
         {
-            busy.swap(1, Ordering::SeqCst);
-            gate.load(Ordering::SeqCst)
+            if ASYMMETRIC.load(Ordering::Relaxed) {
+                // The stopper's membarrier acts as a full fence on this thread, so program
+                // order (kept by the compiler fence) is all this side needs.
+                busy.store(1, Ordering::Relaxed);
+                std::sync::atomic::compiler_fence(Ordering::SeqCst);
+                gate.load(Ordering::Relaxed)
+            } else {
+                busy.swap(1, Ordering::SeqCst);
+                gate.load(Ordering::SeqCst)
+            }
         }
         #[cfg(loom)]
         {
@@ -49,11 +60,54 @@ impl GateProtocol for Sound {
     }
 }
 
+/// Whether producers use the asymmetric protocol (see [`Sound`]). Set once, before any
+/// session opens its gate, and never cleared.
+#[cfg(not(loom))]
+pub(crate) static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
+
+/// Registers this process for expedited private membarriers; on success producers switch to
+/// the asymmetric protocol. Called before a session opens its gate.
+#[cfg(not(loom))]
+pub(crate) fn enable_asymmetric_barrier() {
+    #[cfg(target_os = "linux")]
+    {
+        const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
+        // SAFETY: membarrier takes a command and flags; registering has no memory effects.
+        let registered = unsafe {
+            libc::syscall(
+                libc::SYS_membarrier,
+                MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
+                0,
+            )
+        } == 0;
+        if registered {
+            ASYMMETRIC.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// A full memory barrier on every running thread of this process.
+#[cfg(all(not(loom), target_os = "linux"))]
+fn membarrier() -> bool {
+    const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
+    // SAFETY: membarrier takes a command and flags; the process registered for this command
+    // before `ASYMMETRIC` was set.
+    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) == 0 }
+}
+
 /// Closes `gate`; afterwards [`Ring::wait_idle`] on every ring guarantees no producer still
 /// writes under the open gate.
 pub(crate) fn close_gate(gate: &AtomicBool) {
     #[cfg(not(loom))]
-    gate.store(false, Ordering::SeqCst);
+    {
+        gate.store(false, Ordering::SeqCst);
+        #[cfg(target_os = "linux")]
+        if ASYMMETRIC.load(Ordering::SeqCst) && !membarrier() {
+            // Registered but refused now: nothing else gives the producers' side its fence,
+            // so wait out any producer that could still see the gate open. Never expected.
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
     #[cfg(loom)]
     {
         gate.store(false, Ordering::Relaxed);
@@ -88,6 +142,9 @@ struct ProducerSide {
     /// Events dropped because the ring was full, by [`RawKind`]. Written only by the producer
     /// (load + store, not a read-modify-write); read by the consumer.
     dropped: [AtomicU64; RawKind::COUNT],
+    /// Pushes left to drop before the producer reads the consumer's `tail` again, so a full
+    /// ring does not pull the consumer's cache line on every event. Producer only.
+    drop_skips: AtomicU64,
 }
 
 /// Fields only the consumer writes.
@@ -125,6 +182,7 @@ impl Ring {
                 tail_cache: AtomicU64::new(0),
                 busy: AtomicU64::new(0),
                 dropped: [ZERO; RawKind::COUNT],
+                drop_skips: AtomicU64::new(0),
             },
             consumer: ConsumerSide {
                 tail: AtomicU64::new(0),
@@ -143,6 +201,7 @@ impl Ring {
                 tail_cache: AtomicU64::new(0),
                 busy: AtomicU64::new(0),
                 dropped: std::array::from_fn(|_| AtomicU64::new(0)),
+                drop_skips: AtomicU64::new(0),
             },
             consumer: ConsumerSide {
                 tail: AtomicU64::new(0),
@@ -169,9 +228,10 @@ impl Ring {
         self.slots.store(slots, Ordering::Release);
     }
 
-    /// Writes `events` as one unit, unless the gate is closed or the ring lacks room for all of
-    /// them. `stamp` fills in the events once the gate is known to be open, so their clock
-    /// reading is taken inside the recorded window.
+    /// Writes the events that `stamp` builds as one unit, unless the gate is closed or the
+    /// ring lacks room for all of them (then they are counted as dropped under `kinds`).
+    /// `stamp` runs only once the gate is open and there is room, so a clock it reads is read
+    /// inside the recorded window and never for an event that is dropped.
     ///
     /// # Safety
     ///
@@ -181,10 +241,11 @@ impl Ring {
     pub(crate) unsafe fn push<const N: usize>(
         &self,
         gate: &AtomicBool,
+        kinds: [RawKind; N],
         stamp: impl FnOnce() -> [RawEvent; N],
     ) -> Pushed {
         // SAFETY: forwarded under this function's contract.
-        unsafe { self.push_with::<N, Sound>(gate, stamp) }
+        unsafe { self.push_with::<N, Sound>(gate, kinds, stamp) }
     }
 
     /// [`Ring::push`] with a chosen gate protocol (loom models try broken ones).
@@ -196,6 +257,7 @@ impl Ring {
     pub(crate) unsafe fn push_with<const N: usize, P: GateProtocol>(
         &self,
         gate: &AtomicBool,
+        kinds: [RawKind; N],
         stamp: impl FnOnce() -> [RawEvent; N],
     ) -> Pushed {
         let producer = &self.producer;
@@ -203,22 +265,18 @@ impl Ring {
             producer.busy.store(0, Ordering::Release);
             return Pushed::GateClosed;
         }
-        let events = stamp();
         let capacity = self.capacity.load(Ordering::Relaxed);
         let head = producer.head.load(Ordering::Relaxed);
-        let mut tail = producer.tail_cache.load(Ordering::Relaxed);
-        if head.wrapping_sub(tail) + N as u64 > capacity {
-            tail = self.consumer.tail.load(Ordering::Acquire);
-            producer.tail_cache.store(tail, Ordering::Relaxed);
-            if head.wrapping_sub(tail) + N as u64 > capacity {
-                for event in &events {
-                    let counter = &producer.dropped[usize::from(event.kind) % RawKind::COUNT];
-                    counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-                }
-                producer.busy.store(0, Ordering::Release);
-                return Pushed::Dropped;
+        let tail = producer.tail_cache.load(Ordering::Relaxed);
+        if head.wrapping_sub(tail) + N as u64 > capacity && !self.refresh_tail(head, N as u64) {
+            for kind in kinds {
+                let counter = &producer.dropped[kind as usize];
+                counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             }
+            producer.busy.store(0, Ordering::Release);
+            return Pushed::Dropped;
         }
+        let events = stamp();
         let slots = self.slots.load(Ordering::Relaxed);
         for (offset, event) in events.into_iter().enumerate() {
             let index = (head + offset as u64) & (capacity - 1);
@@ -232,6 +290,25 @@ impl Ring {
         producer.head.store(head + N as u64, Ordering::Release);
         producer.busy.store(0, Ordering::Release);
         Pushed::Recorded
+    }
+
+    /// The ring looked full: rereads the consumer's `tail` (at most once every 64 drops) and
+    /// says whether `needed` slots are free now. Producer only.
+    #[cold]
+    fn refresh_tail(&self, head: u64, needed: u64) -> bool {
+        let producer = &self.producer;
+        let skips = producer.drop_skips.load(Ordering::Relaxed);
+        if skips > 0 {
+            producer.drop_skips.store(skips - 1, Ordering::Relaxed);
+            return false;
+        }
+        let tail = self.consumer.tail.load(Ordering::Acquire);
+        producer.tail_cache.store(tail, Ordering::Relaxed);
+        let room = head.wrapping_sub(tail) + needed <= self.capacity.load(Ordering::Relaxed);
+        if !room {
+            producer.drop_skips.store(63, Ordering::Relaxed);
+        }
+        room
     }
 
     /// Moves every published event into `out`, oldest first, and frees their slots.

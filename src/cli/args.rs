@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
+use highwater::device::{DeviceKind, ParseNameError, Strategy};
 
 /// Read highwater memory profiles: where did the memory go?
 #[derive(Debug, Parser)]
@@ -64,10 +65,76 @@ pub(crate) enum Command {
         #[arg(short, long, value_enum)]
         format: Format,
         /// Where to write; `-` for standard output. Default: next to the profile, with the
-        /// extension `.trace.json` (chrome) or `.html` (html).
+        /// extension `.trace.json` (chrome), `.html` (html) or `.pickle` (torch).
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// torch only: most allocations and frees per device, a window ending at the device's
+        /// peak (the viewer replays every event in the browser).
+        #[arg(long, default_value_t = highwater::export::torch::DEFAULT_MAX_EVENTS)]
+        max_events: usize,
     },
+    /// Replay a run's allocations through a device pool: would it fit, when would it run out,
+    /// how fragmented would it get, under each strategy?
+    ///
+    /// Needs the allocation log (record with `HIGHWATER_ALLOC_LOG=path`); pass the profile that
+    /// names it, or the log itself.
+    Simulate {
+        /// A profile recorded with an allocation log, or the log itself.
+        input: PathBuf,
+        /// The device to size the pool from: tpu-v2, tpu-v3, tpu-v4, tpu-v5e, tpu-v5p,
+        /// a100-40gb, a100-80gb, h100, h200, l4.
+        #[arg(long, value_parser = parse_kind)]
+        device: DeviceKind,
+        /// Allocation strategy to report on: first-fit, best-fit, worst-fit, buddy,
+        /// pool-based, adaptive.
+        #[arg(long, default_value = "best-fit", value_parser = parse_strategy)]
+        strategy: Strategy,
+        /// Usable bytes instead of the device's nominal size (`30GiB`, `512MiB`, `1073741824`).
+        #[arg(long, value_parser = parse_size)]
+        limit: Option<u64>,
+        /// Which recorded device's allocations to replay (`cpu` for the heap, `cuda:0`, …).
+        /// Default: the device of the profile's peak, else the log's first device.
+        #[arg(long)]
+        stream: Option<String>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_kind(text: &str) -> Result<DeviceKind, String> {
+    text.parse()
+        .map_err(|error: ParseNameError| error.to_string())
+}
+
+fn parse_strategy(text: &str) -> Result<Strategy, String> {
+    text.parse()
+        .map_err(|error: ParseNameError| error.to_string())
+}
+
+/// Parses a byte count: a whole number with an optional binary unit (KiB, MiB, GiB, TiB;
+/// K, M, G, T mean the same).
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        "t" | "tib" => 40,
+        other => return Err(format!("unknown unit {other:?} (use KiB, MiB, GiB or TiB)")),
+    };
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a byte count like 30GiB or 1073741824"))?;
+    value
+        .checked_mul(1u64 << shift)
+        .filter(|bytes| *bytes > 0)
+        .ok_or_else(|| format!("{text:?} is zero or does not fit in 64 bits"))
 }
 
 /// Export formats.
@@ -77,4 +144,7 @@ pub(crate) enum Format {
     Chrome,
     /// A self-contained HTML report that opens from disk.
     Html,
+    /// PyTorch's CUDA memory snapshot (a pickle for pytorch.org/memory_viz), from the run's
+    /// allocation log (record with HIGHWATER_ALLOC_LOG=path).
+    Torch,
 }

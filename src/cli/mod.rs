@@ -4,6 +4,7 @@
 mod args;
 mod diff;
 mod export;
+mod simulate;
 mod spans;
 mod summary;
 mod top;
@@ -41,16 +42,68 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             profile,
             format,
             output,
-        } => export::run(&profile, format, output.as_deref()),
+            max_events,
+        } => export::run(&profile, format, output.as_deref(), max_events),
+        Command::Simulate {
+            input,
+            device,
+            strategy,
+            limit,
+            stream,
+            json,
+        } => simulate::run(&simulate::Request {
+            input: &input,
+            device,
+            strategy,
+            limit,
+            stream: stream.as_deref(),
+            json,
+        }),
     }
 }
 
 /// The exit code for an error returned by [`run`].
 pub(crate) fn exit_code(error: &anyhow::Error) -> u8 {
+    if error
+        .downcast_ref::<highwater::alloc_log::AllocLogError>()
+        .is_some()
+        || error.downcast_ref::<simulate::InputError>().is_some()
+    {
+        return EXIT_BAD_INPUT;
+    }
     match error.downcast_ref::<ProfileError>() {
         Some(ProfileError::Write { .. }) | None => EXIT_FAILURE,
         Some(_) => EXIT_BAD_INPUT,
     }
+}
+
+/// The allocation log to read for `input` (a log, or a profile naming one; a relative log path
+/// is tried as written, then beside the profile), and the profile when `input` is one.
+fn locate_log(input: &Path) -> anyhow::Result<(std::path::PathBuf, Option<Profile>)> {
+    let mut head = [0u8; 8];
+    let is_log = std::fs::File::open(input)
+        .and_then(|mut file| io::Read::read_exact(&mut file, &mut head))
+        .is_ok()
+        && &head == highwater::alloc_log::MAGIC;
+    if is_log {
+        return Ok((input.to_path_buf(), None));
+    }
+    let profile = load(input)?;
+    let named = profile.meta.alloc_log.clone().ok_or_else(|| {
+        simulate::InputError(format!(
+            "profile {} has no allocation log; record one with HIGHWATER_ALLOC_LOG=path",
+            input.display()
+        ))
+    })?;
+    let named = std::path::PathBuf::from(named);
+    let beside = input
+        .parent()
+        .map(|dir| dir.join(named.file_name().unwrap_or_default()));
+    let path = match beside {
+        Some(beside) if !named.exists() && beside.exists() => beside,
+        _ => named,
+    };
+    Ok((path, Some(profile)))
 }
 
 /// Loads a profile; its errors already name the file and the problem.

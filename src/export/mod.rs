@@ -9,13 +9,17 @@
 //!   instances as complete events per thread, memory as per-device counters with one series per
 //!   category, pool reservations and fragmentation as counters.
 //! - [`html`]: one HTML file with inline CSS, script and SVG; no network access, opens from disk.
+//! - [`torch`]: PyTorch's CUDA memory snapshot (a pickle for its memory viewer), made from the
+//!   allocation log rather than the profile, since it replays every allocation.
 
 use std::path::{Path, PathBuf};
 
 pub mod chrome;
 pub mod html;
+mod pickle;
 #[doc(hidden)]
 pub mod sample;
+pub mod torch;
 
 /// `profile`'s path with its `.json` extension (if any) replaced by `extension`: where an
 /// output is written beside the profile it was made from.

@@ -275,6 +275,7 @@ pub fn sample_profile() -> Profile {
             started_unix_ms: 1_764_489_600_000,
             clock: "tsc".to_string(),
             threads: 3,
+            alloc_log: None,
         },
         summary: Summary {
             peak_bytes,

@@ -1,0 +1,386 @@
+//! The allocation log: an opt-in record of every allocation and free, on every device, in the
+//! merged order the analysis saw them — so a run can be replayed through a device pool
+//! (`highwater simulate`) without re-running it.
+//!
+//! A profile is bounded (its curve is downsampled); the log is not: 27 bytes per event. Turn
+//! it on with [`SessionBuilder::alloc_log`](crate::SessionBuilder::alloc_log) or
+//! `HIGHWATER_ALLOC_LOG=path`.
+//!
+//! # Format
+//!
+//! The 8-byte magic `HWALLOC1`, then records, little-endian:
+//!
+//! | tag | then |
+//! |---|---|
+//! | `0` alloc (`0x10 + 0x10 × category index` when the category is known) | device `u16`, timestamp ns `u64`, key (address or tensor id) `u64`, bytes `u64` |
+//! | `1` free | device `u16`, timestamp ns `u64`, key `u64`, bytes `u64` |
+//! | `2` device name | device `u16`, length `u16`, UTF-8 name; before the device's first use |
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use crate::model::Category;
+
+/// The first eight bytes of a log.
+pub const MAGIC: &[u8; 8] = b"HWALLOC1";
+
+const ALLOC: u8 = 0;
+const FREE: u8 = 1;
+const DEVICE: u8 = 2;
+
+/// Largest log [`AllocLog::read`] accepts (about 160 M records).
+pub const MAX_LOG_BYTES: u64 = 4 << 30;
+
+/// One entry of a log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocRecord {
+    /// Index into [`AllocLog::devices`].
+    pub device: u16,
+    /// ns since the session started.
+    pub ts_ns: u64,
+    /// Address (heap) or tensor id (device tensors).
+    pub key: u64,
+    /// Bytes.
+    pub bytes: u64,
+    /// Whether the block became live (else it died).
+    pub alloc: bool,
+    /// The block's category when it became live, when known.
+    pub category: Option<Category>,
+}
+
+/// A log read back.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllocLog {
+    /// Device names, by the index records use.
+    pub devices: Vec<String>,
+    /// Records in the order they were applied.
+    pub records: Vec<AllocRecord>,
+}
+
+/// Why a log could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocLogError {
+    /// The file could not be read.
+    #[error("cannot read allocation log {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// The file is not an allocation log, or is cut short or corrupt.
+    #[error("{path} is not a valid highwater allocation log: {detail}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong, with the byte offset.
+        detail: String,
+    },
+}
+
+impl AllocLog {
+    /// Reads a log written by a session.
+    ///
+    /// # Errors
+    ///
+    /// [`AllocLogError`] naming the file when it cannot be read, lacks the magic, is larger
+    /// than [`MAX_LOG_BYTES`], is cut in the middle of a record, or uses a device before
+    /// naming it.
+    pub fn read(path: impl AsRef<Path>) -> Result<AllocLog, AllocLogError> {
+        let path = path.as_ref();
+        let read_error = |source| AllocLogError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let invalid = |offset: u64, detail: &str| AllocLogError::Invalid {
+            path: path.to_path_buf(),
+            detail: format!("{detail} at byte {offset}"),
+        };
+        let file = File::open(path).map_err(read_error)?;
+        let size = file.metadata().map_err(read_error)?.len();
+        if size > MAX_LOG_BYTES {
+            return Err(invalid(0, "file larger than the 4 GiB limit"));
+        }
+        let mut input = BufReader::new(file);
+        let mut magic = [0u8; 8];
+        if input.read_exact(&mut magic).is_err() || &magic != MAGIC {
+            return Err(invalid(0, "missing the HWALLOC1 magic"));
+        }
+        let mut log = AllocLog::default();
+        let mut offset = 8u64;
+        let mut tag = [0u8; 1];
+        loop {
+            if input.read(&mut tag).map_err(read_error)? == 0 {
+                return Ok(log);
+            }
+            let (kind, category) = (tag[0] & 0x0F, tag[0] >> 4);
+            match (kind, category) {
+                (ALLOC, 0..=5) | (FREE, 0) => {
+                    let mut body = [0u8; 26];
+                    input
+                        .read_exact(&mut body)
+                        .map_err(|_| invalid(offset, "record cut short"))?;
+                    let device = u16::from_le_bytes([body[0], body[1]]);
+                    if usize::from(device) >= log.devices.len() {
+                        return Err(invalid(offset, "device used before it was named"));
+                    }
+                    let word = |at: usize| {
+                        let mut bytes = [0u8; 8];
+                        bytes.copy_from_slice(&body[at..at + 8]);
+                        u64::from_le_bytes(bytes)
+                    };
+                    log.records.push(AllocRecord {
+                        device,
+                        ts_ns: word(2),
+                        key: word(10),
+                        bytes: word(18),
+                        alloc: kind == ALLOC,
+                        category: category.checked_sub(1).map(Category::from_index),
+                    });
+                    offset += 27;
+                }
+                (DEVICE, 0) => {
+                    let mut head = [0u8; 4];
+                    input
+                        .read_exact(&mut head)
+                        .map_err(|_| invalid(offset, "device record cut short"))?;
+                    let device = u16::from_le_bytes([head[0], head[1]]);
+                    let len = usize::from(u16::from_le_bytes([head[2], head[3]]));
+                    if usize::from(device) != log.devices.len() {
+                        return Err(invalid(offset, "devices named out of order"));
+                    }
+                    let mut name = vec![0u8; len];
+                    input
+                        .read_exact(&mut name)
+                        .map_err(|_| invalid(offset, "device name cut short"))?;
+                    let name = String::from_utf8(name)
+                        .map_err(|_| invalid(offset, "device name is not UTF-8"))?;
+                    log.devices.push(name);
+                    offset += 5 + len as u64;
+                }
+                _ => {
+                    let detail = format!("unknown record tag {}", tag[0]);
+                    return Err(invalid(offset, &detail));
+                }
+            }
+        }
+    }
+
+    /// The allocation stream of device `device` (an index into [`AllocLog::devices`]), as
+    /// operations for [`crate::device::simulate`]. An allocation over a key that is still live
+    /// (its free was never recorded) frees the old block first, so ids stay unique among live
+    /// allocations.
+    #[cfg(not(loom))]
+    pub fn sim_ops(&self, device: u16) -> Vec<crate::device::SimOp> {
+        use crate::device::SimOp;
+        let mut live = std::collections::HashSet::new();
+        let mut ops = Vec::new();
+        for record in self.records.iter().filter(|r| r.device == device) {
+            if record.alloc {
+                if !live.insert(record.key) {
+                    ops.push(SimOp::free(record.ts_ns, record.key));
+                }
+                ops.push(SimOp::alloc(record.ts_ns, record.key, record.bytes));
+            } else {
+                live.remove(&record.key);
+                ops.push(SimOp::free(record.ts_ns, record.key));
+            }
+        }
+        ops
+    }
+
+    /// The index of device `name`, if the log has it.
+    pub fn device(&self, name: &str) -> Option<u16> {
+        self.devices
+            .iter()
+            .position(|d| d == name)
+            .and_then(|i| u16::try_from(i).ok())
+    }
+}
+
+/// Writes a log as the collector applies events. I/O errors are kept and reported at the end,
+/// so recording never stops because the log could not be written.
+#[derive(Debug)]
+pub(crate) struct AllocLogWriter {
+    path: PathBuf,
+    out: Option<BufWriter<File>>,
+    /// Devices named so far, by the analysis' device id.
+    named: Vec<bool>,
+    /// Device id → the index records use.
+    index: Vec<u16>,
+    next_index: u16,
+    error: Option<io::Error>,
+}
+
+impl AllocLogWriter {
+    /// Starts a log at `path` (parent directories are created).
+    pub(crate) fn create(path: &Path) -> AllocLogWriter {
+        let opened = (|| {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)?;
+            }
+            let mut out = BufWriter::with_capacity(1 << 20, File::create(path)?);
+            out.write_all(MAGIC)?;
+            Ok(out)
+        })();
+        let (out, error) = match opened {
+            Ok(out) => (Some(out), None),
+            Err(error) => (None, Some(error)),
+        };
+        AllocLogWriter {
+            path: path.to_path_buf(),
+            out,
+            named: Vec::new(),
+            index: Vec::new(),
+            next_index: 0,
+            error,
+        }
+    }
+
+    /// Appends one alloc or free on device `device` (the analysis' id), naming the device
+    /// first if needed.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn record(
+        &mut self,
+        device: u16,
+        device_name: impl FnOnce() -> String,
+        alloc: bool,
+        category: Option<Category>,
+        ts_ns: u64,
+        key: u64,
+        bytes: u64,
+    ) {
+        let Some(out) = self.out.as_mut() else {
+            return;
+        };
+        let slot = usize::from(device);
+        if self.named.len() <= slot {
+            self.named.resize(slot + 1, false);
+            self.index.resize(slot + 1, 0);
+        }
+        let mut result = Ok(());
+        if !self.named[slot] {
+            let name = device_name();
+            let name = &name.as_bytes()[..name.len().min(u16::MAX as usize)];
+            self.named[slot] = true;
+            self.index[slot] = self.next_index;
+            self.next_index = self.next_index.saturating_add(1);
+            result = (|| {
+                out.write_all(&[DEVICE])?;
+                out.write_all(&self.index[slot].to_le_bytes())?;
+                out.write_all(&(name.len() as u16).to_le_bytes())?;
+                out.write_all(name)
+            })();
+        }
+        let result = result.and_then(|()| {
+            let mut record = [0u8; 27];
+            record[0] = match (alloc, category) {
+                (true, Some(category)) => ALLOC | ((category.index() as u8 + 1) << 4),
+                (true, None) => ALLOC,
+                (false, _) => FREE,
+            };
+            record[1..3].copy_from_slice(&self.index[slot].to_le_bytes());
+            record[3..11].copy_from_slice(&ts_ns.to_le_bytes());
+            record[11..19].copy_from_slice(&key.to_le_bytes());
+            record[19..27].copy_from_slice(&bytes.to_le_bytes());
+            out.write_all(&record)
+        });
+        if let Err(error) = result {
+            self.error = Some(error);
+            self.out = None;
+        }
+    }
+
+    /// Flushes the log; the error, if writing failed at any point.
+    pub(crate) fn finish(mut self) -> Result<PathBuf, (PathBuf, io::Error)> {
+        if let Some(mut out) = self.out.take() {
+            if let Err(error) = out.flush() {
+                self.error = Some(error);
+            }
+        }
+        match self.error {
+            None => Ok(self.path),
+            Some(error) => Err((self.path, error)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn written_records_read_back_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/run.alloc");
+        let mut log = AllocLogWriter::create(&path);
+        let grad = Some(Category::Gradient);
+        log.record(0, || "cpu".into(), true, None, 10, 0x1000, 64);
+        log.record(3, || "cuda:0".into(), true, grad, 11, 7, 1 << 20);
+        log.record(
+            0,
+            || unreachable!("named once"),
+            false,
+            None,
+            12,
+            0x1000,
+            64,
+        );
+        log.record(
+            3,
+            || unreachable!("named once"),
+            false,
+            None,
+            13,
+            7,
+            1 << 20,
+        );
+        assert_eq!(log.finish().unwrap(), path);
+        let read = AllocLog::read(&path).unwrap();
+        assert_eq!(read.devices, vec!["cpu".to_string(), "cuda:0".to_string()]);
+        assert_eq!(read.device("cuda:0"), Some(1));
+        let kinds: Vec<(u16, bool, u64)> = read
+            .records
+            .iter()
+            .map(|r| (r.device, r.alloc, r.ts_ns))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![(0, true, 10), (1, true, 11), (0, false, 12), (1, false, 13)]
+        );
+    }
+
+    #[test]
+    fn damaged_logs_are_errors_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut unnamed = b"HWALLOC1\x00\x05\x00".to_vec();
+        unnamed.extend([0u8; 24]);
+        let cases: [(&str, &[u8], &str); 5] = [
+            ("empty.alloc", b"", "magic"),
+            ("foreign.alloc", b"{\"schema\":1}", "magic"),
+            ("cut.alloc", b"HWALLOC1\x02\x00\x00\x03\x00cp", "cut short"),
+            ("unnamed.alloc", &unnamed, "before it was named"),
+            ("tag.alloc", b"HWALLOC1\x09", "unknown record tag 9"),
+        ];
+        for (name, bytes, want) in cases {
+            let path = dir.path().join(name);
+            std::fs::write(&path, bytes).unwrap();
+            let message = AllocLog::read(&path).unwrap_err().to_string();
+            assert!(
+                message.contains(want) && message.contains(name),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unwritable_log_reports_its_error_at_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let blocker = dir.path().join("file");
+        std::fs::write(&blocker, "x").unwrap();
+        let mut log = AllocLogWriter::create(&blocker.join("run.alloc"));
+        log.record(0, || "cpu".into(), true, None, 1, 1, 1);
+        assert!(log.finish().is_err());
+    }
+}

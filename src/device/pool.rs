@@ -1,0 +1,407 @@
+//! One device's pool: a placement engine for the strategy plus usage counters.
+
+use super::arena::{Arena, End, Fit};
+use super::buddy::Buddy;
+use super::slab::Slabs;
+use super::Strategy;
+
+/// Allocation granularity of every strategy except the buddy system and small size classes.
+pub(crate) const GRANULE: u64 = 256;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Engine {
+    Arena(Arena, Fit),
+    Adaptive(Slabs, Box<Median>),
+    Buddy(Buddy),
+    Slabs(Slabs),
+}
+
+/// Streaming median of request sizes over log2 buckets, for [`Strategy::Adaptive`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Median {
+    counts: [u32; 64],
+    total: u32,
+    /// Current estimate: the median request lies in `[2^log2, 2^(log2 + 1))`.
+    log2: u32,
+}
+
+impl Median {
+    /// Counts are halved when they reach this many, so old requests fade out.
+    const HALVE_AT: u32 = 1 << 16;
+    /// The estimate is recomputed every this many requests.
+    const EVERY: u32 = 64;
+
+    fn new() -> Self {
+        // Until it has seen requests, assume everything up to 512 KiB is small.
+        Self {
+            counts: [0; 64],
+            total: 0,
+            log2: 19,
+        }
+    }
+
+    /// Counts a request; returns whether the estimate was recomputed.
+    fn observe(&mut self, size: u64) -> bool {
+        let bucket = 63 - size.max(1).leading_zeros();
+        self.counts[bucket as usize] += 1;
+        self.total += 1;
+        if self.total >= Self::HALVE_AT {
+            for c in &mut self.counts {
+                *c /= 2;
+            }
+            self.total = self.counts.iter().sum();
+        }
+        if self.total % Self::EVERY != 0 {
+            return false;
+        }
+        let half = self.total / 2;
+        let mut seen = 0;
+        for (k, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen > half {
+                self.log2 = k as u32;
+                break;
+            }
+        }
+        true
+    }
+
+    /// The estimate, rounded down to a power of two.
+    fn value(&self) -> u64 {
+        1u64 << self.log2
+    }
+}
+
+/// Counters of one pool. `failures` is the only figure a failed admission changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Counters {
+    pub(crate) in_use: u64,
+    pub(crate) requested: u64,
+    pub(crate) peak: u64,
+    pub(crate) reservations: u64,
+    pub(crate) failures: u64,
+}
+
+/// A device pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Pool {
+    capacity: u64,
+    engine: Engine,
+    pub(crate) counters: Counters,
+}
+
+impl Pool {
+    /// A pool of `limit` bytes, rounded down to a multiple of 256.
+    pub(crate) fn new(limit: u64, strategy: Strategy) -> Self {
+        let capacity = limit & !(GRANULE - 1);
+        let engine = match strategy {
+            Strategy::FirstFit => Engine::Arena(Arena::new(capacity, true), Fit::First),
+            Strategy::BestFit => Engine::Arena(Arena::new(capacity, false), Fit::Best),
+            Strategy::WorstFit => Engine::Arena(Arena::new(capacity, false), Fit::Worst),
+            Strategy::BuddySystem => Engine::Buddy(Buddy::new(capacity)),
+            Strategy::PoolBased => Engine::Slabs(Slabs::new(capacity)),
+            Strategy::Adaptive => Engine::Adaptive(
+                Slabs::with_fallback(capacity, true),
+                Box::new(Median::new()),
+            ),
+        };
+        Self {
+            capacity,
+            engine,
+            counters: Counters::default(),
+        }
+    }
+
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The bytes a request of `bytes` occupies, or `None` if rounding overflows `u64`.
+    pub(crate) fn round(&self, bytes: u64) -> Option<u64> {
+        match &self.engine {
+            Engine::Buddy(_) => Buddy::order_for(bytes).map(|k| 1u64 << k),
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.round(bytes),
+            _ => bytes
+                .max(1)
+                .checked_add(GRANULE - 1)
+                .map(|b| b & !(GRANULE - 1)),
+        }
+    }
+
+    /// Whether `rounded` (from [`Pool::round`]) can be placed now.
+    pub(crate) fn fits(&self, rounded: u64) -> bool {
+        match &self.engine {
+            Engine::Arena(a, _) => a.largest_free() >= rounded,
+            Engine::Buddy(b) => b.fits(rounded.trailing_zeros()),
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.fits(rounded),
+        }
+    }
+
+    /// Places `rounded` bytes for a request of `requested`; changes nothing on failure.
+    pub(crate) fn alloc(&mut self, rounded: u64, requested: u64) -> Option<u64> {
+        let offset = match &mut self.engine {
+            Engine::Arena(a, fit) => a.alloc(rounded, *fit, End::Low),
+            Engine::Adaptive(s, median) => {
+                let at = s.alloc(rounded);
+                if at.is_some() && median.observe(requested) {
+                    s.set_small_max(median.value());
+                }
+                at
+            }
+            Engine::Buddy(b) => b.alloc(rounded.trailing_zeros()),
+            Engine::Slabs(s) => s.alloc(rounded),
+        }?;
+        let c = &mut self.counters;
+        c.in_use += rounded;
+        c.requested += requested;
+        c.peak = c.peak.max(c.in_use);
+        c.reservations += 1;
+        Some(offset)
+    }
+
+    /// Size of the allocation at `offset`, if there is one (buddy pools are not asked).
+    #[cfg(test)]
+    pub(crate) fn allocated_size(&self, offset: u64) -> Option<u64> {
+        match &self.engine {
+            Engine::Arena(a, _) => a.allocated_size(offset),
+            Engine::Buddy(_) => None,
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.allocated_size(offset),
+        }
+    }
+
+    /// Frees the allocation at `offset` made for `requested` bytes; returns the bytes it held.
+    pub(crate) fn free(&mut self, offset: u64, requested: u64) -> Option<u64> {
+        let size = match &mut self.engine {
+            Engine::Arena(a, _) => a.free(offset),
+            Engine::Buddy(b) => b.free(offset),
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.free(offset),
+        }?;
+        let c = &mut self.counters;
+        c.in_use = c.in_use.saturating_sub(size);
+        c.requested = c.requested.saturating_sub(requested);
+        Some(size)
+    }
+
+    pub(crate) fn free_bytes(&self) -> u64 {
+        match &self.engine {
+            Engine::Arena(a, _) => a.free_bytes(),
+            Engine::Buddy(b) => b.free_bytes(),
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.free_bytes(),
+        }
+    }
+
+    pub(crate) fn largest_free(&self) -> u64 {
+        match &self.engine {
+            Engine::Arena(a, _) => a.largest_free(),
+            Engine::Buddy(b) => b.largest_free(),
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.largest_free(),
+        }
+    }
+
+    pub(crate) fn free_blocks(&self) -> u64 {
+        match &self.engine {
+            Engine::Arena(a, _) => a.free_blocks(),
+            Engine::Buddy(b) => b.free_blocks(),
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.free_blocks(),
+        }
+    }
+
+    /// `1 - largest free block / free bytes`, 0 when nothing is free.
+    pub(crate) fn fragmentation(&self) -> f64 {
+        fragmentation(self.largest_free(), self.free_bytes())
+    }
+}
+
+/// `1 - largest / free`, 0 when `free` is 0.
+pub(crate) fn fragmentation(largest: u64, free: u64) -> f64 {
+    if free == 0 {
+        0.0
+    } else {
+        1.0 - largest as f64 / free as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_is_documented_granularity_and_never_overflows() {
+        let best = Pool::new(1 << 20, Strategy::BestFit);
+        assert_eq!(best.round(1), Some(256));
+        assert_eq!(best.round(256), Some(256));
+        assert_eq!(best.round(257), Some(512));
+        assert_eq!(best.round(u64::MAX - 254), None);
+        let buddy = Pool::new(1 << 20, Strategy::BuddySystem);
+        assert_eq!(buddy.round(300), Some(512));
+        assert_eq!(buddy.round(u64::MAX), None);
+        let pooled = Pool::new(1 << 20, Strategy::PoolBased);
+        assert_eq!(pooled.round(300), Some(512));
+        assert_eq!(pooled.round((512 << 10) + 1), Some((512 << 10) + 256));
+    }
+
+    #[test]
+    fn capacity_rounds_down_to_whole_granules() {
+        let p = Pool::new(1000, Strategy::BestFit);
+        assert_eq!(p.capacity(), 768);
+        assert_eq!(p.free_bytes(), 768);
+        assert_eq!(Pool::new(0, Strategy::FirstFit).largest_free(), 0);
+    }
+
+    #[test]
+    fn adaptive_learns_the_small_request_limit_from_the_median() {
+        let mut p = Pool::new(1 << 30, Strategy::Adaptive);
+        // Before learning, everything up to 512 KiB is small (power-of-two classes).
+        assert_eq!(p.round(300 << 10), Some(512 << 10));
+        for _ in 0..Median::EVERY {
+            assert!(p.alloc(8 << 10, 6000).is_some());
+        }
+        // The median request is 6000 B, in [4 KiB, 8 KiB): requests above 4 KiB are large now.
+        assert_eq!(p.round(300 << 10), Some(300 << 10));
+        assert_eq!(p.round(5000), Some(5120));
+        assert_eq!(p.round(3000), Some(4096));
+    }
+
+    #[test]
+    fn adaptive_falls_back_to_the_arena_when_no_slab_fits_but_pool_based_fails() {
+        for (strategy, small_fits) in [(Strategy::Adaptive, true), (Strategy::PoolBased, false)] {
+            let mut p = Pool::new(3 << 20, strategy);
+            assert!(p.alloc(2 << 20, 2 << 20).is_some()); // 1 MiB left: no room for a 2 MiB slab
+            assert_eq!(p.fits(4096), small_fits, "{strategy}");
+            assert_eq!(p.alloc(4096, 4000).is_some(), small_fits, "{strategy}");
+        }
+    }
+
+    #[test]
+    fn fragmentation_is_zero_when_nothing_is_free() {
+        assert_eq!(fragmentation(0, 0), 0.0);
+        assert_eq!(fragmentation(256, 1024), 0.75);
+    }
+
+    mod model {
+        use super::super::{fragmentation, Engine, Pool};
+        use crate::device::Strategy as Placement;
+        use proptest::prelude::*;
+
+        const CAPACITY: u64 = 1 << 20;
+
+        /// Free intervals `(offset, size)` left between the live blocks, in address order.
+        fn holes(live: &[(u64, u64, u64)]) -> Vec<(u64, u64)> {
+            let mut blocks: Vec<(u64, u64)> = live.iter().map(|&(o, s, _)| (o, s)).collect();
+            blocks.sort_unstable();
+            let mut out = Vec::new();
+            let mut at = 0;
+            for (o, s) in blocks.into_iter().chain([(CAPACITY, 0)]) {
+                if o > at {
+                    out.push((at, o - at));
+                }
+                at = o + s;
+            }
+            out
+        }
+
+        /// Where a strategy without size classes must place `size`, by brute force.
+        fn expected(strategy: Placement, holes: &[(u64, u64)], size: u64) -> Option<u64> {
+            let fitting = holes.iter().filter(|h| h.1 >= size);
+            match strategy {
+                Placement::FirstFit => fitting.map(|h| h.0).next(),
+                Placement::BestFit => fitting.min_by_key(|h| (h.1, h.0)).map(|h| h.0),
+                Placement::WorstFit => fitting.max_by_key(|h| (h.1, h.0)).map(|h| h.0),
+                _ => None,
+            }
+        }
+
+        fn op() -> impl Strategy<Value = (bool, u64, prop::sample::Index)> {
+            (
+                any::<bool>(),
+                (0u32..19, any::<u64>()),
+                any::<prop::sample::Index>(),
+            )
+                .prop_map(|(alloc, (bits, x), i)| (alloc, 1 + x % (1u64 << bits), i))
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn random_reserve_release_matches_a_brute_force_model(
+                which in 0..6usize,
+                ops in prop::collection::vec(op(), 1..400),
+            ) {
+                let strategy = Placement::ALL[which];
+                let exact = matches!(
+                    strategy,
+                    Placement::FirstFit
+                        | Placement::BestFit
+                        | Placement::WorstFit
+                );
+                let mut pool = Pool::new(CAPACITY, strategy);
+                let mut live: Vec<(u64, u64, u64)> = Vec::new(); // offset, reserved, requested
+                let mut peak = 0;
+                for (alloc, size, index) in ops {
+                    if alloc || live.is_empty() {
+                        let rounded = pool.round(size).unwrap();
+                        prop_assert!(rounded >= size && rounded % 256 == 0);
+                        let fits = pool.fits(rounded);
+                        let got = pool.alloc(rounded, size);
+                        prop_assert_eq!(got.is_some(), fits);
+                        if exact {
+                            prop_assert_eq!(got, expected(strategy, &holes(&live), rounded));
+                        }
+                        if let Some(offset) = got {
+                            live.push((offset, rounded, size));
+                        }
+                    } else {
+                        let (offset, reserved, requested) = live.swap_remove(index.index(live.len()));
+                        prop_assert_eq!(pool.allocated_size(offset).unwrap_or(reserved), reserved);
+                        prop_assert_eq!(pool.free(offset, requested), Some(reserved));
+                        let before = pool.clone();
+                        prop_assert_eq!(pool.free(offset, requested), None, "double free");
+                        prop_assert_eq!(&pool, &before);
+                    }
+                    // No overlap, inside the pool.
+                    let mut sorted = live.clone();
+                    sorted.sort_unstable();
+                    for w in sorted.windows(2) {
+                        prop_assert!(w[0].0 + w[0].1 <= w[1].0, "overlap {:?}", w);
+                    }
+                    if let Some(last) = sorted.last() {
+                        prop_assert!(last.0 + last.1 <= CAPACITY);
+                    }
+                    if strategy == Placement::BuddySystem {
+                        for b in &live {
+                            prop_assert_eq!(b.0 % b.1, 0, "buddy block not aligned to its size");
+                        }
+                    }
+                    // Bytes conserved and statistics equal to the model's.
+                    let in_use: u64 = live.iter().map(|b| b.1).sum();
+                    peak = peak.max(in_use);
+                    prop_assert_eq!(pool.counters.in_use, in_use);
+                    prop_assert_eq!(pool.counters.requested, live.iter().map(|b| b.2).sum::<u64>());
+                    prop_assert_eq!(pool.counters.peak, peak);
+                    prop_assert_eq!(pool.free_bytes(), CAPACITY - in_use);
+                    prop_assert_eq!(pool.fragmentation(), fragmentation(pool.largest_free(), pool.free_bytes()));
+                    if exact {
+                        let h = holes(&live);
+                        prop_assert_eq!(pool.largest_free(), h.iter().map(|h| h.1).max().unwrap_or(0));
+                        prop_assert_eq!(pool.free_blocks(), h.len() as u64);
+                        if let Engine::Arena(a, _) = &pool.engine {
+                            a.check();
+                            prop_assert_eq!(a.free_list(), h);
+                        }
+                    } else {
+                        prop_assert!(pool.largest_free() <= pool.free_bytes());
+                    }
+                }
+                // Releasing everything restores a fresh pool.
+                for (offset, reserved, requested) in live.drain(..) {
+                    prop_assert_eq!(pool.free(offset, requested), Some(reserved));
+                }
+                let fresh = Pool::new(CAPACITY, strategy);
+                prop_assert_eq!(pool.free_bytes(), CAPACITY);
+                prop_assert_eq!(pool.largest_free(), fresh.largest_free());
+                prop_assert_eq!(pool.free_blocks(), fresh.free_blocks());
+            }
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! What the allocation log feeds. `highwater simulate` replays it through a device pool: a
+//! pattern that fits on a 24 GB L4 runs out of memory on a 16 GiB TPU v5e through fragmentation
+//! (the free bytes would cover the request, no block does). `highwater export --format torch`
+//! turns it into PyTorch's memory snapshot, checked here with Python's own unpickler.
+
+use std::path::Path;
+use std::process::Command;
+
+use highwater::ops::{self, Tensor};
+use highwater::{Alloc, Session};
+
+#[global_allocator]
+static ALLOC: Alloc = Alloc::system();
+
+const GIB: u64 = 1 << 30;
+
+fn tensor(id: u64, gib: u64) -> Tensor<'static> {
+    Tensor {
+        id,
+        shape: &[1],
+        dtype: "f32",
+        device: "cuda:0",
+        bytes: gib * GIB,
+    }
+}
+
+/// One session at a time per process: the tests take turns recording.
+static RECORDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Records 6 + 6 + 4 GiB, frees the first and the last, then asks for 8 GiB.
+fn record(dir: &Path) -> std::path::PathBuf {
+    let _turn = RECORDING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let profile = dir.join("run.json");
+    let session = Session::builder()
+        .output(&profile)
+        .alloc_log(dir.join("run.alloc"))
+        .start()
+        .unwrap();
+    for (id, gib) in [(1, 6), (2, 6), (3, 4)] {
+        ops::tensor_alloc(&tensor(id, gib), None);
+    }
+    ops::tensor_free("cuda:0", 1, 6 * GIB);
+    ops::tensor_free("cuda:0", 3, 4 * GIB);
+    ops::tensor_alloc(&tensor(4, 8), None);
+    session.finish().unwrap();
+    profile
+}
+
+fn highwater(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_highwater"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn simulate_reports_fit_and_fragmentation_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = record(dir.path());
+    let profile = profile.to_str().unwrap();
+
+    let fits = highwater(&["simulate", profile, "--device", "l4", "--stream", "cuda:0"]);
+    assert!(fits.status.success(), "{fits:?}");
+    let text = String::from_utf8_lossy(&fits.stdout);
+    assert!(text.contains("best-fit: fits"), "{text}");
+
+    let tight = highwater(&["simulate", profile, "--device", "tpu-v5e", "--json"]);
+    assert!(tight.status.success(), "{tight:?}");
+    let report: serde_json::Value = serde_json::from_slice(&tight.stdout).unwrap();
+    assert_eq!(
+        report["stream"], "cuda:0",
+        "the peak device is the default stream"
+    );
+    assert_eq!(report["capacity_bytes"], 16 * GIB);
+    assert_eq!(report["report"]["fits"], false);
+    let failure = &report["report"]["first_failure"];
+    assert_eq!(failure["request_bytes"], 8 * GIB);
+    assert_eq!(failure["free_bytes"], 10 * GIB);
+    assert_eq!(failure["cause"], "fragmentation");
+    assert_eq!(report["strategies"].as_array().unwrap().len(), 6);
+
+    let text = highwater(&["simulate", profile, "--device", "tpu-v5e"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("OUT OF MEMORY") && text.contains("fragmentation"),
+        "{text}"
+    );
+    assert!(
+        text.contains("adaptive") && text.contains("buddy"),
+        "{text}"
+    );
+}
+
+#[test]
+fn simulate_rejects_what_it_cannot_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = record(dir.path());
+    let profile = profile.to_str().unwrap();
+    let bare = dir.path().join("bare.json");
+    highwater::Profile::empty().write(&bare).unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["simulate", bare.to_str().unwrap(), "--device", "l4"],
+            "no allocation log",
+        ),
+        (
+            &["simulate", profile, "--device", "l4", "--stream", "tpu:9"],
+            "no device \"tpu:9\"",
+        ),
+        (&["simulate", profile, "--device", "tpu-v9"], "tpu-v9"),
+        (
+            &["simulate", profile, "--device", "l4", "--limit", "lots"],
+            "lots",
+        ),
+    ];
+    for (args, want) in cases {
+        let output = highwater(args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+#[test]
+fn torch_snapshot_holds_every_allocation_with_its_category() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = record(dir.path());
+    let snapshot = dir.path().join("run.pickle");
+    let output = highwater(&[
+        "export",
+        profile.to_str().unwrap(),
+        "--format",
+        "torch",
+        "-o",
+        snapshot.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    // Python's own unpickler reads it, and the structure is what the viewer walks.
+    let check = r#"
+import pickle, sys
+s = pickle.load(open(sys.argv[1], "rb"))
+cuda = [i for i, t in enumerate(s["device_traces"]) if t and t[0]["frames"][0]["filename"] == "cuda:0"][0]
+trace = s["device_traces"][cuda]
+allocs = [e for e in trace if e["action"] == "alloc"]
+frees = [e for e in trace if e["action"] == "free_completed"]
+assert [e["size"] >> 30 for e in allocs] == [6, 6, 4, 8], allocs
+assert len(frees) == 2, frees
+assert all(e["category"] == "other" for e in allocs), allocs
+live = [g for g in s["segments"] if g["device"] == cuda]
+assert sorted(g["total_size"] >> 30 for g in live) == [6, 8], live
+spans = sorted((g["address"], g["address"] + g["total_size"]) for g in live)
+assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+assert all(b["state"] == "active_allocated" for g in live for b in g["blocks"])
+print("snapshot-ok", len(s["device_traces"]))
+"#;
+    let python = Command::new("python3")
+        .args(["-c", check, snapshot.to_str().unwrap()])
+        .output()
+        .expect("python3 runs (CI machines have it)");
+    assert!(
+        python.status.success(),
+        "{}",
+        String::from_utf8_lossy(&python.stderr)
+    );
+    assert!(String::from_utf8_lossy(&python.stdout).contains("snapshot-ok"));
+}
