@@ -90,10 +90,14 @@ fn run(config: CollectorConfig, mut merger: Merger, requests: Receiver<Control>)
                 merger.merge_until(now.saturating_sub(lag_ns));
             }
             Ok(Control::Snapshot(reply)) => {
+                // Everything stamped before the request, not everything drained: an event
+                // stamped later may depend on one its thread publishes just after its ring was
+                // drained (see above); it stays staged for the next round.
+                let now = config.calibration.now_ns();
                 merger.drain();
-                merger.merge_until(u64::MAX);
-                let now = config.calibration.now_ns().max(merger.newest_ns);
-                let _ = reply.send(merger.timeline.finish(now));
+                merger.merge_until(now);
+                let end = now.max(merger.newest_ns);
+                let _ = reply.send(merger.timeline.finish(end));
             }
             Ok(Control::Stop(reply)) => {
                 let _ = reply.send(merger.stop());
@@ -180,9 +184,27 @@ impl Merger {
             if state == SlotState::Free || !slot.ring.has_storage() {
                 continue;
             }
+            self.scratch.clear();
+            // SAFETY: this thread is the only consumer of every ring (one collector runs at a
+            // time: the session starts it and joins it before another can start), and storage
+            // is installed (checked above).
+            unsafe { slot.ring.drain(&mut self.scratch) };
+            let dropped = slot.ring.dropped();
             let thread = match self.cursors[index].thread {
                 Some(thread) => thread,
+                // Nothing from the current owner yet: do not name it. A thread that has just
+                // claimed the ring may not have stored its tid yet (the slot would still show
+                // the previous owner's, and every later event would be charged to that tid).
+                None if self.scratch.is_empty() && dropped == self.cursors[index].dropped_seen => {
+                    if state == SlotState::Retired {
+                        self.cursors[index].head = None;
+                        REGISTRY.free(index);
+                    }
+                    continue;
+                }
                 None => {
+                    // The owner stored its tid before publishing the events just drained (the
+                    // drain's Acquire load of `head` makes it visible).
                     let thread = self.threads.len() as u32;
                     self.threads.push(ThreadCapture {
                         thread,
@@ -193,18 +215,13 @@ impl Merger {
                     thread
                 }
             };
-            self.scratch.clear();
-            // SAFETY: this thread is the only consumer of every ring (one collector runs at a
-            // time: the session starts it and joins it before another can start), and storage
-            // is installed (checked above).
-            unsafe { slot.ring.drain(&mut self.scratch) };
             let was_empty = self.cursors[index].staged.is_empty();
             let mut scratch = std::mem::take(&mut self.scratch);
             for raw in scratch.drain(..) {
                 self.decode(index, thread, raw);
             }
             self.scratch = scratch;
-            self.charge_drops(index, thread, slot.ring.dropped());
+            self.charge_drops(index, thread, dropped);
             if was_empty {
                 if let Some(front) = self.cursors[index].staged.front() {
                     self.heap.push(Reverse((front.ts_ns, index)));

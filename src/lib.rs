@@ -26,6 +26,8 @@ mod error;
 pub mod ops;
 #[cfg(not(loom))]
 mod session;
+#[cfg(all(not(loom), target_os = "linux"))]
+mod signal;
 #[cfg(not(loom))]
 mod span;
 
@@ -37,7 +39,7 @@ pub use model::{Category, SpanLabel, Step};
 pub use profile::{
     CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile,
     ProfileError, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint,
-    MAX_PROFILE_BYTES, MAX_SPAN_EVENTS, SCHEMA,
+    MAX_ITERATIONS, MAX_PROFILE_BYTES, MAX_SPAN_EVENTS, SCHEMA,
 };
 #[cfg(not(loom))]
 pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};

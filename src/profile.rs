@@ -37,7 +37,10 @@ pub struct Profile {
     pub largest_at_peak: Vec<LiveAllocation>,
     /// Span tree with memory metrics, parents before children.
     pub spans: Vec<SpanMetrics>,
-    /// Live bytes at the end of each top-level iteration (the leak signal).
+    /// Live bytes at the end of each top-level iteration (the leak signal). At most
+    /// [`MAX_ITERATIONS`] rows: a longer run lists an even sample plus its last iterations,
+    /// each row with its real [`IterationResidual::index`], and says so in
+    /// [`Profile::warnings`].
     #[serde(default)]
     pub iterations: Vec<IterationResidual>,
     /// Per-device figures.
@@ -61,6 +64,9 @@ pub struct Profile {
 
 /// Most [`SpanEvent`]s a profile keeps, whatever the run's length.
 pub const MAX_SPAN_EVENTS: usize = 20_000;
+
+/// Most [`IterationResidual`]s a profile lists, whatever the run's length.
+pub const MAX_ITERATIONS: usize = 4096;
 
 /// One instance of a span: which thread ran it, when and for how long.
 ///
@@ -230,7 +236,7 @@ pub struct IterationResidual {
     pub end_timestamp_ns: u64,
     /// Live bytes (all devices) when it ended.
     pub live_bytes: u64,
-    /// Change since the previous iteration's end.
+    /// Change since the end of the iteration just before (listed or not).
     pub delta_bytes: i64,
 }
 

@@ -45,6 +45,7 @@ struct Running {
 /// | `HIGHWATER_HTML` | `1`/`0` (also `on`/`off`, `true`/`false`) | also write the HTML report next to the profile |
 /// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | events per thread ring |
 /// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | force the portable clock |
+/// | `HIGHWATER_SIGNALS` | `on`, `off` (also `1`/`0`, …) | write the profile on SIGINT/SIGTERM unless [`SessionBuilder::write_on_signal`] says |
 ///
 /// # Examples
 ///
@@ -62,6 +63,7 @@ pub struct SessionBuilder {
     output: Option<PathBuf>,
     ring_events: Option<usize>,
     write: Option<bool>,
+    signals: Option<bool>,
     html: Option<bool>,
     alloc_log: Option<PathBuf>,
     timeline: TimelineConfig,
@@ -86,6 +88,29 @@ impl SessionBuilder {
     /// the profile either way.
     pub fn write_profile(mut self, write: bool) -> SessionBuilder {
         self.write = Some(write);
+        self
+    }
+
+    /// Whether SIGINT (Ctrl+C) and SIGTERM finish the session and write the profile before the
+    /// process ends (default: `$HIGHWATER_SIGNALS`, else `false`). Linux only.
+    ///
+    /// The handler itself only wakes a watcher thread (a handler may not allocate or lock);
+    /// the watcher finishes the session as [`Session::finish`] would, puts back the signal's
+    /// previous disposition and raises the signal again, so the process still ends by that
+    /// signal — or the program's own handler runs. A second signal while the profile is being
+    /// written ends the process at once without it. Signals ignored at start (`nohup`) stay
+    /// ignored. The handlers are removed when the session finishes.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), highwater::Error> {
+    /// // Ctrl+C during training still leaves a profile behind.
+    /// let session = highwater::Session::builder().write_on_signal(true).start()?;
+    /// # drop(session); Ok(()) }
+    /// ```
+    pub fn write_on_signal(mut self, on: bool) -> SessionBuilder {
+        self.signals = Some(on);
         self
     }
 
@@ -114,7 +139,8 @@ impl SessionBuilder {
     /// # Errors
     ///
     /// [`Error::Config`] for an invalid `HIGHWATER_*` variable, [`Error::Setting`] for an
-    /// invalid builder setting, [`Error::AlreadyRunning`] if a session is recording,
+    /// invalid builder setting (or signal handlers that cannot be installed, or
+    /// `write_on_signal` off Linux), [`Error::AlreadyRunning`] if a session is recording,
     /// [`Error::Spawn`] if the collector thread cannot start.
     pub fn start(self) -> Result<Session, Error> {
         capture::paused(|| self.start_paused())
@@ -137,6 +163,9 @@ impl SessionBuilder {
         if active.is_some() || capture::recording() {
             return Err(Error::AlreadyRunning);
         }
+        if self.signals.or(env.signals).unwrap_or(false) {
+            arm_signals()?;
+        }
         let clock_name = clock::init(env.force_monotonic);
         lifecycle::set_ring_capacity(ring_events);
         lifecycle::install();
@@ -151,7 +180,10 @@ impl SessionBuilder {
             timeline: self.timeline,
             alloc_log: alloc_log.clone(),
         })
-        .map_err(Error::Spawn)?;
+        .map_err(|error| {
+            disarm_signals();
+            Error::Spawn(error)
+        })?;
         *active = Some(Running {
             collector,
             control,
@@ -210,8 +242,8 @@ impl Session {
 
     /// The profile as of now, while recording goes on. Nothing is written.
     ///
-    /// Events younger than the collector's merge lag are included: a snapshot merges everything
-    /// published so far.
+    /// Events younger than the collector's merge lag are included: a snapshot merges every event
+    /// stamped before the collector took the request.
     ///
     /// # Errors
     ///
@@ -267,10 +299,42 @@ impl Drop for Session {
     }
 }
 
+/// Held for a whole finish, so a finish under way on one thread completes before another
+/// caller (the signal watcher) goes on.
+static FINISHING: Mutex<()> = Mutex::new(());
+
 /// Finishes the active session, if any: stops the collector and writes the profile.
 fn finish_active() -> Option<Result<Profile, Error>> {
+    let _finishing = FINISHING.lock();
     let running = ACTIVE.lock().take()?;
     Some(finish_running(running))
+}
+
+/// Finishes the session for a SIGINT/SIGTERM (called by the signal watcher thread); waits for
+/// a finish already under way on another thread.
+#[cfg(target_os = "linux")]
+pub(crate) fn finish_for_signal() {
+    if let Some(Err(error)) = capture::paused(finish_active) {
+        eprintln!("highwater: {error}");
+    }
+}
+
+/// Installs the SIGINT/SIGTERM handlers of [`SessionBuilder::write_on_signal`].
+fn arm_signals() -> Result<(), Error> {
+    #[cfg(target_os = "linux")]
+    let armed = crate::signal::arm().map_err(|error| error.to_string());
+    #[cfg(not(target_os = "linux"))]
+    let armed = Err("writing the profile on a signal is supported on Linux only".to_string());
+    armed.map_err(|reason| Error::Setting {
+        setting: "write_on_signal",
+        reason,
+    })
+}
+
+/// Removes the handlers [`arm_signals`] installed, if any.
+fn disarm_signals() {
+    #[cfg(target_os = "linux")]
+    crate::signal::disarm();
 }
 
 fn finish_running(running: Running) -> Result<Profile, Error> {
@@ -283,12 +347,20 @@ fn finish_running(running: Running) -> Result<Profile, Error> {
         threads: profile.meta.threads,
         ..running.meta
     };
-    if running.write {
-        profile.write(&running.output)?;
-        if running.html {
-            html::write(&profile, html::path_beside(&running.output))?;
-        }
-    }
+    let written = if running.write {
+        profile.write(&running.output).and_then(|()| {
+            if running.html {
+                html::write(&profile, html::path_beside(&running.output))
+            } else {
+                Ok(())
+            }
+        })
+    } else {
+        Ok(())
+    };
+    // After the write, so a signal during it still waits for the profile.
+    disarm_signals();
+    written?;
     Ok(profile)
 }
 
@@ -349,6 +421,7 @@ struct EnvConfig {
     alloc_log: Option<PathBuf>,
     ring_events: Option<usize>,
     force_monotonic: bool,
+    signals: Option<bool>,
 }
 
 impl EnvConfig {
@@ -406,6 +479,12 @@ impl EnvConfig {
             Some("monotonic") => true,
             Some(value) => return Err(invalid("HIGHWATER_CLOCK", value, "tsc or monotonic")),
         };
+        let signals = match var("HIGHWATER_SIGNALS") {
+            None => None,
+            Some(value) => Some(parse_switch(&value).ok_or_else(|| {
+                invalid("HIGHWATER_SIGNALS", &value, "on or off (1/0, true/false)")
+            })?),
+        };
         Ok(EnvConfig {
             enabled,
             output,
@@ -413,6 +492,7 @@ impl EnvConfig {
             alloc_log,
             ring_events,
             force_monotonic,
+            signals,
         })
     }
 }
@@ -460,6 +540,7 @@ mod tests {
             ("HIGHWATER_RING_EVENTS", "lots"),
             ("HIGHWATER_CLOCK", "sundial"),
             ("HIGHWATER_OUT", " "),
+            ("HIGHWATER_SIGNALS", "sometimes"),
             ("HIGHWATER_HTML", "sometimes"),
         ] {
             let message = parse(&[(var, value)]).unwrap_err().to_string();

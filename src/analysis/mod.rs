@@ -12,6 +12,7 @@
 //! - `spans`: span instances, the span tree, residuals and peaks inside spans;
 //! - `downsample`: bounded curves that keep their extremes;
 //! - `intern`: the tables behind [`NameId`], [`DeviceId`] and [`ShapeId`];
+//! - `iterations`: the bounded series of a top-level span's exits (the leak signal);
 //! - `reference` (tests only): a brute-force model the property tests compare against.
 //!
 //! [`Profile`]: crate::Profile
@@ -19,6 +20,7 @@
 mod downsample;
 mod event;
 mod intern;
+mod iterations;
 mod live;
 #[cfg(test)]
 mod reference;

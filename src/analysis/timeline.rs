@@ -47,6 +47,7 @@ use crate::profile::{
 use super::downsample::{Downsampler, Sample};
 use super::event::{DeviceId, Event, EventKind, NameId, ShapeId};
 use super::intern::Interner;
+use super::iterations::IterationSeries;
 use super::live::{self, Freed, LiveEntry, LiveSet, Origin, NONE};
 use super::span_sample::{SpanCall, SpanSample};
 use super::spans::{Closed, SpanStart, Spans};
@@ -287,8 +288,8 @@ pub struct Timeline {
     peak: GlobalPeak,
     /// Activation bytes live when the first backward span entered.
     autograd_retained: Option<u64>,
-    /// Exits of top-level spans by name: (timestamp, live bytes on all devices).
-    top_level_exits: FxHashMap<NameId, Vec<(u64, u64)>>,
+    /// Exits of top-level spans by name (bounded; see [`IterationSeries`]).
+    top_level_exits: FxHashMap<NameId, IterationSeries>,
     /// A bounded sample of closed span instances, for per-call timelines.
     span_calls: SpanSample,
 }
@@ -688,7 +689,7 @@ impl Timeline {
         self.top_level_exits
             .entry(n.name)
             .or_default()
-            .push((ts, live));
+            .push(ts, live);
     }
 
     fn total_live(&self) -> u64 {
@@ -711,6 +712,18 @@ impl Timeline {
             ));
         }
         warnings.extend(leak_warning(&iterations));
+        if let Some(last) = iterations
+            .last()
+            .filter(|l| l.index + 1 > iterations.len() as u64)
+        {
+            warnings.push(format!(
+                "{} iterations of span `{}`: the profile lists an even sample of {} of them, \
+                 the last ones included",
+                last.index + 1,
+                last.span,
+                iterations.len()
+            ));
+        }
         Profile {
             schema: SCHEMA.to_string(),
             meta: Default::default(),
@@ -977,21 +990,16 @@ impl Timeline {
         let exits = self
             .top_level_exits
             .get(&name)
-            .map_or(&[][..], Vec::as_slice);
-        let mut previous = None;
+            .map(IterationSeries::exits)
+            .unwrap_or_default();
         exits
             .iter()
-            .enumerate()
-            .map(|(index, &(ts, live))| {
-                let delta = previous.map_or(0, |prev| signed_delta(prev, live));
-                previous = Some(live);
-                IterationResidual {
-                    index: index as u64,
-                    span: span.clone(),
-                    end_timestamp_ns: ts,
-                    live_bytes: live,
-                    delta_bytes: delta,
-                }
+            .map(|exit| IterationResidual {
+                index: exit.index,
+                span: span.clone(),
+                end_timestamp_ns: exit.ts,
+                live_bytes: exit.live,
+                delta_bytes: exit.delta,
             })
             .collect()
     }
@@ -1049,15 +1057,6 @@ fn category_map(by_category: &ByCategory) -> BTreeMap<String, u64> {
         .filter(|c| by_category[c.index()] > 0)
         .map(|c| (c.as_str().to_string(), by_category[c.index()]))
         .collect()
-}
-
-/// `after - before` as a signed number, saturating.
-fn signed_delta(before: u64, after: u64) -> i64 {
-    if after >= before {
-        i64::try_from(after - before).unwrap_or(i64::MAX)
-    } else {
-        i64::try_from(before - after).map_or(i64::MIN, |d| -d)
-    }
 }
 
 /// One row standing for every breakdown row past the limit.
@@ -1706,5 +1705,31 @@ mod tests {
         let profile = s.finish();
         assert_eq!(span(&profile, "train/step").calls, 2_000);
         assert_eq!(span(&profile, "train/step").peak_bytes, 20_003);
+    }
+
+    #[test]
+    fn two_hundred_thousand_iterations_list_a_bounded_sample() {
+        // Regression: every top-level exit was kept and listed, so a long training run's
+        // profile grew without bound (about 140 bytes of JSON per iteration).
+        let mut s = Script::new();
+        for i in 0..200_000u64 {
+            s.enter("step", SpanLabel::Plain);
+            s.alloc(0x1000 + i, 16, Category::Other);
+            s.exit();
+        }
+        let profile = s.timeline.finish(s.ts + 1);
+        assert!(profile.iterations.len() <= crate::profile::MAX_ITERATIONS);
+        let last = profile.iterations.last().unwrap();
+        assert_eq!(last.index, 199_999);
+        assert_eq!(last.delta_bytes, 16);
+        assert_eq!(last.live_bytes, 3_200_000);
+        assert!(profile
+            .warnings
+            .iter()
+            .any(|w| w.contains("200000 iterations")));
+        assert!(profile
+            .warnings
+            .iter()
+            .any(|w| w.contains("live memory grows")));
     }
 }

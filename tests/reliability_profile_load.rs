@@ -1,0 +1,367 @@
+//! Bad input for `Profile::load` is an error, never a panic: random truncations, byte flips and
+//! splices of a valid profile, random JSON values in its fields and in place of it, deep
+//! nesting, huge arrays and oversized files. The same property is fuzzed by
+//! `fuzz/fuzz_targets/profile_load.rs` where a nightly toolchain and cargo-fuzz exist.
+//!
+//! A profile that does load must serialise again into something that loads.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use highwater::{
+    CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile,
+    ProfileError, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint,
+};
+use proptest::prelude::*;
+use serde_json::Value;
+
+/// A profile with every list non-empty and every optional field set.
+fn rich_profile() -> Profile {
+    let categories: BTreeMap<String, u64> = [
+        ("activation".to_string(), 3 << 20),
+        ("gradient".to_string(), 1 << 20),
+    ]
+    .into();
+    Profile {
+        meta: RunMeta {
+            program: "train".into(),
+            highwater_version: "0.1.0".into(),
+            started_unix_ms: 1_700_000_000_000,
+            clock: "tsc".into(),
+            threads: 3,
+            alloc_log: Some("run.hwlog".into()),
+        },
+        summary: Summary {
+            peak_bytes: 4 << 20,
+            peak_timestamp_ns: 1_500,
+            peak_device: "cpu".into(),
+            peak_by_category: categories.clone(),
+            alloc_count: 10,
+            free_count: 8,
+            realloc_count: 1,
+            total_alloc_bytes: 5 << 20,
+            autograd_retained_bytes: 3 << 20,
+            dropped_events: 2,
+            unknown_frees: 1,
+            reorder_repairs: 0,
+            final_live_bytes: 1024,
+            duration_ns: 9_000,
+            event_count: 25,
+        },
+        timeline: vec![
+            TimelinePoint {
+                timestamp_ns: 1_500,
+                device: "cpu".into(),
+                live_bytes: 4 << 20,
+                by_category: categories.clone(),
+            };
+            3
+        ],
+        peak_breakdown: vec![PeakRow {
+            span_path: "step/forward".into(),
+            op: Some("matmul".into()),
+            shape: Some(vec![32, 1024]),
+            dtype: Some("f32".into()),
+            category: highwater::Category::Activation,
+            device: "cuda:0".into(),
+            bytes: 3 << 20,
+            count: 2,
+        }],
+        largest_at_peak: vec![LiveAllocation {
+            bytes: 2 << 20,
+            device: "cpu".into(),
+            category: highwater::Category::Gradient,
+            span_path: "step/backward".into(),
+            op: None,
+            shape: Some(vec![7]),
+            timestamp_ns: 1_200,
+            thread: 1,
+        }],
+        spans: vec![SpanMetrics {
+            id: 0,
+            parent: None,
+            name: "step".into(),
+            path: "step".into(),
+            step: Some(highwater::Step::Forward),
+            category: Some(highwater::Category::Parameter),
+            calls: 2,
+            total_ns: 4_000,
+            bytes_allocated: 5 << 20,
+            alloc_count: 10,
+            peak_bytes: 4 << 20,
+            residual_bytes: 1024,
+        }],
+        iterations: vec![IterationResidual {
+            index: 0,
+            span: "step".into(),
+            end_timestamp_ns: 4_000,
+            live_bytes: 1024,
+            delta_bytes: -512,
+        }],
+        devices: vec![DeviceStats {
+            device: "cuda:0".into(),
+            capacity_bytes: Some(16 << 30),
+            peak_bytes: 3 << 20,
+            peak_timestamp_ns: 1_500,
+            peak_by_category: categories,
+            alloc_count: 2,
+            free_count: 2,
+            final_live_bytes: 0,
+            peak_reserved_bytes: Some(4 << 20),
+            max_fragmentation: Some(0.25),
+        }],
+        pool_timeline: vec![PoolPoint {
+            timestamp_ns: 1_000,
+            device: "cuda:0".into(),
+            capacity_bytes: 16 << 30,
+            reserved_bytes: 4 << 20,
+            largest_free_bytes: 1 << 30,
+            fragmentation: 0.5,
+        }],
+        capture: CaptureStats {
+            ring_events: 1 << 18,
+            dropped_by_kind: [("alloc".to_string(), 2)].into(),
+            unattributed_dropped: 1,
+            threads: vec![ThreadCapture {
+                thread: 0,
+                os_tid: 4242,
+                allocs: 10,
+                frees: 8,
+                reallocs: 1,
+                span_events: 4,
+                other_events: 1,
+                dropped_allocs: 2,
+                dropped_frees: 0,
+                dropped_reallocs: 0,
+                dropped_other: 0,
+            }],
+        },
+        warnings: vec!["2 events were dropped".into()],
+        span_events: vec![SpanEvent {
+            thread: 0,
+            name: "forward".into(),
+            path: "step/forward".into(),
+            start_ns: 100,
+            duration_ns: 900,
+            depth: 1,
+        }],
+        ..Profile::empty()
+    }
+}
+
+fn valid_json() -> Vec<u8> {
+    rich_profile().to_json().into_bytes()
+}
+
+/// The property: parsing returns (no panic), and a profile that parsed serialises into JSON that
+/// parses again.
+fn parses_or_errs(bytes: &[u8]) {
+    if let Ok(profile) = Profile::from_json_bytes(bytes, Path::new("input.json")) {
+        let again = profile.to_json();
+        assert!(
+            Profile::from_json_bytes(again.as_bytes(), Path::new("again.json")).is_ok(),
+            "a loaded profile did not reload: {again}"
+        );
+    }
+}
+
+/// Tokens spliced into the valid text: wrong types, extreme numbers, broken syntax.
+const TOKENS: &[&str] = &[
+    "null",
+    "true",
+    "-1",
+    "1.5",
+    "1e999",
+    "-0",
+    "18446744073709551616",
+    "\"\"",
+    "\"\\ud800\"",
+    "[]",
+    "{}",
+    "[[[[[[[[[[[[[[[[[[[[",
+    "}}}}",
+    "\"schema\"",
+    ",",
+    ":",
+    "\u{0}",
+    "NaN",
+];
+
+/// Random JSON values, nested a few levels.
+fn json_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        any::<u64>().prop_map(Value::from),
+        any::<f64>().prop_map(Value::from),
+        "[a-z_]{0,12}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            prop::collection::btree_map("[a-z_]{1,16}", inner, 0..6)
+                .prop_map(|map| Value::Object(map.into_iter().collect())),
+        ]
+    })
+}
+
+/// Every key path in `value`, as object keys and array indexes.
+fn paths(value: &Value, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map {
+                prefix.push(key.clone());
+                out.push(prefix.clone());
+                paths(child, prefix, out);
+                prefix.pop();
+            }
+        }
+        Value::Array(items) => {
+            for (index, child) in items.iter().enumerate() {
+                prefix.push(index.to_string());
+                out.push(prefix.clone());
+                paths(child, prefix, out);
+                prefix.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+fn at_path<'a>(value: &'a mut Value, path: &[String]) -> Option<&'a mut Value> {
+    path.iter().try_fold(value, |value, key| match value {
+        Value::Object(map) => map.get_mut(key),
+        Value::Array(items) => items.get_mut(key.parse::<usize>().ok()?),
+        _ => None,
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn truncated_profiles_are_errors_not_panics(cut in 0.0..1.0f64) {
+        let json = valid_json();
+        let end = (json.len() as f64 * cut) as usize;
+        let result = Profile::from_json_bytes(&json[..end], Path::new("cut.json"));
+        prop_assert!(result.is_err(), "a profile cut at {} of {} bytes loaded", end, json.len());
+    }
+
+    #[test]
+    fn flipped_bytes_never_panic(flips in prop::collection::vec((0.0..1.0f64, any::<u8>()), 1..12)) {
+        let mut json = valid_json();
+        let len = json.len();
+        for (at, byte) in flips {
+            json[((len as f64 * at) as usize).min(len - 1)] = byte;
+        }
+        parses_or_errs(&json);
+    }
+
+    #[test]
+    fn spliced_tokens_never_panic(
+        at in 0.0..1.0f64,
+        removed in 0usize..40,
+        token in prop::sample::select(TOKENS),
+    ) {
+        let json = valid_json();
+        let start = (json.len() as f64 * at) as usize;
+        let end = (start + removed).min(json.len());
+        let mut spliced = json[..start].to_vec();
+        spliced.extend_from_slice(token.as_bytes());
+        spliced.extend_from_slice(&json[end..]);
+        parses_or_errs(&spliced);
+    }
+
+    #[test]
+    fn random_values_in_any_field_never_panic(pick in any::<prop::sample::Index>(), value in json_value()) {
+        let mut document: Value = serde_json::from_slice(&valid_json()).unwrap();
+        let mut all = Vec::new();
+        paths(&document, &mut Vec::new(), &mut all);
+        let path = pick.get(&all).clone();
+        *at_path(&mut document, &path).unwrap() = value;
+        parses_or_errs(&serde_json::to_vec(&document).unwrap());
+    }
+
+    #[test]
+    fn random_documents_never_panic(value in json_value(), schema in any::<bool>()) {
+        let mut value = value;
+        if let (true, Value::Object(map)) = (schema, &mut value) {
+            map.insert("schema".into(), Value::from(highwater::SCHEMA));
+        }
+        parses_or_errs(&serde_json::to_vec(&value).unwrap());
+    }
+
+    #[test]
+    fn random_bytes_through_load_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("random.json");
+        std::fs::write(&path, &bytes).unwrap();
+        if let Ok(profile) = Profile::load(&path) {
+            prop_assert!(Profile::from_json_bytes(profile.to_json().as_bytes(), &path).is_ok());
+        }
+    }
+}
+
+#[test]
+fn the_valid_profile_loads_and_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rich.json");
+    rich_profile().write(&path).unwrap();
+    assert_eq!(Profile::load(&path).unwrap(), rich_profile());
+}
+
+#[test]
+fn deep_nesting_is_an_error_not_a_stack_overflow() {
+    for (open, close) in [("[", "]"), ("{\"a\":", "}")] {
+        for depth in [200, 100_000] {
+            let text = format!("{}{}", open.repeat(depth), close.repeat(depth));
+            let result = Profile::from_json_bytes(text.as_bytes(), Path::new("deep.json"));
+            assert!(result.is_err(), "{depth}-deep {open} nesting loaded");
+            let inside = format!(
+                "{{\"schema\":\"highwater/1\",\"warnings\":{}}}",
+                text.replace("\"a\":", "")
+            );
+            let result = Profile::from_json_bytes(inside.as_bytes(), Path::new("deep.json"));
+            assert!(
+                result.is_err(),
+                "{depth}-deep nesting inside a field loaded"
+            );
+        }
+    }
+}
+
+#[test]
+fn huge_arrays_load_or_fail_without_panicking() {
+    let point = r#"{"timestamp_ns":1,"device":"cpu","live_bytes":1,"by_category":{}}"#;
+    let mut document: Value = serde_json::from_slice(&valid_json()).unwrap();
+    let many = format!("[{}]", vec![point; 50_000].join(","));
+    document["timeline"] = serde_json::from_str(&many).unwrap();
+    let huge = serde_json::to_vec(&document).unwrap();
+    let profile =
+        Profile::from_json_bytes(&huge, Path::new("huge.json")).expect("50,000 valid points load");
+    assert_eq!(profile.timeline.len(), 50_000);
+    // Unterminated, and of the wrong element type.
+    let unterminated = &huge[..huge.len() / 2];
+    assert!(Profile::from_json_bytes(unterminated, Path::new("cut.json")).is_err());
+    let wrong = format!(
+        "{{\"schema\":\"highwater/1\",\"timeline\":[{}]}}",
+        vec!["7"; 50_000].join(",")
+    );
+    assert!(Profile::from_json_bytes(wrong.as_bytes(), Path::new("wrong.json")).is_err());
+}
+
+#[test]
+fn a_file_over_the_size_limit_is_refused_before_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sparse.json");
+    let file = std::fs::File::create(&path).unwrap();
+    // Sparse: no disk space is used, and `load` must not read it.
+    file.set_len(highwater::MAX_PROFILE_BYTES + 1).unwrap();
+    match Profile::load(&path) {
+        Err(ProfileError::TooLarge { size, .. }) => {
+            assert_eq!(size, highwater::MAX_PROFILE_BYTES + 1)
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+}
