@@ -3,6 +3,7 @@
 //! A memory profiler that a Rust training binary links in.
 
 #![warn(unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 // Under loom only the ring and the registry are built, so much of capture is unused there.
 #![cfg_attr(loom, allow(dead_code))]
 
@@ -15,6 +16,9 @@ pub mod report;
 
 #[cfg(not(loom))]
 mod alloc;
+#[cfg(all(feature = "candle", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "candle")))]
+pub mod candle;
 #[cfg(not(loom))]
 mod collector;
 #[cfg(not(loom))]
@@ -23,6 +27,8 @@ mod error;
 pub mod ops;
 #[cfg(not(loom))]
 mod session;
+#[cfg(all(feature = "tracing", not(loom)))]
+mod tracing_layer;
 #[cfg(not(loom))]
 mod span;
 
@@ -40,3 +46,6 @@ pub use profile::{
 pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};
 #[cfg(not(loom))]
 pub use span::SpanGuard;
+#[cfg(all(feature = "tracing", not(loom)))]
+#[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+pub use tracing_layer::TracingLayer;
