@@ -41,7 +41,12 @@ struct Args {
     steps: usize,
     leak: bool,
     out: PathBuf,
+    /// Timing mode: alternate recorded and unrecorded blocks of steps in one process.
+    ab: bool,
 }
+
+/// Steps per block in `--ab` mode.
+const AB_BLOCK: usize = 10;
 
 impl Args {
     fn parse() -> Result<Args> {
@@ -49,6 +54,7 @@ impl Args {
             steps: 200,
             leak: false,
             out: PathBuf::from("highwater-profile.json"),
+            ab: false,
         };
         let mut argv = std::env::args().skip(1);
         while let Some(arg) = argv.next() {
@@ -60,9 +66,14 @@ impl Args {
                         .with_context(|| format!("--steps {value}: not a number"))?;
                 }
                 "--leak" => args.leak = true,
+                "--ab" => args.ab = true,
                 "--out" => args.out = argv.next().context("--out needs a path")?.into(),
                 "-h" | "--help" => {
-                    println!("usage: train_mlp [--steps N] [--leak] [--out PATH]");
+                    println!("usage: train_mlp [--steps N] [--leak] [--out PATH] [--ab]");
+                    println!(
+                        "  --ab  timing only: blocks of {AB_BLOCK} steps alternate recorded and \
+                         unrecorded (on, off, off, on, …) in one process; no profile"
+                    );
                     std::process::exit(0);
                 }
                 other => bail!("unknown argument {other:?} (try --help)"),
@@ -135,6 +146,8 @@ fn synthetic_data(device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
 
 struct Run {
     step_times: Vec<Duration>,
+    /// Per step: whether a session recorded it (`--ab` mode).
+    step_recorded: Vec<bool>,
     first_loss: f32,
     last_loss: f32,
     params: usize,
@@ -176,8 +189,22 @@ fn train(args: &Args) -> Result<Run> {
 
     let mut leaked = Vec::new();
     let mut step_times = Vec::with_capacity(args.steps);
+    let mut step_recorded = Vec::with_capacity(args.steps);
+    let mut ab_session: Option<Session> = None;
     let (mut first_loss, mut last_loss) = (f32::NAN, f32::NAN);
     for step in 0..args.steps {
+        if args.ab && step % AB_BLOCK == 0 {
+            if let Some(session) = ab_session.take() {
+                session.finish()?;
+            }
+            let block = step / AB_BLOCK;
+            // on, off, off, on, on, off, …: each mode equally often early and late.
+            if (block % 2 == 0) == (block / 2 % 2 == 0) {
+                let session = Session::builder().write_profile(false).start()?;
+                ab_session = Some(session).filter(Session::is_recording);
+            }
+        }
+        step_recorded.push(ab_session.is_some());
         let start = Instant::now();
         let step_span = highwater::profile!("train_step");
         let batch = step % BATCHES;
@@ -215,8 +242,12 @@ fn train(args: &Args) -> Result<Run> {
         step_times.push(start.elapsed());
     }
     drop(leaked);
+    if let Some(session) = ab_session {
+        session.finish()?;
+    }
     Ok(Run {
         step_times,
+        step_recorded,
         first_loss,
         last_loss,
         params,
@@ -225,6 +256,9 @@ fn train(args: &Args) -> Result<Run> {
 
 fn main() -> Result<()> {
     let args = Args::parse()?;
+    if args.ab {
+        return time_ab(&args);
+    }
     let session = Session::builder().output(&args.out).start()?;
     let recording = session.is_recording();
     let run = train(&args)?;
@@ -255,6 +289,41 @@ fn main() -> Result<()> {
         print_summary(&profile, &args.out);
     } else {
         println!("HIGHWATER=off: nothing recorded, no profile written");
+    }
+    Ok(())
+}
+
+/// `--ab`: mean step time of recorded vs unrecorded blocks, after one warm-up round.
+fn time_ab(args: &Args) -> Result<()> {
+    let run = train(args)?;
+    let warmup = if args.steps >= 8 * AB_BLOCK {
+        4 * AB_BLOCK
+    } else {
+        0
+    };
+    let mean = |recorded: bool| {
+        let times: Vec<f64> = run
+            .step_times
+            .iter()
+            .zip(&run.step_recorded)
+            .skip(warmup)
+            .filter(|(_, &r)| r == recorded)
+            .map(|(t, _)| t.as_secs_f64() * 1e3)
+            .collect();
+        (
+            times.iter().sum::<f64>() / times.len().max(1) as f64,
+            times.len(),
+        )
+    };
+    let (on, on_steps) = mean(true);
+    let (off, off_steps) = mean(false);
+    println!(
+        "ab: recorded {on:.2} ms/step ({on_steps} steps), unrecorded {off:.2} ms/step \
+         ({off_steps} steps), ratio {:.3} (first {warmup} steps skipped)",
+        on / off
+    );
+    if on_steps == 0 {
+        println!("ab: nothing was recorded (HIGHWATER=off?)");
     }
     Ok(())
 }

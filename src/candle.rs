@@ -326,7 +326,11 @@ mod tests {
         let (ia, ib) = (TensorInfo::of(&a).id, TensorInfo::of(&b).id);
         assert_ne!(ia, ib);
         assert!(ia > 0 && ia < 1 << 40, "{ia}");
-        assert_eq!(TensorInfo::of(&a.clone()).id, ia, "a clone is the same tensor");
+        assert_eq!(
+            TensorInfo::of(&a.clone()).id,
+            ia,
+            "a clone is the same tensor"
+        );
     }
 
     #[test]

@@ -1,6 +1,18 @@
 //! highwater: where did my training run's memory go?
 //!
 //! A memory profiler that a Rust training binary links in.
+//!
+//! # Features
+//!
+//! | feature | adds |
+//! |---|---|
+//! | `candle` | `highwater::candle`: name real `candle_core::Tensor`s (op outputs with shape and dtype, `VarMap` storage as parameters); CPU only |
+//! | `tracing` | `TracingLayer`: a `tracing_subscriber` layer that turns tracing spans into highwater spans |
+//!
+//! ```toml
+//! [dependencies]
+//! highwater = { version = "0.1", features = ["candle"] }
+//! ```
 
 #![warn(unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -27,10 +39,10 @@ mod error;
 pub mod ops;
 #[cfg(not(loom))]
 mod session;
-#[cfg(all(feature = "tracing", not(loom)))]
-mod tracing_layer;
 #[cfg(not(loom))]
 mod span;
+#[cfg(all(feature = "tracing", not(loom)))]
+mod tracing_layer;
 
 #[cfg(not(loom))]
 pub use alloc::Alloc;
