@@ -46,7 +46,7 @@ struct Args {
 }
 
 /// Steps per block in `--ab` mode.
-const AB_BLOCK: usize = 10;
+const AB_BLOCK: usize = 5;
 
 impl Args {
     fn parse() -> Result<Args> {
@@ -146,6 +146,8 @@ fn synthetic_data(device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
 
 struct Run {
     step_times: Vec<Duration>,
+    /// CPU time of the whole process (every thread, the collector included) per step.
+    step_cpu: Vec<Duration>,
     /// Per step: whether a session recorded it (`--ab` mode).
     step_recorded: Vec<bool>,
     first_loss: f32,
@@ -189,6 +191,7 @@ fn train(args: &Args) -> Result<Run> {
 
     let mut leaked = Vec::new();
     let mut step_times = Vec::with_capacity(args.steps);
+    let mut step_cpu = Vec::with_capacity(args.steps);
     let mut step_recorded = Vec::with_capacity(args.steps);
     let mut ab_session: Option<Session> = None;
     let (mut first_loss, mut last_loss) = (f32::NAN, f32::NAN);
@@ -206,6 +209,7 @@ fn train(args: &Args) -> Result<Run> {
         }
         step_recorded.push(ab_session.is_some());
         let start = Instant::now();
+        let cpu_start = process_cpu_time();
         let step_span = highwater::profile!("train_step");
         let batch = step % BATCHES;
         let xb = x.narrow(0, batch * BATCH, BATCH)?;
@@ -240,6 +244,7 @@ fn train(args: &Args) -> Result<Run> {
         drop((loss, grads, hidden));
         drop(step_span);
         step_times.push(start.elapsed());
+        step_cpu.push(process_cpu_time().saturating_sub(cpu_start));
     }
     drop(leaked);
     if let Some(session) = ab_session {
@@ -247,6 +252,7 @@ fn train(args: &Args) -> Result<Run> {
     }
     Ok(Run {
         step_times,
+        step_cpu,
         step_recorded,
         first_loss,
         last_loss,
@@ -293,39 +299,91 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// `--ab`: mean step time of recorded vs unrecorded blocks, after one warm-up round.
+/// CPU time used so far by every thread of this process.
+fn process_cpu_time() -> Duration {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, writable timespec; the call writes only into it.
+    let ok = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) } == 0;
+    if ok {
+        Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// `--ab`: step time of recorded vs unrecorded blocks, after one warm-up round.
+///
+/// Blocks come in pairs (one recorded, one not, order alternating); the median of the pairs'
+/// ratios is robust to bursts of load from other processes, the ratio of means is not.
 fn time_ab(args: &Args) -> Result<()> {
     let run = train(args)?;
-    let warmup = if args.steps >= 8 * AB_BLOCK {
-        4 * AB_BLOCK
-    } else {
-        0
-    };
-    let mean = |recorded: bool| {
-        let times: Vec<f64> = run
-            .step_times
-            .iter()
-            .zip(&run.step_recorded)
-            .skip(warmup)
-            .filter(|(_, &r)| r == recorded)
-            .map(|(t, _)| t.as_secs_f64() * 1e3)
-            .collect();
-        (
-            times.iter().sum::<f64>() / times.len().max(1) as f64,
-            times.len(),
-        )
-    };
-    let (on, on_steps) = mean(true);
-    let (off, off_steps) = mean(false);
     println!(
-        "ab: recorded {on:.2} ms/step ({on_steps} steps), unrecorded {off:.2} ms/step \
-         ({off_steps} steps), ratio {:.3} (first {warmup} steps skipped)",
-        on / off
+        "ab: {} steps, blocks of {AB_BLOCK} alternating recorded/unrecorded",
+        args.steps
     );
-    if on_steps == 0 {
-        println!("ab: nothing was recorded (HIGHWATER=off?)");
+    for (what, times) in [("wall", &run.step_times), ("cpu", &run.step_cpu)] {
+        match ab_ratio(times, &run.step_recorded) {
+            Some(ab) => println!(
+                "ab {what:<4}: recorded {:.2} ms/step, unrecorded {:.2} ms/step; ratio of means \
+                 {:.3}, median pair ratio {:.3} ({} pairs)",
+                ab.on_ms,
+                ab.off_ms,
+                ab.on_ms / ab.off_ms,
+                ab.median_ratio,
+                ab.pairs
+            ),
+            None => println!("ab: no recorded/unrecorded pairs (HIGHWATER=off, or too few steps)"),
+        }
     }
     Ok(())
+}
+
+struct Ab {
+    on_ms: f64,
+    off_ms: f64,
+    median_ratio: f64,
+    pairs: usize,
+}
+
+/// Per-block means, then per-pair ratios, after two warm-up pairs.
+fn ab_ratio(times: &[Duration], recorded: &[bool]) -> Option<Ab> {
+    let ms: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e3).collect();
+    let blocks: Vec<(bool, f64)> = ms
+        .chunks_exact(AB_BLOCK)
+        .zip(recorded.chunks_exact(AB_BLOCK))
+        .map(|(times, recorded)| (recorded[0], times.iter().sum::<f64>() / AB_BLOCK as f64))
+        .collect();
+    let warmup_pairs = if blocks.len() >= 16 { 2 } else { 0 };
+    let mut ratios: Vec<f64> = blocks
+        .chunks_exact(2)
+        .skip(warmup_pairs)
+        .filter_map(|pair| match (pair[0], pair[1]) {
+            ((true, on), (false, off)) | ((false, off), (true, on)) => Some(on / off),
+            _ => None,
+        })
+        .collect();
+    if ratios.is_empty() {
+        return None;
+    }
+    let mean = |recorded: bool| {
+        let times: Vec<f64> = blocks
+            .iter()
+            .skip(2 * warmup_pairs)
+            .filter(|(r, _)| *r == recorded)
+            .map(|(_, t)| *t)
+            .collect();
+        times.iter().sum::<f64>() / times.len().max(1) as f64
+    };
+    ratios.sort_by(f64::total_cmp);
+    Some(Ab {
+        on_ms: mean(true),
+        off_ms: mean(false),
+        median_ratio: ratios[ratios.len() / 2],
+        pairs: ratios.len(),
+    })
 }
 
 fn print_rows<'a>(rows: impl Iterator<Item = &'a PeakRow>) {
