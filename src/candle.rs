@@ -252,7 +252,7 @@ pub fn storage_addr(tensor: &Tensor) -> Option<u64> {
 /// Start of the `Vec` behind a CPU storage; `None` when it holds nothing (no heap block).
 fn cpu_buffer(storage: &CpuStorage) -> Option<u64> {
     fn start<T>(data: &[T]) -> Option<u64> {
-        (!data.is_empty() && std::mem::size_of::<T>() > 0).then(|| data.as_ptr() as u64)
+        (!data.is_empty() && std::mem::size_of::<T>() > 0).then_some(data.as_ptr() as u64)
     }
     match storage {
         CpuStorage::U8(v) => start(v),
