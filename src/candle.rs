@@ -7,7 +7,7 @@
 //! [`Alloc`](crate::Alloc) is installed and a [`Session`](crate::Session) records, the heap hook
 //! already sees every tensor being created and dropped: its lifetime needs no extra call. What
 //! the heap hook cannot know is what the bytes *are*. This module tells it, on top of
-//! [`ops`](crate::ops):
+//! [the op hooks](crate::ops):
 //!
 //! - [`op`] runs a candle call as a recorded op: every heap allocation made while it runs is
 //!   attributed to the op, and the output's storage is annotated with its shape and dtype, so
