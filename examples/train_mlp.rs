@@ -1,0 +1,466 @@
+//! Train a real candle MLP under highwater and say what the memory was.
+//!
+//! A 784→512→512→10 multilayer perceptron, batch 128, AdamW, on synthetic data generated here
+//! (no downloads). Each step is a top-level `train_step` span with `forward`, `backward` and
+//! `optimizer` spans inside; every matmul, bias add, ReLU and the loss run as recorded ops, so
+//! the live-at-peak rows name the op and the tensor shape. At the end the profile is written
+//! and summarised.
+//!
+//! ```text
+//! cargo run --release --features candle --example train_mlp
+//! cargo run --release --features candle --example train_mlp -- --leak        # keep one activation per step
+//! cargo run --release --features candle --example train_mlp -- --steps 100
+//! HIGHWATER=off cargo run --release --features candle --example train_mlp   # same run, not recorded
+//! ```
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _, Result};
+use candle_core::{DType, Device, Tensor, D};
+use candle_nn::{AdamW, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use highwater::report::{format_bytes, format_bytes_delta, format_shape};
+use highwater::{Category, PeakRow, Profile, Session, Step};
+
+#[global_allocator]
+static ALLOC: highwater::Alloc = highwater::Alloc::system();
+
+/// Layer widths, input first.
+const WIDTHS: [usize; 4] = [784, 512, 512, 10];
+const BATCH: usize = 128;
+/// Batches in the synthetic data set; steps cycle through them.
+const BATCHES: usize = 8;
+/// Op names per layer: matmul, bias add, activation.
+const OPS: [[&str; 3]; 3] = [
+    ["fc1.matmul", "fc1.bias", "fc1.relu"],
+    ["fc2.matmul", "fc2.bias", "fc2.relu"],
+    ["fc3.matmul", "fc3.bias", "fc3.relu"],
+];
+
+struct Args {
+    steps: usize,
+    leak: bool,
+    out: PathBuf,
+    /// Timing mode: alternate recorded and unrecorded blocks of steps in one process.
+    ab: bool,
+}
+
+/// Steps per block in `--ab` mode.
+const AB_BLOCK: usize = 5;
+
+impl Args {
+    fn parse() -> Result<Args> {
+        let mut args = Args {
+            steps: 200,
+            leak: false,
+            out: PathBuf::from("highwater-profile.json"),
+            ab: false,
+        };
+        let mut argv = std::env::args().skip(1);
+        while let Some(arg) = argv.next() {
+            match arg.as_str() {
+                "--steps" => {
+                    let value = argv.next().context("--steps needs a number")?;
+                    args.steps = value
+                        .parse()
+                        .with_context(|| format!("--steps {value}: not a number"))?;
+                }
+                "--leak" => args.leak = true,
+                "--ab" => args.ab = true,
+                "--out" => args.out = argv.next().context("--out needs a path")?.into(),
+                "-h" | "--help" => {
+                    println!("usage: train_mlp [--steps N] [--leak] [--out PATH] [--ab]");
+                    println!(
+                        "  --ab  timing only: blocks of {AB_BLOCK} steps alternate recorded and \
+                         unrecorded (on, off, off, on, …) in one process; no profile"
+                    );
+                    std::process::exit(0);
+                }
+                other => bail!("unknown argument {other:?} (try --help)"),
+            }
+        }
+        if args.steps == 0 {
+            bail!("--steps must be at least 1");
+        }
+        Ok(args)
+    }
+}
+
+struct Mlp {
+    layers: Vec<Linear>,
+}
+
+impl Mlp {
+    fn new(vb: &VarBuilder) -> candle_core::Result<Mlp> {
+        let layers = (0..WIDTHS.len() - 1)
+            .map(|i| candle_nn::linear(WIDTHS[i], WIDTHS[i + 1], vb.pp(format!("fc{}", i + 1))))
+            .collect::<candle_core::Result<_>>()?;
+        Ok(Mlp { layers })
+    }
+
+    /// Logits, and the first hidden activation (what `--leak` keeps).
+    fn forward(&self, x: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
+        let mut h = x.clone();
+        let mut first_hidden = None;
+        let last = self.layers.len() - 1;
+        for (i, layer) in self.layers.iter().enumerate() {
+            let [matmul, bias_add, relu] = OPS[i];
+            let w = layer.weight();
+            let z = highwater::candle::op(matmul, &[&h, w], || h.matmul(&w.t()?))?;
+            h = match layer.bias() {
+                Some(b) => highwater::candle::op(bias_add, &[&z, b], || z.broadcast_add(b))?,
+                None => z,
+            };
+            if i < last {
+                h = highwater::candle::op(relu, &[&h], || h.relu())?;
+                first_hidden.get_or_insert_with(|| h.clone());
+            }
+        }
+        let first_hidden = first_hidden.unwrap_or_else(|| h.clone());
+        Ok((h, first_hidden))
+    }
+}
+
+/// Inputs uniform in [-1, 1), labels from a fixed random linear "teacher", so the loss has
+/// something to learn. Seeded, so every run trains on the same data.
+fn synthetic_data(device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut uniform = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                // xorshift64*: plenty for synthetic data.
+                state ^= state >> 12;
+                state ^= state << 25;
+                state ^= state >> 27;
+                let bits = state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
+                bits as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    };
+    let (n, d, k) = (BATCHES * BATCH, WIDTHS[0], WIDTHS[3]);
+    let x = Tensor::from_vec(uniform(n * d), (n, d), device)?;
+    let teacher = Tensor::from_vec(uniform(d * k), (d, k), device)?;
+    let labels = x.matmul(&teacher)?.argmax(D::Minus1)?;
+    Ok((x, labels))
+}
+
+struct Run {
+    step_times: Vec<Duration>,
+    /// CPU time of the whole process (every thread, the collector included) per step.
+    step_cpu: Vec<Duration>,
+    /// Per step: whether a session recorded it (`--ab` mode).
+    step_recorded: Vec<bool>,
+    first_loss: f32,
+    last_loss: f32,
+    params: usize,
+}
+
+fn train(args: &Args) -> Result<Run> {
+    let device = Device::Cpu;
+    let (x, labels) = {
+        let _data = highwater::profile!("load_data");
+        synthetic_data(&device)?
+    };
+    let varmap = VarMap::new();
+    let model = {
+        let _build = highwater::profile!("build_model");
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
+        Mlp::new(&vb)?
+    };
+    highwater::candle::mark_parameters(&varmap);
+    let params = varmap.all_vars().iter().map(|v| v.elem_count()).sum();
+    {
+        // gemm keeps a per-thread packing buffer (L2-cache sized) from its first use on; let it
+        // be allocated here, as what it is, rather than in the first step's backward.
+        let _warmup = highwater::profile!("runtime_warmup", Category::Other);
+        let (logits, _) = model.forward(&x.narrow(0, 0, BATCH)?)?;
+        let loss = candle_nn::loss::cross_entropy(&logits, &labels.narrow(0, 0, BATCH)?)?;
+        drop(loss.backward()?);
+    }
+    let mut optimizer = {
+        // candle-nn's AdamW allocates both moment buffers here, one pair per variable.
+        let _init = highwater::profile!("optimizer_init", Step::Optimizer);
+        AdamW::new(
+            varmap.all_vars(),
+            ParamsAdamW {
+                lr: 1e-3,
+                ..ParamsAdamW::default()
+            },
+        )?
+    };
+
+    let mut leaked = Vec::new();
+    let mut step_times = Vec::with_capacity(args.steps);
+    let mut step_cpu = Vec::with_capacity(args.steps);
+    let mut step_recorded = Vec::with_capacity(args.steps);
+    let mut ab_session: Option<Session> = None;
+    let (mut first_loss, mut last_loss) = (f32::NAN, f32::NAN);
+    for step in 0..args.steps {
+        if args.ab && step % AB_BLOCK == 0 {
+            if let Some(session) = ab_session.take() {
+                session.finish()?;
+            }
+            let block = step / AB_BLOCK;
+            // on, off, off, on, on, off, …: each mode equally often early and late.
+            if (block % 2 == 0) == (block / 2 % 2 == 0) {
+                let session = Session::builder().write_profile(false).start()?;
+                ab_session = Some(session).filter(Session::is_recording);
+            }
+        }
+        step_recorded.push(ab_session.is_some());
+        let start = Instant::now();
+        let cpu_start = process_cpu_time();
+        let step_span = highwater::profile!("train_step");
+        let batch = step % BATCHES;
+        let xb = x.narrow(0, batch * BATCH, BATCH)?;
+        let yb = labels.narrow(0, batch * BATCH, BATCH)?;
+        let (loss, hidden) = {
+            let _fwd = highwater::profile!("forward", Step::Forward);
+            let (logits, hidden) = model.forward(&xb)?;
+            let loss = highwater::candle::op("cross_entropy", &[&logits], || {
+                candle_nn::loss::cross_entropy(&logits, &yb)
+            })?;
+            (loss, hidden)
+        };
+        let grads = {
+            let _bwd = highwater::profile!("backward", Step::Backward);
+            loss.backward()?
+        };
+        {
+            let _opt = highwater::profile!("optimizer", Step::Optimizer);
+            optimizer.step(&grads)?;
+        }
+        let loss_value = loss.to_scalar::<f32>()?;
+        if step == 0 {
+            first_loss = loss_value;
+        }
+        last_loss = loss_value;
+        if args.leak {
+            // The bug --leak demonstrates: a "debug" copy of an activation kept every step.
+            leaked.push(hidden.detach());
+        }
+        // Everything the step made goes before the step's span closes, so the span's residual
+        // (and the per-iteration figure) shows only what outlives the step.
+        drop((loss, grads, hidden));
+        drop(step_span);
+        step_times.push(start.elapsed());
+        step_cpu.push(process_cpu_time().saturating_sub(cpu_start));
+    }
+    drop(leaked);
+    if let Some(session) = ab_session {
+        session.finish()?;
+    }
+    Ok(Run {
+        step_times,
+        step_cpu,
+        step_recorded,
+        first_loss,
+        last_loss,
+        params,
+    })
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse()?;
+    if args.ab {
+        return time_ab(&args);
+    }
+    let session = Session::builder().output(&args.out).start()?;
+    let recording = session.is_recording();
+    let run = train(&args)?;
+    let profile = session.finish()?;
+
+    let mut times: Vec<f64> = run
+        .step_times
+        .iter()
+        .map(|t| t.as_secs_f64() * 1e3)
+        .collect();
+    let mean = times.iter().sum::<f64>() / times.len() as f64;
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    println!(
+        "candle MLP {}, batch {BATCH}, AdamW, {} parameters; {} steps{}",
+        WIDTHS.map(|w| w.to_string()).join("-"),
+        run.params,
+        args.steps,
+        if args.leak { " with --leak" } else { "" },
+    );
+    println!(
+        "loss {:.3} -> {:.3}; step time mean {mean:.2} ms, median {median:.2} ms (recording {})",
+        run.first_loss,
+        run.last_loss,
+        if recording { "on" } else { "off" },
+    );
+    if recording {
+        print_summary(&profile, &args.out);
+    } else {
+        println!("HIGHWATER=off: nothing recorded, no profile written");
+    }
+    Ok(())
+}
+
+/// CPU time used so far by every thread of this process.
+fn process_cpu_time() -> Duration {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, writable timespec; the call writes only into it.
+    let ok = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) } == 0;
+    if ok {
+        Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// `--ab`: step time of recorded vs unrecorded blocks, after one warm-up round.
+///
+/// Blocks come in pairs (one recorded, one not, order alternating); the median of the pairs'
+/// ratios is robust to bursts of load from other processes, the ratio of means is not.
+fn time_ab(args: &Args) -> Result<()> {
+    let run = train(args)?;
+    println!(
+        "ab: {} steps, blocks of {AB_BLOCK} alternating recorded/unrecorded",
+        args.steps
+    );
+    for (what, times) in [("wall", &run.step_times), ("cpu", &run.step_cpu)] {
+        match ab_ratio(times, &run.step_recorded) {
+            Some(ab) => println!(
+                "ab {what:<4}: recorded {:.2} ms/step, unrecorded {:.2} ms/step; ratio of means \
+                 {:.3}, median pair ratio {:.3} ({} pairs)",
+                ab.on_ms,
+                ab.off_ms,
+                ab.on_ms / ab.off_ms,
+                ab.median_ratio,
+                ab.pairs
+            ),
+            None => println!("ab: no recorded/unrecorded pairs (HIGHWATER=off, or too few steps)"),
+        }
+    }
+    Ok(())
+}
+
+struct Ab {
+    on_ms: f64,
+    off_ms: f64,
+    median_ratio: f64,
+    pairs: usize,
+}
+
+/// Per-block means, then per-pair ratios, after two warm-up pairs.
+fn ab_ratio(times: &[Duration], recorded: &[bool]) -> Option<Ab> {
+    let ms: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e3).collect();
+    let blocks: Vec<(bool, f64)> = ms
+        .chunks_exact(AB_BLOCK)
+        .zip(recorded.chunks_exact(AB_BLOCK))
+        .map(|(times, recorded)| (recorded[0], times.iter().sum::<f64>() / AB_BLOCK as f64))
+        .collect();
+    let warmup_pairs = if blocks.len() >= 16 { 2 } else { 0 };
+    let mut ratios: Vec<f64> = blocks
+        .chunks_exact(2)
+        .skip(warmup_pairs)
+        .filter_map(|pair| match (pair[0], pair[1]) {
+            ((true, on), (false, off)) | ((false, off), (true, on)) => Some(on / off),
+            _ => None,
+        })
+        .collect();
+    if ratios.is_empty() {
+        return None;
+    }
+    let mean = |recorded: bool| {
+        let times: Vec<f64> = blocks
+            .iter()
+            .skip(2 * warmup_pairs)
+            .filter(|(r, _)| *r == recorded)
+            .map(|(_, t)| *t)
+            .collect();
+        times.iter().sum::<f64>() / times.len().max(1) as f64
+    };
+    ratios.sort_by(f64::total_cmp);
+    Some(Ab {
+        on_ms: mean(true),
+        off_ms: mean(false),
+        median_ratio: ratios[ratios.len() / 2],
+        pairs: ratios.len(),
+    })
+}
+
+fn print_rows<'a>(rows: impl Iterator<Item = &'a PeakRow>) {
+    for row in rows {
+        println!(
+            "  {:>10}  {:<10} {:<13} {:<11} {:<4} x{:<3} {}",
+            format_bytes(row.bytes),
+            row.category.as_str(),
+            row.op.as_deref().unwrap_or("-"),
+            format_shape(row.shape.as_deref()),
+            row.dtype.as_deref().unwrap_or("-"),
+            row.count,
+            if row.span_path.is_empty() {
+                "(no span)"
+            } else {
+                &row.span_path
+            },
+        );
+    }
+}
+
+fn print_summary(profile: &Profile, out: &std::path::Path) {
+    let summary = &profile.summary;
+    println!();
+    println!(
+        "peak {} at {:.1} ms on {}",
+        format_bytes(summary.peak_bytes),
+        summary.peak_timestamp_ns as f64 / 1e6,
+        summary.peak_device
+    );
+    for (category, bytes) in &summary.peak_by_category {
+        println!("  {category:<11}{:>12}", format_bytes(*bytes));
+    }
+
+    println!("\ntop spans by peak (residual = live bytes left at exit, per call):");
+    let mut spans: Vec<_> = profile.spans.iter().collect();
+    spans.sort_by_key(|s| std::cmp::Reverse((s.peak_bytes, s.calls)));
+    for span in spans.iter().take(5) {
+        println!(
+            "  {:<28} calls {:>4}  peak {:>10}  residual/call {:>10}",
+            span.path,
+            span.calls,
+            format_bytes(span.peak_bytes),
+            format_bytes(span.residual_bytes / span.calls.max(1)),
+        );
+    }
+
+    println!(
+        "\nlive at peak (top 5 of {} rows):",
+        profile.peak_breakdown.len()
+    );
+    print_rows(profile.peak_breakdown.iter().take(5));
+    println!("live at peak, tensors named by an op (top 5):");
+    print_rows(
+        profile
+            .peak_breakdown
+            .iter()
+            .filter(|row| row.op.is_some() && row.shape.is_some())
+            .take(5),
+    );
+
+    if let (Some(first), Some(last)) = (profile.iterations.first(), profile.iterations.last()) {
+        let n = profile.iterations.len();
+        let growth = last.live_bytes as i64 - first.live_bytes as i64;
+        println!(
+            "\niterations: {n} of `{}`; live at end {} (first) -> {} (last), {} per iteration",
+            first.span,
+            format_bytes(first.live_bytes),
+            format_bytes(last.live_bytes),
+            format_bytes_delta(growth / (n as i64 - 1).max(1)),
+        );
+    }
+    if profile.warnings.is_empty() {
+        println!("warnings: none");
+    }
+    for warning in &profile.warnings {
+        println!("warning: {warning}");
+    }
+    println!("profile: {}", out.display());
+}

@@ -1,0 +1,50 @@
+//! A loop that keeps something every iteration gets a leak warning naming its top-level span,
+//! and per-iteration residuals that grow by what it keeps.
+
+use highwater::{Session, Step};
+
+#[global_allocator]
+static ALLOC: highwater::Alloc = highwater::Alloc::system();
+
+const KEPT: usize = 48 * 1024;
+
+#[test]
+fn growing_residual_warns_and_names_the_iteration_span() {
+    let session = Session::builder().write_profile(false).start().unwrap();
+    let mut leaked: Vec<Vec<u8>> = Vec::with_capacity(64);
+    {
+        let _setup = highwater::profile!("setup");
+    }
+    for _ in 0..24 {
+        let _step = highwater::profile!("train_step");
+        let activation = {
+            let _fwd = highwater::profile!("forward", Step::Forward);
+            vec![7u8; KEPT]
+        };
+        {
+            let _bwd = highwater::profile!("backward", Step::Backward);
+            let gradient = vec![1u8; 2 * KEPT];
+            drop(gradient);
+        }
+        leaked.push(activation);
+    }
+    let profile = session.finish().unwrap();
+    drop(leaked);
+
+    assert_eq!(profile.iterations.len(), 24, "{:#?}", profile.iterations);
+    assert!(profile.iterations.iter().all(|i| i.span == "train_step"));
+    // Residuals count every thread's live bytes; allow a little for the test harness's own.
+    for iteration in &profile.iterations[1..] {
+        assert!(
+            (KEPT as i64..KEPT as i64 + 1024).contains(&iteration.delta_bytes),
+            "each iteration keeps one activation: {:#?}",
+            profile.iterations
+        );
+    }
+    let warning = profile
+        .warnings
+        .iter()
+        .find(|w| w.contains("grows across iterations"))
+        .unwrap_or_else(|| panic!("no leak warning in {:#?}", profile.warnings));
+    assert!(warning.contains("`train_step`"), "{warning}");
+}
