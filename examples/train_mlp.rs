@@ -17,25 +17,18 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
-use candle_core::{DType, Device, Tensor, D};
-use candle_nn::{AdamW, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use candle_core::{DType, Device};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use highwater::report::{format_bytes, format_bytes_delta, format_shape};
 use highwater::{Category, PeakRow, Profile, Session, Step};
 
+#[path = "support/mlp.rs"]
+mod mlp;
+
+use mlp::{synthetic_data, Mlp, BATCH, BATCHES, WIDTHS};
+
 #[global_allocator]
 static ALLOC: highwater::Alloc = highwater::Alloc::system();
-
-/// Layer widths, input first.
-const WIDTHS: [usize; 4] = [784, 512, 512, 10];
-const BATCH: usize = 128;
-/// Batches in the synthetic data set; steps cycle through them.
-const BATCHES: usize = 8;
-/// Op names per layer: matmul, bias add, activation.
-const OPS: [[&str; 3]; 3] = [
-    ["fc1.matmul", "fc1.bias", "fc1.relu"],
-    ["fc2.matmul", "fc2.bias", "fc2.relu"],
-    ["fc3.matmul", "fc3.bias", "fc3.relu"],
-];
 
 struct Args {
     steps: usize,
@@ -84,64 +77,6 @@ impl Args {
         }
         Ok(args)
     }
-}
-
-struct Mlp {
-    layers: Vec<Linear>,
-}
-
-impl Mlp {
-    fn new(vb: &VarBuilder) -> candle_core::Result<Mlp> {
-        let layers = (0..WIDTHS.len() - 1)
-            .map(|i| candle_nn::linear(WIDTHS[i], WIDTHS[i + 1], vb.pp(format!("fc{}", i + 1))))
-            .collect::<candle_core::Result<_>>()?;
-        Ok(Mlp { layers })
-    }
-
-    /// Logits, and the first hidden activation (what `--leak` keeps).
-    fn forward(&self, x: &Tensor) -> candle_core::Result<(Tensor, Tensor)> {
-        let mut h = x.clone();
-        let mut first_hidden = None;
-        let last = self.layers.len() - 1;
-        for (i, layer) in self.layers.iter().enumerate() {
-            let [matmul, bias_add, relu] = OPS[i];
-            let w = layer.weight();
-            let z = highwater::candle::op(matmul, &[&h, w], || h.matmul(&w.t()?))?;
-            h = match layer.bias() {
-                Some(b) => highwater::candle::op(bias_add, &[&z, b], || z.broadcast_add(b))?,
-                None => z,
-            };
-            if i < last {
-                h = highwater::candle::op(relu, &[&h], || h.relu())?;
-                first_hidden.get_or_insert_with(|| h.clone());
-            }
-        }
-        let first_hidden = first_hidden.unwrap_or_else(|| h.clone());
-        Ok((h, first_hidden))
-    }
-}
-
-/// Inputs uniform in [-1, 1), labels from a fixed random linear "teacher", so the loss has
-/// something to learn. Seeded, so every run trains on the same data.
-fn synthetic_data(device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut uniform = |n: usize| -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                // xorshift64*: plenty for synthetic data.
-                state ^= state >> 12;
-                state ^= state << 25;
-                state ^= state >> 27;
-                let bits = state.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40;
-                bits as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    };
-    let (n, d, k) = (BATCHES * BATCH, WIDTHS[0], WIDTHS[3]);
-    let x = Tensor::from_vec(uniform(n * d), (n, d), device)?;
-    let teacher = Tensor::from_vec(uniform(d * k), (d, k), device)?;
-    let labels = x.matmul(&teacher)?.argmax(D::Minus1)?;
-    Ok((x, labels))
 }
 
 struct Run {
