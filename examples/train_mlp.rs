@@ -137,7 +137,7 @@ fn train(args: &Args) -> Result<Run> {
             }
             let block = step / AB_BLOCK;
             // on, off, off, on, on, off, …: each mode equally often early and late.
-            if (block % 2 == 0) == (block / 2 % 2 == 0) {
+            if block.is_multiple_of(2) == (block / 2).is_multiple_of(2) {
                 let session = Session::builder().write_profile(false).start()?;
                 ab_session = Some(session).filter(Session::is_recording);
             }

@@ -1,6 +1,39 @@
 //! highwater: where did my training run's memory go?
 //!
-//! A memory profiler that a Rust training binary links in.
+//! A memory profiler that a Rust training binary links in. Install [`Alloc`] as the global
+//! allocator, start a [`Session`], mark forward, backward and optimizer work with
+//! [`profile!`](crate::profile!), and a [`Profile`] is written when the session ends: when memory
+//! peaked, what was live at the peak, and which span, op and category put it there.
+//!
+//! ```no_run
+//! #[global_allocator]
+//! static ALLOC: highwater::Alloc = highwater::Alloc::system();
+//!
+//! fn main() -> Result<(), highwater::Error> {
+//!     let session = highwater::Session::start()?;
+//!     {
+//!         let _fwd = highwater::profile!("forward", highwater::Step::Forward);
+//!         let activations = vec![0f32; 1 << 20];
+//!         # drop(activations);
+//!     }
+//!     let profile = session.finish()?;
+//!     println!("peak {} bytes on {}", profile.summary.peak_bytes, profile.summary.peak_device);
+//!     Ok(())
+//! }
+//! ```
+//!
+//! - [`Alloc`]: the recording `GlobalAlloc` wrapper (lock-free, allocation-free hot path).
+//! - [`Session`] / [`SessionBuilder`]: start and end recording; configuration and `HIGHWATER_*`.
+//! - [`profile!`](crate::profile!) / [`SpanGuard`]: spans, optionally a [`Step`] or a
+//!   [`Category`].
+//! - [`ops`]: op and tensor hooks (ops, device tensors, categories).
+//! - [`Profile`]: the document written at the end; [`export`] renders it (Chrome trace, HTML,
+//!   PyTorch snapshot) and the `highwater` binary reads it.
+//! - [`analysis::Timeline`]: the pure analysis every figure comes from.
+//! - [`device`]: device memory pools with admission control and what-if replay.
+//!
+//! Linux is the supported platform (thread-exit and fork handling use pthreads). Built and
+//! tested with Rust 1.95.
 //!
 //! # Features
 //!

@@ -35,7 +35,7 @@ fn concurrent_multi_device_reservations_conserve_bytes_under_every_strategy() {
                     let mut held: Vec<Reservation> = Vec::new();
                     let (mut ok, mut refused) = (0u64, 0u64);
                     for _ in 0..2_000 {
-                        if held.len() < 8 && next(&mut rng) % 3 != 0 {
+                        if held.len() < 8 && !next(&mut rng).is_multiple_of(3) {
                             let a = DeviceId((next(&mut rng) % 4) as u32);
                             let b = DeviceId((next(&mut rng) % 4) as u32);
                             let size = 1 + next(&mut rng) % (4 * MIB);

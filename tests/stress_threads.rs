@@ -200,7 +200,9 @@ fn allocations_inside_thread_local_destructors_at_thread_exit() {
                     std::thread::spawn(move || {
                         ALLOCATES_ON_DROP.with(|_| ());
                         // SAFETY: `key` is a live key; the value is never dereferenced.
-                        unsafe { libc::pthread_setspecific(key, 1 as *const libc::c_void) };
+                        unsafe {
+                            libc::pthread_setspecific(key, std::ptr::dangling::<libc::c_void>())
+                        };
                         let _span = highwater::profile!("body", Step::Forward);
                         black_box(vec![i as u8; 100]);
                         gettid()

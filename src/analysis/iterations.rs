@@ -66,7 +66,7 @@ impl IterationSeries {
         };
         self.count += 1;
         self.last_live = Some(live);
-        if exit.index % self.stride == 0 {
+        if exit.index.is_multiple_of(self.stride) {
             self.sample.push(exit);
             if self.sample.len() > MAX_ITERATIONS - RECENT {
                 self.stride *= 2;

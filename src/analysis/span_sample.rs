@@ -45,7 +45,7 @@ impl SpanSample {
 
     /// Offers a closed instance.
     pub(crate) fn offer(&mut self, call: SpanCall) {
-        if self.offered % self.stride == 0 {
+        if self.offered.is_multiple_of(self.stride) {
             self.kept.push(call);
             if self.kept.len() >= self.limit {
                 // kept[i] is offer number i * stride: keep the multiples of 2 * stride.

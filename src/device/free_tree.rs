@@ -303,7 +303,7 @@ mod tests {
                 let size = 1 + (x >> 20) % 1000;
                 e.insert(size);
                 t.insert(off, size);
-            } else if x % 3 == 0 {
+            } else if x.is_multiple_of(3) {
                 model.remove(&off);
                 assert!(t.remove(off));
             } else {

@@ -51,7 +51,7 @@ impl Median {
             }
             self.total = self.counts.iter().sum();
         }
-        if self.total % Self::EVERY != 0 {
+        if !self.total.is_multiple_of(Self::EVERY) {
             return false;
         }
         let half = self.total / 2;
@@ -344,7 +344,7 @@ mod tests {
                 for (alloc, size, index) in ops {
                     if alloc || live.is_empty() {
                         let rounded = pool.round(size).unwrap();
-                        prop_assert!(rounded >= size && rounded % 256 == 0);
+                        prop_assert!(rounded >= size && rounded.is_multiple_of(256));
                         let fits = pool.fits(rounded);
                         let got = pool.alloc(rounded, size);
                         prop_assert_eq!(got.is_some(), fits);

@@ -333,7 +333,7 @@ impl Sampler {
         let rel = u128::from(ts - self.start);
         let i = (rel * MAX_SAMPLES as u128 / (u128::from(self.span) + 1)) as usize;
         let slot = &mut self.buckets[i.min(MAX_SAMPLES - 1)];
-        if slot.map_or(true, |(_, v)| value > v) {
+        if slot.is_none_or(|(_, v)| value > v) {
             *slot = Some((ts, value));
         }
     }

@@ -696,6 +696,6 @@ mod tests {
             .flat_map(|t| t.by_category.keys())
             .collect();
         assert_eq!(categories.len(), 5);
-        assert!(p.spans.iter().all(|s| s.parent.map_or(true, |x| x < s.id)));
+        assert!(p.spans.iter().all(|s| s.parent.is_none_or(|x| x < s.id)));
     }
 }
