@@ -435,32 +435,24 @@ impl EnvConfig {
             value: value.to_string(),
             expected,
         };
-        let enabled = match var("HIGHWATER") {
-            None => true,
-            Some(value) => parse_switch(&value)
-                .ok_or_else(|| invalid("HIGHWATER", &value, "on or off (1/0, true/false)"))?,
+        let switch = |name: &'static str| -> Result<Option<bool>, Error> {
+            var(name)
+                .map(|value| {
+                    parse_switch(&value)
+                        .ok_or_else(|| invalid(name, &value, "on or off (1/0, true/false)"))
+                })
+                .transpose()
         };
-        let output = match var("HIGHWATER_OUT") {
-            None => None,
-            Some(value) if value.trim().is_empty() => {
-                return Err(invalid("HIGHWATER_OUT", &value, "a file path"))
+        let path = |name: &'static str| -> Result<Option<PathBuf>, Error> {
+            match var(name) {
+                Some(value) if value.trim().is_empty() => Err(invalid(name, &value, "a file path")),
+                value => Ok(value.map(PathBuf::from)),
             }
-            Some(value) => Some(PathBuf::from(value)),
         };
-        let alloc_log = match var("HIGHWATER_ALLOC_LOG") {
-            None => None,
-            Some(value) if value.trim().is_empty() => {
-                return Err(invalid("HIGHWATER_ALLOC_LOG", &value, "a file path"))
-            }
-            Some(value) => Some(PathBuf::from(value)),
-        };
-        let html =
-            match var("HIGHWATER_HTML") {
-                None => None,
-                Some(value) => Some(parse_switch(&value).ok_or_else(|| {
-                    invalid("HIGHWATER_HTML", &value, "1 or 0 (on/off, true/false)")
-                })?),
-            };
+        let enabled = switch("HIGHWATER")?.unwrap_or(true);
+        let output = path("HIGHWATER_OUT")?;
+        let alloc_log = path("HIGHWATER_ALLOC_LOG")?;
+        let html = switch("HIGHWATER_HTML")?;
         let ring_events = match var("HIGHWATER_RING_EVENTS") {
             None => None,
             Some(value) => {
@@ -479,12 +471,7 @@ impl EnvConfig {
             Some("monotonic") => true,
             Some(value) => return Err(invalid("HIGHWATER_CLOCK", value, "tsc or monotonic")),
         };
-        let signals = match var("HIGHWATER_SIGNALS") {
-            None => None,
-            Some(value) => Some(parse_switch(&value).ok_or_else(|| {
-                invalid("HIGHWATER_SIGNALS", &value, "on or off (1/0, true/false)")
-            })?),
-        };
+        let signals = switch("HIGHWATER_SIGNALS")?;
         Ok(EnvConfig {
             enabled,
             output,
