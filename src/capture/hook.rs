@@ -155,7 +155,12 @@ fn claim_ring(current: &mut ThreadState) -> Option<usize> {
         let ring = &REGISTRY.slots()[index].ring;
         if !ring.has_storage() {
             let capacity = lifecycle::ring_capacity();
-            let slots = lifecycle::alloc_ring_storage(capacity)?;
+            let Some(slots) = lifecycle::alloc_ring_storage(capacity) else {
+                // Without storage the slot is useless to us, and the collector skips slots
+                // without storage, so it must go back or it is lost to every thread.
+                REGISTRY.abandon(index);
+                return None;
+            };
             // SAFETY: we own the slot (claimed it) and it has no storage; `slots` holds
             // `capacity` zeroed slots that are never freed; `capacity` is a power of two.
             unsafe { ring.install(slots, capacity) };

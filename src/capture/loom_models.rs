@@ -144,6 +144,27 @@ fn claim_gives_each_slot_one_owner() {
     });
 }
 
+#[test]
+fn an_abandoned_claim_can_be_claimed_again() {
+    loom::model(|| {
+        let table = Arc::new(registry(1));
+        let other = {
+            let table = table.clone();
+            thread::spawn(move || {
+                if let Some(index) = table.claim() {
+                    table.abandon(index);
+                }
+            })
+        };
+        other.join().unwrap();
+        assert_eq!(
+            table.claim(),
+            Some(0),
+            "an abandoned slot must be free again"
+        );
+    });
+}
+
 /// A thread claims a ring, records and exits (its ring is retired); the collector then drains
 /// and frees it while the next thread tries to claim a ring and record. Whatever the collector
 /// drains as the retired thread's must be its events (ticks 1), never the next owner's

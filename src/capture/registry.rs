@@ -133,6 +133,17 @@ impl<S: AsRef<[Slot]>> Registry<S> {
         })
     }
 
+    /// Gives back slot `index`, which the caller claimed but could not use (no storage could
+    /// be mapped for it); it never held events. The free-ring generation does not move:
+    /// nothing new became free, and threads that found the table full need not retry.
+    pub(crate) fn abandon(&self, index: usize) {
+        if let Some(slot) = self.slots().get(index) {
+            let _ = slot
+                .state
+                .compare_exchange(OWNED, FREE, Ordering::Release, Ordering::Relaxed);
+        }
+    }
+
     /// Hands slot `index` back for a last drain. Called by its producer, which writes nothing
     /// more to it afterwards.
     pub(crate) fn retire(&self, index: usize) {
