@@ -2,8 +2,9 @@
 //! when they exit; the collector drains every claimed or handed-back ring.
 //!
 //! A slot's `state` moves `FREE → OWNED` (a producer's compare-and-swap, the only way to become
-//! the producer), `OWNED → RETIRED` (its producer, at thread exit) and `RETIRED → FREE` (the
-//! collector, after its last drain). So a ring has at most one producer, and it changes hands
+//! the producer), `OWNED → RETIRED` (its producer, at thread exit), `RETIRED → FREE` (the
+//! collector, after its last drain) and `OWNED → FREE` (a claimer that could not get storage for
+//! the ring, before it wrote anything). So a ring has at most one producer, and it changes hands
 //! only after the collector has seen everything the previous owner wrote.
 
 use super::ring::Ring;
