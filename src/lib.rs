@@ -29,6 +29,9 @@
 //! - [`ops`]: op and tensor hooks (ops, device tensors, categories).
 //! - [`Profile`]: the document written at the end; [`export`] renders it (Chrome trace, HTML,
 //!   PyTorch snapshot) and the `highwater` binary reads it.
+//! - [`measure`] / [`Measurement`]: exact heap figures of a closure on the calling thread, for
+//!   tests; [`Budget`], [`assert_peak_below!`], [`assert_no_leak!`] and [`LeakCheck`] turn
+//!   them into assertions with readable failures.
 //! - [`analysis::Timeline`]: the pure analysis every figure comes from.
 //! - [`device`]: device memory pools with admission control and what-if replay.
 //!
@@ -74,6 +77,8 @@ mod error;
 #[cfg(not(loom))]
 pub mod ops;
 #[cfg(not(loom))]
+mod measure;
+#[cfg(not(loom))]
 mod session;
 #[cfg(all(not(loom), target_os = "linux"))]
 mod signal;
@@ -91,6 +96,11 @@ pub use profile::{
     CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile,
     ProfileError, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint,
     MAX_ITERATIONS, MAX_PROFILE_BYTES, MAX_SPAN_EVENTS, SCHEMA,
+};
+#[cfg(not(loom))]
+pub use measure::{
+    measure, Budget, BudgetExceeded, IterationReport, LeakCheck, LeakDetected, Measurement,
+    SpanFigures,
 };
 #[cfg(not(loom))]
 pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};

@@ -337,6 +337,12 @@ pub(crate) fn paused<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Whether highwater itself runs on this thread now (recording paused, or its own thread):
+/// what it allocates is not the user's, for measurements as for the profile.
+pub(crate) fn highwater_running_here() -> bool {
+    state().is_some_and(|current| current.paused || current.internal)
+}
+
 /// Opens the recording gate (the session, once everything is ready).
 pub(crate) fn open_gate() {
     RECORDING.store(true, Ordering::SeqCst);
