@@ -306,9 +306,9 @@ fn a_broken_peak_budget_names_the_figure_the_budget_and_the_span() {
         .unwrap();
     assert!(
         message.starts_with(
-            "memory budget exceeded:\n  peak 3.00 MiB (3145728 bytes) > budget 2.00 MiB \
-             (2097152 bytes) (over by 1.00 MiB (1048576 bytes))\nlargest contributors by span \
-             (live at the peak):\n      3.00 MiB  forward (1 allocations)\n"
+            "memory budget exceeded:\n  peak 3.0 MiB (3145728 bytes) > budget 2.0 MiB \
+             (2097152 bytes) (over by 1.0 MiB (1048576 bytes))\nlargest contributors by span \
+             (live at the peak):\n       3.0 MiB  forward (1 allocations)\n"
         ),
         "{message}"
     );

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use super::{Measurement, SpanFigures};
+use crate::units::format_bytes;
 
 /// Span rows a failure message shows; the rest are summed in one line, so it fits a screen.
 const CONTRIBUTOR_ROWS: usize = 8;
@@ -22,7 +23,7 @@ const CONTRIBUTOR_ROWS: usize = 8;
 /// // The vector is returned, so its bytes are still live at the end: a leak of the closure.
 /// let strict = highwater::Budget::new().max_leaked_bytes(0);
 /// let failure = strict.check(&m).unwrap_err();
-/// assert!(failure.to_string().contains("leaked 4.00 KiB (4096 bytes)"));
+/// assert!(failure.to_string().contains("leaked 4.0 KiB (4096 bytes)"));
 /// # }
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -232,7 +233,7 @@ pub(crate) fn contributors(
         writeln!(
             f,
             "  {:>12}  {} ({} allocations)",
-            short_bytes(figure(row)),
+            format_bytes(figure(row)),
             row.display_path(),
             row.allocations
         )?;
@@ -243,35 +244,20 @@ pub(crate) fn contributors(
         writeln!(
             f,
             "  {:>12}  {} more spans",
-            short_bytes(sum),
+            format_bytes(sum),
             rest.len()
         )?;
     }
     Ok(())
 }
 
-/// `1.50 MiB (1572864 bytes)`; plain `512 bytes` below a KiB.
+/// `1.5 MiB (1572864 bytes)`; plain `512 bytes` below a KiB.
 pub(crate) fn bytes(n: u64) -> String {
     if n < 1024 {
         format!("{n} bytes")
     } else {
-        format!("{} ({n} bytes)", short_bytes(n))
+        format!("{} ({n} bytes)", format_bytes(n))
     }
-}
-
-/// `1.50 MiB`, `512 B`.
-pub(crate) fn short_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    if n < 1024 {
-        return format!("{n} B");
-    }
-    let mut value = n as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{value:.2} {}", UNITS[unit])
 }
 
 /// Fails the test unless `measurement`'s peak is at most `limit` bytes; the message shows the
@@ -375,13 +361,13 @@ mod tests {
         assert_eq!(lines[0], "memory budget exceeded:");
         assert_eq!(
             lines[1],
-            "  peak 3.00 MiB (3145728 bytes) > budget 2.00 MiB (2097152 bytes) \
-             (over by 1.00 MiB (1048576 bytes))"
+            "  peak 3.0 MiB (3145728 bytes) > budget 2.0 MiB (2097152 bytes) \
+             (over by 1.0 MiB (1048576 bytes))"
         );
         assert_eq!(lines[2], "largest contributors by span (live at the peak):");
-        assert_eq!(lines[3], "      2.00 MiB  forward/matmul (2 allocations)");
-        assert_eq!(lines[4], "      1.00 MiB  (outside any span) (2 allocations)");
-        assert!(lines[5].starts_with("measured: peak 3.00 MiB"), "{message}");
+        assert_eq!(lines[3], "       2.0 MiB  forward/matmul (2 allocations)");
+        assert_eq!(lines[4], "       1.0 MiB  (outside any span) (2 allocations)");
+        assert!(lines[5].starts_with("measured: peak 3.0 MiB"), "{message}");
     }
 
     #[test]
@@ -413,7 +399,7 @@ mod tests {
         assert!(message.contains("span39"), "largest first: {message}");
         let rest: u64 = (0..32).map(|i| 1000 + i).sum();
         assert!(
-            message.contains(&format!("{}  32 more spans", short_bytes(rest))),
+            message.contains(&format!("{}  32 more spans", format_bytes(rest))),
             "{message}"
         );
     }
@@ -430,7 +416,6 @@ mod tests {
     fn byte_figures_read_in_binary_units() {
         assert_eq!(bytes(0), "0 bytes");
         assert_eq!(bytes(1023), "1023 bytes");
-        assert_eq!(bytes(1536), "1.50 KiB (1536 bytes)");
-        assert_eq!(short_bytes(5 << 30), "5.00 GiB");
+        assert_eq!(bytes(1536), "1.5 KiB (1536 bytes)");
     }
 }
