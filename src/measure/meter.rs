@@ -432,7 +432,7 @@ impl Meter {
             } else {
                 node.live
             };
-            if node.allocations == 0 && node.allocated_bytes == 0 && at_peak == 0 {
+            if node.allocated_bytes == 0 && at_peak == 0 && node.live == 0 {
                 continue;
             }
             let path = self.path(index);

@@ -83,7 +83,9 @@ pub struct Measurement {
     /// blocks: what [`LeakCheck`] watches across iterations.
     pub net_bytes: i64,
     /// Figures by span path, largest first (live at the peak, then leaked, then allocated).
-    /// Path `""` holds what was allocated outside every span opened inside the closure.
+    /// Path `""` holds what was allocated outside every span opened inside the closure. A
+    /// measurement follows 127 distinct paths and 64 levels of nesting; a span beyond either
+    /// is counted in the path that encloses it.
     pub spans: Vec<SpanFigures>,
 }
 
