@@ -76,9 +76,9 @@ mod collector;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
-pub mod ops;
-#[cfg(not(loom))]
 mod measure;
+#[cfg(not(loom))]
+pub mod ops;
 #[cfg(not(loom))]
 mod session;
 #[cfg(all(not(loom), target_os = "linux"))]
@@ -92,16 +92,16 @@ mod tracing_layer;
 pub use alloc::Alloc;
 #[cfg(not(loom))]
 pub use error::Error;
+#[cfg(not(loom))]
+pub use measure::{
+    measure, Budget, BudgetExceeded, IterationReport, LeakCheck, LeakDetected, Measurement,
+    SpanFigures,
+};
 pub use model::{Category, SpanLabel, Step};
 pub use profile::{
     CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile,
     ProfileError, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint,
     MAX_ITERATIONS, MAX_PROFILE_BYTES, MAX_SPAN_EVENTS, SCHEMA,
-};
-#[cfg(not(loom))]
-pub use measure::{
-    measure, Budget, BudgetExceeded, IterationReport, LeakCheck, LeakDetected, Measurement,
-    SpanFigures,
 };
 #[cfg(not(loom))]
 pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};

@@ -127,7 +127,11 @@ fn a_block_freed_by_another_thread_stays_counted_as_leaked() {
     freer.join().unwrap();
     assert_eq!(m.allocations, 1);
     assert_eq!(m.frees, 0);
-    assert_eq!((m.leaked_bytes, m.leaked_blocks), (2048, 1), "the free was not seen");
+    assert_eq!(
+        (m.leaked_bytes, m.leaked_blocks),
+        (2048, 1),
+        "the free was not seen"
+    );
     assert_eq!(m.net_bytes, 2048);
 }
 
@@ -182,15 +186,15 @@ fn spans_split_the_figures_and_say_what_was_live_at_the_peak() {
         (1000, 1000, 1000)
     );
     let matmul = span(&m, "forward/matmul");
-    assert_eq!(
-        (matmul.live_at_peak_bytes, matmul.leaked_bytes),
-        (5000, 0)
-    );
+    assert_eq!((matmul.live_at_peak_bytes, matmul.leaked_bytes), (5000, 0));
     let cache = span(&m, "cache");
     assert_eq!((cache.live_at_peak_bytes, cache.leaked_bytes), (0, 3000));
     let root = span(&m, "");
     assert_eq!((root.live_at_peak_bytes, root.leaked_bytes), (0, 10));
-    assert_eq!(m.spans[0].path, "forward/matmul", "largest at the peak first");
+    assert_eq!(
+        m.spans[0].path, "forward/matmul",
+        "largest at the peak first"
+    );
     let at_peak: u64 = m.spans.iter().map(|row| row.live_at_peak_bytes).sum();
     assert_eq!(at_peak, m.peak_bytes);
     drop(kept);
@@ -333,13 +337,10 @@ fn a_leak_budget_points_at_the_span_that_kept_the_bytes() {
 #[test]
 fn one_small_allocation_kept_per_iteration_is_caught() {
     let mut kept: Vec<Box<[u8; 16]>> = Vec::with_capacity(100);
-    let report = LeakCheck::new()
-        .warmups(3)
-        .iterations(20)
-        .run(|| {
-            let _s = highwater::profile!("remember");
-            kept.push(Box::new([0; 16]));
-        });
+    let report = LeakCheck::new().warmups(3).iterations(20).run(|| {
+        let _s = highwater::profile!("remember");
+        kept.push(Box::new([0; 16]));
+    });
     assert_eq!(report.growth_bytes, 20 * 16);
     assert_eq!(report.growth_per_iteration(), 16.0);
     assert_eq!(
@@ -354,7 +355,10 @@ fn one_small_allocation_kept_per_iteration_is_caught() {
         ),
         "{message}"
     );
-    assert!(message.contains("still live):\n         320 B  remember (20 allocations)"), "{message}");
+    assert!(
+        message.contains("still live):\n         320 B  remember (20 allocations)"),
+        "{message}"
+    );
     // The same growth fits an allowance of 16 bytes per iteration.
     let within = LeakCheck::new().iterations(5).max_growth_per_iteration(16);
     assert!(within.run(|| kept.push(Box::new([0; 16]))).check().is_ok());

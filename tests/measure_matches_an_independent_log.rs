@@ -255,7 +255,10 @@ fn every_figure_matches_a_replay_of_the_logged_calls() {
             expected.allocations > 5_000 && expected.reallocations > 1_000,
             "{expected:?}"
         );
-        assert!(expected.untracked_frees > 50, "older blocks were freed: {expected:?}");
+        assert!(
+            expected.untracked_frees > 50,
+            "older blocks were freed: {expected:?}"
+        );
         let got = Replayed {
             peak: m.peak_bytes,
             allocated: m.allocated_bytes,

@@ -105,7 +105,7 @@ impl Budget {
         }
         Err(BudgetExceeded {
             broken,
-            measurement: measurement.clone(),
+            measurement: Box::new(measurement.clone()),
         })
     }
 
@@ -154,7 +154,7 @@ struct Broken {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BudgetExceeded {
     broken: Vec<Broken>,
-    measurement: Measurement,
+    measurement: Box<Measurement>,
 }
 
 impl BudgetExceeded {
@@ -191,10 +191,17 @@ impl fmt::Display for BudgetExceeded {
             )?;
         }
         let leak_only = !self.broken.is_empty()
-            && self.broken.iter().all(|broken| broken.figure == Figure::Leaked);
+            && self
+                .broken
+                .iter()
+                .all(|broken| broken.figure == Figure::Leaked);
         let (title, figure): (&str, fn(&SpanFigures) -> u64) = if leak_only {
             ("still live at the end", |row| row.leaked_bytes)
-        } else if self.broken.iter().any(|broken| broken.figure == Figure::Peak) {
+        } else if self
+            .broken
+            .iter()
+            .any(|broken| broken.figure == Figure::Peak)
+        {
             ("live at the peak", |row| row.live_at_peak_bytes)
         } else {
             ("allocated", |row| row.allocated_bytes)
@@ -241,12 +248,7 @@ pub(crate) fn contributors(
     if rows.len() > CONTRIBUTOR_ROWS {
         let rest = &rows[CONTRIBUTOR_ROWS..];
         let sum: u64 = rest.iter().map(|row| figure(row)).sum();
-        writeln!(
-            f,
-            "  {:>12}  {} more spans",
-            format_bytes(sum),
-            rest.len()
-        )?;
+        writeln!(f, "  {:>12}  {} more spans", format_bytes(sum), rest.len())?;
     }
     Ok(())
 }
@@ -366,7 +368,10 @@ mod tests {
         );
         assert_eq!(lines[2], "largest contributors by span (live at the peak):");
         assert_eq!(lines[3], "       2.0 MiB  forward/matmul (2 allocations)");
-        assert_eq!(lines[4], "       1.0 MiB  (outside any span) (2 allocations)");
+        assert_eq!(
+            lines[4],
+            "       1.0 MiB  (outside any span) (2 allocations)"
+        );
         assert!(lines[5].starts_with("measured: peak 3.0 MiB"), "{message}");
     }
 

@@ -150,7 +150,7 @@ impl IterationReport {
             return Ok(());
         }
         Err(LeakDetected {
-            report: self.clone(),
+            report: Box::new(self.clone()),
         })
     }
 }
@@ -158,7 +158,7 @@ impl IterationReport {
 /// The heap grew across iterations more than a [`LeakCheck`] allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeakDetected {
-    report: IterationReport,
+    report: Box<IterationReport>,
 }
 
 impl LeakDetected {
@@ -194,7 +194,11 @@ impl fmt::Display for LeakDetected {
             f,
             "net bytes after each iteration: {}{}",
             curve.join(" "),
-            if r.net_after.len() > shown { " …" } else { "" }
+            if r.net_after.len() > shown {
+                " …"
+            } else {
+                ""
+            }
         )?;
         contributors(
             f,

@@ -454,12 +454,18 @@ impl Meter {
             }
         }
         spans.sort_by(|a, b| {
-            (b.live_at_peak_bytes, b.leaked_bytes, b.allocated_bytes, &a.path).cmp(&(
-                a.live_at_peak_bytes,
-                a.leaked_bytes,
-                a.allocated_bytes,
-                &b.path,
-            ))
+            (
+                b.live_at_peak_bytes,
+                b.leaked_bytes,
+                b.allocated_bytes,
+                &a.path,
+            )
+                .cmp(&(
+                    a.live_at_peak_bytes,
+                    a.leaked_bytes,
+                    a.allocated_bytes,
+                    &b.path,
+                ))
         });
         Measurement {
             peak_bytes: self.peak,

@@ -42,8 +42,8 @@ mod table;
 use std::cell::UnsafeCell;
 
 pub use budget::{Budget, BudgetExceeded};
-pub(crate) use meter::{on_alloc, on_free, on_realloc};
 pub use iterations::{IterationReport, LeakCheck, LeakDetected};
+pub(crate) use meter::{on_alloc, on_free, on_realloc};
 
 /// What [`measure`] counted: exact figures for the blocks the calling thread allocated while
 /// the closure ran.

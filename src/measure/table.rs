@@ -148,9 +148,7 @@ impl AddressTable {
     fn slots_mut(&mut self) -> &mut [Slot] {
         match self.slots {
             // SAFETY: as in `slots`; `&mut self` makes this the only reference.
-            Some(slots) => unsafe {
-                std::slice::from_raw_parts_mut(slots.as_ptr(), self.capacity)
-            },
+            Some(slots) => unsafe { std::slice::from_raw_parts_mut(slots.as_ptr(), self.capacity) },
             None => &mut [],
         }
     }
