@@ -52,7 +52,11 @@ fn forward(batch: usize) -> Measurement {
 fn one_forward_pass_leaves_the_activations_the_layer_shapes_give() {
     let small = forward(64);
     let full = forward(mlp::BATCH);
-    assert_eq!(activation_bytes(mlp::BATCH), 1_583_104, "128 × 4 × (3·512 + 3·512 + 2·10)");
+    assert_eq!(
+        activation_bytes(mlp::BATCH),
+        1_583_104,
+        "128 × 4 × (3·512 + 3·512 + 2·10)"
+    );
 
     // Exactly the activations scale with the batch: the difference between two batch sizes
     // is the activation bytes of the difference, to the byte.

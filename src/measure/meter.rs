@@ -32,79 +32,72 @@ const MAX_DEPTH: usize = 64;
 /// The node of allocations made outside every span opened inside the measurement.
 const ROOT: u16 = 0;
 
-/// One thread's measuring state. `Copy` and destructor-free by design.
-#[derive(Debug, Clone, Copy)]
-struct Current {
-    /// The innermost meter, or null when this thread is not measuring.
-    meter: *mut Meter,
-    /// Set while highwater's measurement code itself runs (building a result): not measured.
-    paused: bool,
-    /// Set while a meter update runs: an event arriving then is re-entry.
-    busy: bool,
-    /// Events not applied because they arrived during an update, over the thread's life.
-    missed: u64,
-}
-
 thread_local! {
-    static CURRENT: Cell<Current> = const {
-        Cell::new(Current {
-            meter: std::ptr::null_mut(),
-            paused: false,
-            busy: false,
-            missed: 0,
-        })
-    };
+    /// The innermost meter, or null when this thread is not measuring.
+    static METER: Cell<*mut Meter> = const { Cell::new(std::ptr::null_mut()) };
+    /// [`PAUSED`] and [`BUSY`].
+    static FLAGS: Cell<u8> = const { Cell::new(0) };
+    /// Events not applied because they arrived during an update, over the thread's life.
+    static MISSED: Cell<u64> = const { Cell::new(0) };
 }
 
-const _: () = assert!(!std::mem::needs_drop::<Current>());
+/// Set while highwater's measurement code itself runs (building a result): not measured.
+const PAUSED: u8 = 1;
+/// Set while a meter update runs: an event arriving then is re-entry.
+const BUSY: u8 = 2;
+
+const _: () = assert!(!std::mem::needs_drop::<Cell<*mut Meter>>());
 
 #[inline(always)]
-fn current() -> Option<Current> {
-    CURRENT.try_with(Cell::get).ok()
+fn meter_now() -> *mut Meter {
+    METER.try_with(Cell::get).unwrap_or(std::ptr::null_mut())
 }
 
 #[inline(always)]
-fn set_current(current: Current) {
-    let _ = CURRENT.try_with(|cell| cell.set(current));
+fn flags() -> u8 {
+    FLAGS.try_with(Cell::get).unwrap_or(PAUSED)
+}
+
+#[inline(always)]
+fn set_flags(flags: u8) {
+    let _ = FLAGS.try_with(|cell| cell.set(flags));
+}
+
+fn missed() -> u64 {
+    MISSED.try_with(Cell::get).unwrap_or(0)
 }
 
 /// Applies `update` to every meter of this thread's chain, innermost first, unless the thread
 /// is not measuring, highwater runs on it, or this is re-entry.
 #[inline(always)]
 fn each_meter(update: impl Fn(&mut Meter)) {
-    let Some(now) = current() else {
-        return;
-    };
-    if now.meter.is_null() || now.paused {
+    let mut meter = meter_now();
+    if meter.is_null() {
         return;
     }
-    if now.busy {
-        set_current(Current {
-            missed: now.missed + 1,
-            ..now
-        });
+    let flags = flags();
+    if flags != 0 {
+        if flags & BUSY != 0 {
+            let _ = MISSED.try_with(|cell| cell.set(cell.get() + 1));
+        }
         return;
     }
-    if capture::highwater_running_here() {
+    // Only a session pauses a user thread for highwater's own allocations (interning names);
+    // its gate is one Relaxed load.
+    if capture::recording() && capture::highwater_running_here() {
         return;
     }
-    set_current(Current { busy: true, ..now });
-    let mut meter = now.meter;
+    set_flags(BUSY);
     while !meter.is_null() {
         // SAFETY: every meter of the chain is alive: `Activation` removes a meter from the
         // chain before its frame ends, and a meter's parent outlives it (nesting is scoped).
-        // `busy` makes this the only reference to it on this thread, and no other thread ever
+        // `BUSY` makes this the only reference to it on this thread, and no other thread ever
         // reaches it (it is reachable only through this thread's thread-local).
         let this = unsafe { &mut *meter };
         update(this);
         meter = this.parent;
     }
-    if let Some(after) = current() {
-        set_current(Current {
-            busy: false,
-            ..after
-        });
-    }
+    set_flags(0);
 }
 
 /// Counts a heap allocation that the inner allocator just made.
@@ -131,17 +124,17 @@ pub(crate) fn on_realloc(old_addr: usize, old_size: usize, new_addr: usize, new_
     }
 }
 
-#[inline(never)]
+#[inline(always)]
 fn alloc_measured(addr: usize, size: u64) {
     each_meter(|meter| meter.alloc(addr, size));
 }
 
-#[inline(never)]
+#[inline(always)]
 fn free_measured(addr: usize, size: u64) {
     each_meter(|meter| meter.free(addr, size));
 }
 
-#[inline(never)]
+#[inline(always)]
 fn realloc_measured(old_addr: usize, old_size: u64, new_addr: usize, new_size: u64) {
     each_meter(|meter| meter.realloc(old_addr, old_size, new_addr, new_size));
 }
@@ -156,14 +149,12 @@ pub(crate) fn span_enter(name: &'static str) -> SpanMark {
     if MEASURING.load(Ordering::Relaxed) == 0 {
         return SpanMark(0);
     }
-    let Some(now) = current() else {
-        return SpanMark(0);
-    };
-    if now.meter.is_null() {
+    let meter = meter_now();
+    if meter.is_null() {
         return SpanMark(0);
     }
     // SAFETY: see `each_meter`; span calls are not made from inside the allocator hook.
-    let innermost = unsafe { (*now.meter).id };
+    let innermost = unsafe { (*meter).id };
     each_meter(|meter| meter.enter(name));
     SpanMark(innermost)
 }
@@ -183,35 +174,26 @@ pub(crate) fn span_exit(mark: SpanMark) {
 /// Bytes this thread's innermost meter has seen the thread's heap grow by, net of every free
 /// (`None` when not measuring).
 pub(crate) fn net_bytes_now() -> Option<i64> {
-    let now = current()?;
-    if now.meter.is_null() {
+    let meter = meter_now();
+    if meter.is_null() {
         return None;
     }
     // SAFETY: see `each_meter`; this runs outside the hook, on the meter's own thread.
-    Some(unsafe { (*now.meter).net })
+    Some(unsafe { (*meter).net })
 }
 
 /// Runs `f` with measurement paused on this thread (highwater's own bookkeeping).
 pub(crate) fn paused<R>(f: impl FnOnce() -> R) -> R {
-    /// Puts the flag back, even if `f` unwinds.
-    struct Resume(bool);
+    /// Puts the flags back, even if `f` unwinds.
+    struct Resume(u8);
     impl Drop for Resume {
         fn drop(&mut self) {
-            if let Some(now) = current() {
-                set_current(Current {
-                    paused: self.0,
-                    ..now
-                });
-            }
+            set_flags(self.0);
         }
     }
-    let _resume = current().map(|now| {
-        set_current(Current {
-            paused: true,
-            ..now
-        });
-        Resume(now.paused)
-    });
+    let before = flags();
+    set_flags(before | PAUSED);
+    let _resume = Resume(before);
     f()
 }
 
@@ -265,13 +247,15 @@ pub(crate) struct Meter {
     frees: u64,
     untracked_frees: u64,
     untracked_blocks: u64,
-    /// `Current::missed` when the meter started.
+    /// [`MISSED`] when the meter started.
     missed_at_start: u64,
     nodes: [Node; MAX_NODES],
     node_count: usize,
     /// Open spans' nodes; `depth` may exceed `MAX_DEPTH`, then the deepest ones are not kept.
     stack: [u16; MAX_DEPTH],
     depth: usize,
+    /// The innermost followed span's node (`stack[depth - 1]`, or the root).
+    node: u16,
 }
 
 impl Meter {
@@ -290,19 +274,18 @@ impl Meter {
             frees: 0,
             untracked_frees: 0,
             untracked_blocks: 0,
-            missed_at_start: current().map_or(0, |now| now.missed),
+            missed_at_start: missed(),
             nodes: [Node::new(ROOT, "", 0); MAX_NODES],
             node_count: 1,
             stack: [ROOT; MAX_DEPTH],
             depth: 0,
+            node: ROOT,
         }
     }
 
+    #[inline(always)]
     fn node_now(&self) -> u16 {
-        match self.depth {
-            0 => ROOT,
-            depth => self.stack[depth.min(MAX_DEPTH) - 1],
-        }
+        self.node
     }
 
     /// Moves node `index`'s live bytes by `delta`, keeping its live-at-peak figure current.
@@ -396,10 +379,15 @@ impl Meter {
             self.stack[self.depth] = node;
         }
         self.depth += 1;
+        self.node = node;
     }
 
     fn exit(&mut self) {
         self.depth = self.depth.saturating_sub(1);
+        self.node = match self.depth {
+            0 => ROOT,
+            depth => self.stack[depth.min(MAX_DEPTH) - 1],
+        };
     }
 
     /// The node for span `name` under `parent`, made if new; `parent` itself when the node
@@ -423,7 +411,7 @@ impl Meter {
     /// The measurement's result. Called once the meter is out of the thread's chain, so it
     /// may allocate.
     pub(crate) fn finish(&self) -> Measurement {
-        let missed = current().map_or(0, |now| now.missed) - self.missed_at_start;
+        let missed = missed() - self.missed_at_start;
         let mut spans: Vec<SpanFigures> = Vec::new();
         for index in 0..self.node_count {
             let node = &self.nodes[index];
@@ -510,11 +498,9 @@ impl Activation {
     /// `meter` must stay valid, and be reached only through the hook, until the returned
     /// guard is dropped; guards must be dropped in reverse order of creation (scoping).
     pub(crate) unsafe fn start(meter: *mut Meter) -> Activation {
-        if let Some(now) = current() {
-            // SAFETY: the caller hands us a valid meter that nothing else references yet.
-            unsafe { (*meter).parent = now.meter };
-            set_current(Current { meter, ..now });
-        }
+        // SAFETY: the caller hands us a valid meter that nothing else references yet.
+        unsafe { (*meter).parent = meter_now() };
+        let _ = METER.try_with(|cell| cell.set(meter));
         MEASURING.fetch_add(1, Ordering::Relaxed);
         Activation { meter }
     }
@@ -522,14 +508,9 @@ impl Activation {
 
 impl Drop for Activation {
     fn drop(&mut self) {
-        if let Some(now) = current() {
-            // SAFETY: the meter is still valid (contract of `start`); reading its parent.
-            let parent = unsafe { (*self.meter).parent };
-            set_current(Current {
-                meter: parent,
-                ..now
-            });
-        }
+        // SAFETY: the meter is still valid (contract of `start`); reading its parent.
+        let parent = unsafe { (*self.meter).parent };
+        let _ = METER.try_with(|cell| cell.set(parent));
         MEASURING.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -24,7 +24,9 @@
 //! - **Threads the closure spawns**: not measured. Their allocations are their own; what they
 //!   hand back and the measuring thread frees is an older block. Measure inside the thread to
 //!   measure its work.
-//! - **highwater's own allocations** on the thread (a session interning a name): not counted.
+//! - **highwater's own allocations** on the thread while a session records (interning a span
+//!   or op name): not counted. Starting or finishing a session inside the closure is counted
+//!   like any other code.
 //!
 //! Measurements nest: an inner [`measure`] counts its closure, and the outer one counts it too.
 //!

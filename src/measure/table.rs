@@ -41,6 +41,8 @@ pub(crate) struct AddressTable {
     slots: Option<NonNull<Slot>>,
     /// A power of two (or 0 before the first insert).
     capacity: usize,
+    /// `capacity - 1`, or 0 before the first insert.
+    mask: usize,
     /// Occupied slots.
     len: usize,
 }
@@ -51,6 +53,7 @@ impl AddressTable {
         AddressTable {
             slots: None,
             capacity: 0,
+            mask: 0,
             len: 0,
         }
     }
@@ -64,68 +67,81 @@ impl AddressTable {
     ///
     /// An entry already at `addr` belongs to a block that another thread freed (the owner never
     /// saw that free); it is replaced, and the caller keeps counting its bytes as live.
+    #[inline(always)]
     pub(crate) fn insert(&mut self, addr: usize, node: usize) -> Inserted {
         // Keep the load at most 1/2: short probes, and a free slot always exists.
         if (self.len + 1) * 2 > self.capacity && !self.grow() {
             return Inserted::Full;
         }
-        let slots = self.slots_mut();
-        let mask = slots.len() - 1;
-        let mut index = home(addr, mask);
+        let mut index = home(addr, self.mask);
         loop {
-            let slot = &mut slots[index];
+            let slot = self.slot(index);
             if slot.addr == addr {
                 slot.node = node;
                 return Inserted::Replaced;
             }
-            if *slot == EMPTY {
+            if slot.addr == 0 {
                 *slot = Slot { addr, node };
                 self.len += 1;
                 return Inserted::New;
             }
-            index = (index + 1) & mask;
+            index = (index + 1) & self.mask;
         }
     }
 
     /// Removes the block at `addr`; returns its node if it was there.
+    #[inline(always)]
     pub(crate) fn remove(&mut self, addr: usize) -> Option<usize> {
         if self.len == 0 {
             return None;
         }
-        let slots = self.slots_mut();
-        let mask = slots.len() - 1;
+        let mask = self.mask;
         let mut index = home(addr, mask);
         loop {
-            let slot = slots[index];
+            let slot = *self.slot(index);
             if slot.addr == addr {
                 break;
             }
-            if slot == EMPTY {
+            if slot.addr == 0 {
                 return None;
             }
             index = (index + 1) & mask;
         }
-        let node = slots[index].node;
+        let node = self.slot(index).node;
         // Backward shift: move later entries of the chain into the hole when the hole lies
         // between their home and where they sit, so every entry stays reachable from its home.
         let mut hole = index;
         let mut next = index;
         loop {
             next = (next + 1) & mask;
-            let slot = slots[next];
-            if slot == EMPTY {
+            let slot = *self.slot(next);
+            if slot.addr == 0 {
                 break;
             }
             let from_home = next.wrapping_sub(home(slot.addr, mask)) & mask;
             let from_hole = next.wrapping_sub(hole) & mask;
             if from_home >= from_hole {
-                slots[hole] = slot;
+                *self.slot(hole) = slot;
                 hole = next;
             }
         }
-        slots[hole] = EMPTY;
+        *self.slot(hole) = EMPTY;
         self.len -= 1;
         Some(node)
+    }
+
+    /// Slot `index` (`index <= mask`) of a table that has mapped its slots.
+    #[inline(always)]
+    fn slot(&mut self, index: usize) -> &mut Slot {
+        debug_assert!(index <= self.mask && self.slots.is_some());
+        match self.slots {
+            // SAFETY: callers pass an index masked by `mask` (so below `capacity`), and only
+            // once `len > 0` or after `grow` succeeded, i.e. with slots mapped; `&mut self`
+            // makes this the only reference.
+            Some(slots) => unsafe { &mut *slots.as_ptr().add(index) },
+            // SAFETY: as above, a table reaching here has mapped slots.
+            None => unsafe { std::hint::unreachable_unchecked() },
+        }
     }
 
     /// Every live entry as (address, node).
@@ -172,6 +188,7 @@ impl AddressTable {
             AddressTable {
                 slots: Some(fresh),
                 capacity,
+                mask: capacity - 1,
                 len: 0,
             },
         );
