@@ -275,6 +275,7 @@ impl Session {
     /// # Errors
     ///
     /// [`Error::Profile`] when the profile cannot be written (no partial file is left),
+    /// [`Error::Export`] when the HTML report asked for beside it cannot,
     /// [`Error::CollectorLost`] if the collector thread died.
     pub fn finish(mut self) -> Result<Profile, Error> {
         let recording = std::mem::replace(&mut self.recording, false);
@@ -348,13 +349,16 @@ fn finish_running(running: Running) -> Result<Profile, Error> {
         ..running.meta
     };
     let written = if running.write {
-        profile.write(&running.output).and_then(|()| {
-            if running.html {
-                html::write(&profile, html::path_beside(&running.output))
-            } else {
-                Ok(())
-            }
-        })
+        profile
+            .write(&running.output)
+            .map_err(Error::from)
+            .and_then(|()| {
+                if running.html {
+                    html::write(&profile, html::path_beside(&running.output)).map_err(Error::from)
+                } else {
+                    Ok(())
+                }
+            })
     } else {
         Ok(())
     };

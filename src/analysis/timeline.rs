@@ -1050,12 +1050,12 @@ impl Timeline {
     }
 }
 
-/// Live bytes by category name, zero categories left out.
-fn category_map(by_category: &ByCategory) -> BTreeMap<String, u64> {
+/// Live bytes by category, zero categories left out.
+fn category_map(by_category: &ByCategory) -> BTreeMap<Category, u64> {
     Category::ALL
-        .iter()
+        .into_iter()
         .filter(|c| by_category[c.index()] > 0)
-        .map(|c| (c.as_str().to_string(), by_category[c.index()]))
+        .map(|c| (c, by_category[c.index()]))
         .collect()
 }
 
@@ -1204,8 +1204,8 @@ mod tests {
             .unwrap_or_else(|| panic!("no span {path} in {:#?}", profile.spans))
     }
 
-    fn cats(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
-        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    fn cats(pairs: &[(Category, u64)]) -> BTreeMap<Category, u64> {
+        pairs.iter().copied().collect()
     }
 
     #[test]
@@ -1239,7 +1239,10 @@ mod tests {
         assert_eq!(summary.peak_bytes, 12 * MIB);
         assert_eq!(summary.peak_timestamp_ns, peak_ts);
         assert_eq!(summary.peak_device, "cpu");
-        let expected = cats(&[("activation", 8 * MIB), ("gradient", 4 * MIB)]);
+        let expected = cats(&[
+            (Category::Activation, 8 * MIB),
+            (Category::Gradient, 4 * MIB),
+        ]);
         assert_eq!(summary.peak_by_category, expected);
         assert_eq!(summary.autograd_retained_bytes, 8 * MIB);
         assert_eq!(
@@ -1468,10 +1471,13 @@ mod tests {
         let profile = s.finish();
         assert_eq!(
             profile.summary.peak_by_category,
-            cats(&[("parameter", 100), ("other", 10)])
+            cats(&[(Category::Parameter, 100), (Category::Other, 10)])
         );
         let last = profile.timeline.last().expect("points");
-        assert_eq!(last.by_category, cats(&[("parameter", 100), ("other", 10)]));
+        assert_eq!(
+            last.by_category,
+            cats(&[(Category::Parameter, 100), (Category::Other, 10)])
+        );
     }
 
     #[test]
@@ -1490,7 +1496,10 @@ mod tests {
         let profile = s.finish();
         assert_eq!(profile.summary.peak_bytes, 700);
         assert_eq!(profile.summary.peak_device, "cpu");
-        assert_eq!(profile.summary.peak_by_category, cats(&[("other", 700)]));
+        assert_eq!(
+            profile.summary.peak_by_category,
+            cats(&[(Category::Other, 700)])
+        );
         let rows: u64 = profile.peak_breakdown.iter().map(|r| r.bytes).sum();
         assert_eq!(rows, 1200, "cpu 700 and the gpu's 500 live at that instant");
         let gpu_stats = &profile.devices[1];

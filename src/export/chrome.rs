@@ -22,9 +22,10 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::profile::write_atomically;
+use super::{write_output, ExportError, Output};
+use crate::profile::TimelinePoint;
 use crate::units::format_bytes;
-use crate::{Profile, ProfileError, TimelinePoint};
+use crate::{Category, Profile};
 
 /// Process id of the profiled program's threads.
 const PROGRAM_PID: u32 = 1;
@@ -44,14 +45,13 @@ struct CategoryBytes {
 impl CategoryBytes {
     fn from_point(point: &TimelinePoint) -> CategoryBytes {
         let mut bytes = CategoryBytes::default();
-        for (name, &value) in &point.by_category {
-            let slot = match name.as_str() {
-                "parameter" => &mut bytes.parameter,
-                "activation" => &mut bytes.activation,
-                "gradient" => &mut bytes.gradient,
-                "optimizer" => &mut bytes.optimizer,
-                // A category this version does not know still counts.
-                _ => &mut bytes.other,
+        for (category, &value) in &point.by_category {
+            let slot = match category {
+                Category::Parameter => &mut bytes.parameter,
+                Category::Activation => &mut bytes.activation,
+                Category::Gradient => &mut bytes.gradient,
+                Category::Optimizer => &mut bytes.optimizer,
+                Category::Other => &mut bytes.other,
             };
             *slot = slot.saturating_add(value);
         }
@@ -352,9 +352,13 @@ pub fn path_beside(profile_path: &Path) -> std::path::PathBuf {
 ///
 /// # Errors
 ///
-/// [`ProfileError::Write`] when the file cannot be written; `path` keeps what it held before.
-pub fn write(profile: &Profile, path: impl AsRef<Path>) -> Result<(), ProfileError> {
-    write_atomically(path.as_ref(), render(profile).as_bytes())
+/// [`ExportError`] naming the file when it cannot be written; `path` keeps what it held before.
+pub fn write(profile: &Profile, path: impl AsRef<Path>) -> Result<(), ExportError> {
+    write_output(
+        Output::ChromeTrace,
+        path.as_ref(),
+        render(profile).as_bytes(),
+    )
 }
 
 #[cfg(test)]

@@ -8,8 +8,9 @@ use serde::Serialize;
 use super::diff::{Delta, ProfileDiff};
 use highwater::export::dropped_events_warning;
 use highwater::profile::span_tree;
+use highwater::profile::{DeviceStats, PeakRow, RunMeta, SpanMetrics, Summary};
 use highwater::units::{format_bytes, format_bytes_delta, format_duration_ns, format_shape};
-use highwater::{DeviceStats, PeakRow, Profile, RunMeta, SpanMetrics, Summary};
+use highwater::{Category, Profile};
 
 /// Replaces control characters (newlines, escape sequences) in profile strings, which are user
 /// data, so they cannot move the cursor or forge lines in a terminal.
@@ -114,12 +115,12 @@ pub fn summary_text(profile: &Profile) -> String {
         format_duration_ns(s.peak_timestamp_ns),
         format_duration_ns(s.duration_ns)
     );
-    let mut categories: Vec<(&String, &u64)> = s.peak_by_category.iter().collect();
-    categories.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+    let mut categories: Vec<(&Category, &u64)> = s.peak_by_category.iter().collect();
+    categories.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.as_str().cmp(b.0.as_str())));
     let mut table = Table::new(&[("CATEGORY", false), ("AT PEAK", true), ("SHARE", true)]);
     for (name, bytes) in categories {
         table.push(vec![
-            clean(name).into_owned(),
+            name.to_string(),
             format_bytes(*bytes),
             percent(*bytes, s.peak_bytes),
         ]);
@@ -324,7 +325,7 @@ pub fn diff_text(diff: &ProfileDiff, limit: usize) -> String {
     ]);
     for c in &diff.categories {
         let [before, after, delta] = delta_cells(&c.bytes);
-        table.push(vec![clean(&c.category).into_owned(), before, after, delta]);
+        table.push(vec![c.category.to_string(), before, after, delta]);
     }
     table.render(&mut out, "  ");
     if diff.spans.is_empty() {
@@ -393,7 +394,7 @@ pub fn summary_json(profile: &Profile) -> SummaryJson<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use highwater::export::sample::{sample_profile, sample_profile_with_drops};
+    use crate::sample::{sample_profile, sample_profile_with_drops};
 
     #[test]
     fn summary_names_peak_device_and_categories() {
