@@ -14,8 +14,10 @@ use serde::{Deserialize, Serialize};
 use crate::model::{Category, Step};
 
 mod tree;
+mod warning;
 
 pub use tree::{span_tree, TreeRow};
+pub use warning::Warning;
 
 /// The value of [`Profile::schema`] this version writes and reads.
 pub const SCHEMA: &str = "highwater/1";
@@ -55,9 +57,11 @@ pub struct Profile {
     /// How capture went: events per thread and what was dropped.
     #[serde(default)]
     pub capture: CaptureStats,
-    /// Things the reader should know, in plain words (dropped events, growing residuals, …).
-    #[serde(default)]
-    pub warnings: Vec<String>,
+    /// Things the reader should know (dropped events, growing residuals, …), each once, as
+    /// data; `Display` words them. Plain sentences in older profiles load as
+    /// [`Warning::Note`].
+    #[serde(default, deserialize_with = "warning::deserialize_list")]
+    pub warnings: Vec<Warning>,
     /// Individual span instances with their times, for trace viewers, at most
     /// [`MAX_SPAN_EVENTS`]; when a run has more, the analysis keeps an even sample across the run
     /// (whole iterations, so a kept span's children are kept too) and says so in

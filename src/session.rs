@@ -17,7 +17,7 @@ use crate::capture::{self, clock, lifecycle};
 use crate::collector::{self, CollectorConfig, Control};
 use crate::error::Error;
 use crate::export::html;
-use crate::profile::{Profile, RunMeta};
+use crate::profile::{Profile, RunMeta, Warning};
 
 /// Where the profile goes when neither the builder nor `HIGHWATER_OUT` says.
 pub const DEFAULT_OUTPUT: &str = "highwater-profile.json";
@@ -281,9 +281,7 @@ impl Session {
         let recording = std::mem::replace(&mut self.recording, false);
         if !recording {
             let mut profile = Profile::empty();
-            profile
-                .warnings
-                .push("recording was disabled (HIGHWATER=off); nothing was recorded".into());
+            profile.warnings.push(Warning::RecordingDisabled);
             return Ok(profile);
         }
         capture::paused(finish_active).unwrap_or(Err(Error::CollectorLost))

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use highwater::profile::{
     CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, ProfileError,
-    RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint,
+    RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint, Warning,
 };
 use highwater::{Category, Profile};
 use proptest::prelude::*;
@@ -137,7 +137,12 @@ fn rich_profile() -> Profile {
                 dropped_other: 0,
             }],
         },
-        warnings: vec!["2 events were dropped".into()],
+        warnings: vec![
+            Warning::DroppedEvents { events: 2 },
+            Warning::Note {
+                text: "a sentence from an older profile".into(),
+            },
+        ],
         span_events: vec![SpanEvent {
             thread: 0,
             name: "forward".into(),

@@ -309,10 +309,9 @@ pub fn render(profile: &Profile) -> String {
         });
     }
 
-    let mut warnings = Vec::new();
-    if let Some(warning) = super::dropped_events_warning(summary) {
-        warnings.push(warning);
-    }
+    // The profile's warnings, each worded once by `Warning`'s `Display`, then what only the
+    // trace needs to say.
+    let mut warnings: Vec<String> = profile.warnings.iter().map(ToString::to_string).collect();
     if profile.span_events.is_empty() && !profile.spans.is_empty() {
         warnings.push(
             "this profile holds no span instances (written before span_events existed), \
@@ -320,7 +319,6 @@ pub fn render(profile: &Profile) -> String {
                 .to_string(),
         );
     }
-    warnings.extend(profile.warnings.iter().cloned());
     let trace = Trace {
         trace_events: events,
         display_time_unit: "ms",
@@ -438,6 +436,15 @@ mod tests {
             .iter()
             .any(|e| e["ph"] == "i" && e["args"]["bytes"] == profile.summary.peak_bytes));
         assert_eq!(trace["otherData"]["dropped_events"], 1234);
+    }
+
+    #[test]
+    fn each_warning_is_in_the_trace_once_in_its_one_wording() {
+        let profile = sample_profile_with_drops();
+        let trace: Value = serde_json::from_str(&render(&profile)).unwrap();
+        let expected: Vec<String> = profile.warnings.iter().map(|w| w.to_string()).collect();
+        assert_eq!(expected.len(), 2);
+        assert_eq!(trace["otherData"]["warnings"], serde_json::json!(expected));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use highwater::profile::{
     CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, RunMeta,
-    SpanEvent, SpanMetrics, Summary, TimelinePoint, SCHEMA,
+    SpanEvent, SpanMetrics, Summary, TimelinePoint, Warning, SCHEMA,
 };
 use highwater::{Category, Profile, Step};
 
@@ -309,11 +309,13 @@ pub fn sample_profile() -> Profile {
         iterations,
         devices,
         pool_timeline,
-        warnings: vec![format!(
-            "live bytes after `step` grew in each of the last 7 iterations, by {} per iteration \
-             on average: a leak?",
-            highwater::units::format_bytes(LEAK_PER_ITERATION)
-        )],
+        warnings: vec![Warning::GrowingResidual {
+            span: "step".into(),
+            window: ITERATIONS - 1,
+            grew: ITERATIONS - 1,
+            total_bytes: ((ITERATIONS - 1) * LEAK_PER_ITERATION) as i64,
+            per_iteration_bytes: LEAK_PER_ITERATION as i64,
+        }],
         span_events,
     }
 }
@@ -323,10 +325,9 @@ pub fn sample_profile_with_drops() -> Profile {
     let mut profile = sample_profile();
     profile.summary.dropped_events = 1_234;
     profile.summary.unknown_frees = 87;
-    profile.warnings.insert(
-        0,
-        "1234 events were dropped (a thread's ring was full); figures are lower bounds".to_string(),
-    );
+    profile
+        .warnings
+        .insert(0, Warning::DroppedEvents { events: 1_234 });
     profile
 }
 

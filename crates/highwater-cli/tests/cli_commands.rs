@@ -7,6 +7,7 @@ use std::process::{Command, Output, Stdio};
 #[path = "../../../tests/support/sample.rs"]
 mod sample;
 
+use highwater::profile::Warning;
 use highwater::units::format_bytes;
 use highwater::{Category, Profile};
 use sample::{sample_profile, sample_profile_with_drops};
@@ -67,7 +68,14 @@ fn summary_warns_about_dropped_events() {
     ])))
     .unwrap();
     assert_eq!(json["summary"]["dropped_events"], 1234);
-    assert!(json["warnings"][0].as_str().unwrap().contains("dropped"));
+    assert_eq!(json["warnings"][0]["code"], "dropped_events");
+    assert_eq!(json["warnings"][0]["events"], 1234);
+    assert_eq!(
+        json["warnings"][0]["message"],
+        Warning::DroppedEvents { events: 1234 }.to_string()
+    );
+    assert_eq!(json["warnings"][1]["code"], "growing_residual");
+    assert_eq!(json["warnings"].as_array().unwrap().len(), 2);
 }
 
 #[test]

@@ -24,10 +24,9 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::dropped_events_warning;
 use super::{write_output, ExportError, Output};
 use crate::profile::span_tree;
-use crate::profile::TimelinePoint;
+use crate::profile::{TimelinePoint, Warning};
 use crate::units::{
     format_bytes, format_bytes_delta, format_count, format_duration_ns, format_shape,
 };
@@ -626,17 +625,27 @@ pub fn render(profile: &Profile) -> String {
         escape_html(&meta.clock),
         format_unix_ms(meta.started_unix_ms)
     );
-    if let Some(warning) = dropped_events_warning(&profile.summary) {
+    // Lost events put every figure in doubt: that notice stands out above the rest.
+    let (dropped, others): (Vec<&Warning>, Vec<&Warning>) = profile
+        .warnings
+        .iter()
+        .partition(|w| matches!(w, Warning::DroppedEvents { .. }));
+    for warning in dropped {
         let _ = write!(
             out,
             "<div class=\"alert\" id=\"dropped-warning\" role=\"alert\">⚠ {}</div>",
-            escape_html(&warning)
+            escape_html(&warning.to_string())
         );
     }
-    if !profile.warnings.is_empty() {
+    if !others.is_empty() {
         out.push_str("<ul class=\"warnings\" id=\"warnings\">");
-        for warning in profile.warnings.iter().take(MAX_TABLE_ROWS) {
-            let _ = write!(out, "<li>{}</li>", escape_html(warning));
+        for warning in others.into_iter().take(MAX_TABLE_ROWS) {
+            let _ = write!(
+                out,
+                "<li data-code=\"{}\">{}</li>",
+                warning.code(),
+                escape_html(&warning.to_string())
+            );
         }
         out.push_str("</ul>");
     }
@@ -697,7 +706,9 @@ mod tests {
         profile.peak_breakdown[0].span_path = format!("a/{HOSTILE}");
         profile.peak_breakdown[0].op = Some("</script><img src=x onerror=alert(1)>".into());
         profile.timeline[0].device = HOSTILE.into();
-        profile.warnings.push(HOSTILE.into());
+        profile.warnings.push(Warning::Note {
+            text: HOSTILE.into(),
+        });
         let page = render(&profile);
         assert!(!page.contains(HOSTILE), "raw hostile string in page");
         assert!(!page.contains("<img"));
@@ -728,6 +739,11 @@ mod tests {
         assert!(!page.contains("dropped-warning"));
         let page = render(&sample_profile_with_drops());
         assert!(page.contains("id=\"dropped-warning\""));
+        // Each notice once, in its one wording: the drop notice as the alert, the rest listed.
+        let notice = escape_html(&Warning::DroppedEvents { events: 1_234 }.to_string());
+        assert_eq!(page.matches(&notice).count(), 1);
+        assert_eq!(page.matches("data-code=\"growing_residual\"").count(), 1);
+        assert_eq!(page.matches("data-code=\"dropped_events\"").count(), 0);
     }
 
     #[test]

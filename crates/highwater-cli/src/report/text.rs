@@ -6,9 +6,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::diff::{Delta, ProfileDiff};
-use highwater::export::dropped_events_warning;
 use highwater::profile::span_tree;
-use highwater::profile::{DeviceStats, PeakRow, RunMeta, SpanMetrics, Summary};
+use highwater::profile::{DeviceStats, PeakRow, RunMeta, SpanMetrics, Summary, Warning};
 use highwater::units::{format_bytes, format_bytes_delta, format_duration_ns, format_shape};
 use highwater::{Category, Profile};
 
@@ -104,8 +103,13 @@ pub fn summary_text(profile: &Profile) -> String {
         m.threads,
         clean(&m.clock)
     );
-    if let Some(warning) = dropped_events_warning(s) {
-        let _ = writeln!(out, "WARNING: {warning}");
+    // Lost events put every figure in doubt: that notice comes first, the others last.
+    let (dropped, others): (Vec<&Warning>, Vec<&Warning>) = profile
+        .warnings
+        .iter()
+        .partition(|w| matches!(w, Warning::DroppedEvents { .. }));
+    for warning in dropped {
+        let _ = writeln!(out, "WARNING: {}", clean(&warning.to_string()));
     }
     let _ = writeln!(
         out,
@@ -149,10 +153,10 @@ pub fn summary_text(profile: &Profile) -> String {
         out.push_str("devices:\n");
         devices_table(&profile.devices).render(&mut out, "  ");
     }
-    if !profile.warnings.is_empty() {
+    if !others.is_empty() {
         out.push_str("warnings:\n");
-        for warning in &profile.warnings {
-            let _ = writeln!(out, "  - {}", clean(warning));
+        for warning in others {
+            let _ = writeln!(out, "  - {}", clean(&warning.to_string()));
         }
     }
     out
@@ -370,24 +374,35 @@ pub struct SummaryJson<'a> {
     pub summary: &'a Summary,
     /// Per-device figures.
     pub devices: &'a [DeviceStats],
-    /// Warnings, the dropped-events one included when events were dropped.
-    pub warnings: Vec<String>,
+    /// The profile's warnings, each with its code, its figures and its sentence.
+    pub warnings: Vec<WarningJson<'a>>,
+}
+
+/// One warning in `summary --json`: as the profile stores it (`code` and figures) plus the
+/// sentence every view shows.
+#[derive(Debug, Serialize)]
+pub struct WarningJson<'a> {
+    /// The warning as stored.
+    #[serde(flatten)]
+    pub warning: &'a Warning,
+    /// Its sentence.
+    pub message: String,
 }
 
 /// The `summary --json` document of `profile`.
 pub fn summary_json(profile: &Profile) -> SummaryJson<'_> {
-    let mut warnings = Vec::new();
-    if let Some(w) = dropped_events_warning(&profile.summary) {
-        if !profile.warnings.iter().any(|x| x.contains("dropped")) {
-            warnings.push(w);
-        }
-    }
-    warnings.extend(profile.warnings.iter().cloned());
     SummaryJson {
         meta: &profile.meta,
         summary: &profile.summary,
         devices: &profile.devices,
-        warnings,
+        warnings: profile
+            .warnings
+            .iter()
+            .map(|warning| WarningJson {
+                warning,
+                message: warning.to_string(),
+            })
+            .collect(),
     }
 }
 
@@ -409,11 +424,17 @@ mod tests {
 
     #[test]
     fn summary_warns_when_events_were_dropped() {
-        let text = summary_text(&sample_profile_with_drops());
-        assert!(
-            text.contains("WARNING:") && text.contains("dropped"),
-            "{text}"
+        let profile = sample_profile_with_drops();
+        let text = summary_text(&profile);
+        let notice = Warning::DroppedEvents { events: 1_234 }.to_string();
+        assert!(text.starts_with("highwater profile of"), "{text}");
+        assert_eq!(
+            text.lines().nth(1),
+            Some(format!("WARNING: {notice}").as_str())
         );
+        // Shown once: not repeated in the list of other warnings.
+        assert_eq!(text.matches(&notice).count(), 1, "{text}");
+        assert!(text.contains("warnings:\n  - live memory grows"), "{text}");
     }
 
     #[test]
