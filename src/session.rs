@@ -312,7 +312,7 @@ fn finish_active() -> Option<Result<Profile, Error>> {
 /// Finishes the session for a SIGINT/SIGTERM (called by the signal watcher thread); waits for
 /// a finish already under way on another thread.
 #[cfg(target_os = "linux")]
-pub(crate) fn finish_for_signal() {
+fn finish_for_signal() {
     if let Some(Err(error)) = capture::paused(finish_active) {
         eprintln!("highwater: {error}");
     }
@@ -321,7 +321,7 @@ pub(crate) fn finish_for_signal() {
 /// Installs the SIGINT/SIGTERM handlers of [`SessionBuilder::write_on_signal`].
 fn arm_signals() -> Result<(), Error> {
     #[cfg(target_os = "linux")]
-    let armed = crate::signal::arm().map_err(|error| error.to_string());
+    let armed = crate::signal::arm(finish_for_signal).map_err(|error| error.to_string());
     #[cfg(not(target_os = "linux"))]
     let armed = Err("writing the profile on a signal is supported on Linux only".to_string());
     armed.map_err(|reason| Error::Setting {
