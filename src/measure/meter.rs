@@ -144,6 +144,9 @@ fn realloc_measured(old_addr: usize, old_size: u64, new_addr: usize, new_size: u
 pub(crate) struct SpanMark(u64);
 
 /// Opens span `name` in every meter of this thread's chain.
+///
+/// Spans are followed whatever the flags say (they are never opened from inside the hook), so
+/// every exit finds the entry it closes.
 #[inline]
 pub(crate) fn span_enter(name: &'static str) -> SpanMark {
     if MEASURING.load(Ordering::Relaxed) == 0 {
@@ -155,20 +158,38 @@ pub(crate) fn span_enter(name: &'static str) -> SpanMark {
     }
     // SAFETY: see `each_meter`; span calls are not made from inside the allocator hook.
     let innermost = unsafe { (*meter).id };
-    each_meter(|meter| meter.enter(name));
+    every_meter_of_chain(meter, |meter| meter.enter(name));
     SpanMark(innermost)
 }
 
-/// Closes the span `mark` came from, in the meters it was opened in.
+/// Closes the span `mark` came from, in the meters it was opened in (ids up to the mark's;
+/// a meter started inside the span never saw it open).
 #[inline]
 pub(crate) fn span_exit(mark: SpanMark) {
     if mark.0 != 0 {
-        each_meter(|meter| {
+        every_meter_of_chain(meter_now(), |meter| {
             if meter.id <= mark.0 {
                 meter.exit();
             }
         });
     }
+}
+
+/// Applies `update` to `meter` and the meters enclosing it, unless a meter update is running
+/// on this thread already (re-entry from a signal handler).
+fn every_meter_of_chain(mut meter: *mut Meter, update: impl Fn(&mut Meter)) {
+    if flags() & BUSY != 0 {
+        return;
+    }
+    let before = flags();
+    set_flags(before | BUSY);
+    while !meter.is_null() {
+        // SAFETY: as in `each_meter`.
+        let this = unsafe { &mut *meter };
+        update(this);
+        meter = this.parent;
+    }
+    set_flags(before);
 }
 
 /// Bytes this thread's innermost meter has seen the thread's heap grow by, net of every free
