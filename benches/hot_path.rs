@@ -385,35 +385,51 @@ fn measure_interleaved() {
             samples[index].push(time.as_nanos() as f64 / ITERS as f64);
         }
     }
-    let median = |index: usize| {
-        let mut sorted = samples[index].clone();
-        sorted.sort_by(f64::total_cmp);
-        sorted[sorted.len() / 2]
-    };
+    let sorted: Vec<Vec<f64>> = samples
+        .iter()
+        .map(|batches| {
+            let mut batches = batches.clone();
+            batches.sort_by(f64::total_cmp);
+            batches
+        })
+        .collect();
     let names = ["system", "unmeasured", "measured", "other_thread_measuring"];
-    let medians: Vec<f64> = (0..4).map(median).collect();
-    for (name, ns) in names.iter().zip(&medians) {
+    let fastest: Vec<f64> = sorted.iter().map(|batches| batches[0]).collect();
+    let medians: Vec<f64> = sorted
+        .iter()
+        .map(|batches| batches[batches.len() / 2])
+        .collect();
+    for (index, name) in names.iter().enumerate() {
         println!(
-            "measure interleaved {name}: median {ns:.2} ns/pair ({ROUNDS} batches of {ITERS})"
+            "measure interleaved {name}: fastest {:.2} ns/pair, median {:.2} ({ROUNDS} batches \
+             of {ITERS})",
+            fastest[index], medians[index]
         );
     }
-    let measured_ratio = medians[2] / medians[1];
-    let bystander_ratio = medians[3] / medians[1];
+    let ratio = |of: usize, to: usize| (fastest[of] / fastest[to], medians[of] / medians[to]);
+    let (measured_fastest, measured_median) = ratio(2, 1);
+    let (bystander_fastest, bystander_median) = ratio(3, 1);
+    let (unmeasured_fastest, unmeasured_median) = ratio(1, 0);
     println!(
-        "measure interleaved ratios: measured/unmeasured {measured_ratio:.3}, \
-         other_thread_measuring/unmeasured {bystander_ratio:.3}, unmeasured/system {:.3}",
-        medians[1] / medians[0]
+        "measure interleaved ratios (fastest, median): measured/unmeasured \
+         {measured_fastest:.3} {measured_median:.3}, other_thread_measuring/unmeasured \
+         {bystander_fastest:.3} {bystander_median:.3}, unmeasured/system \
+         {unmeasured_fastest:.3} {unmeasured_median:.3}"
     );
-    let json = format!(
-        "{{\"pairs_per_batch\":{ITERS},\"batches\":{ROUNDS},\"median_ns\":{{{}}},\
-         \"measured_over_unmeasured\":{measured_ratio:.4},\
-         \"other_thread_measuring_over_unmeasured\":{bystander_ratio:.4}}}\n",
+    let figures = |values: &[f64]| {
         names
             .iter()
-            .zip(&medians)
+            .zip(values)
             .map(|(name, ns)| format!("\"{name}\":{ns:.3}"))
             .collect::<Vec<_>>()
             .join(",")
+    };
+    let json = format!(
+        "{{\"pairs_per_batch\":{ITERS},\"batches\":{ROUNDS},\"fastest_ns\":{{{}}},\
+         \"median_ns\":{{{}}},\"measured_over_unmeasured_median\":{measured_median:.4},\
+         \"other_thread_measuring_over_unmeasured_median\":{bystander_median:.4}}}\n",
+        figures(&fastest),
+        figures(&medians)
     );
     let out = std::env::var_os("HIGHWATER_BENCH_MEASURE_OUT").map_or_else(
         || std::path::PathBuf::from("target/highwater-bench/measure.json"),
