@@ -181,7 +181,12 @@ impl AllocLog {
                 if !live.insert(record.key) {
                     ops.push(SimOp::free(record.ts_ns, record.key));
                 }
-                ops.push(SimOp::alloc(record.ts_ns, record.key, record.bytes));
+                ops.push(SimOp::alloc_in(
+                    record.ts_ns,
+                    record.key,
+                    record.bytes,
+                    record.category,
+                ));
             } else {
                 live.remove(&record.key);
                 ops.push(SimOp::free(record.ts_ns, record.key));

@@ -34,15 +34,21 @@
 //! ```
 
 mod arena;
+mod bfc;
 mod buddy;
 mod error;
 mod free_tree;
 mod kind;
 mod manager;
+mod offline;
+mod online;
 mod pool;
 mod simulate;
 mod slab;
 mod strategy;
+mod torch;
+mod trace;
+mod whatif;
 
 pub use error::{AdmissionError, PoolError, Shortfall, ShortfallCause};
 pub use kind::{DeviceId, DeviceKind, ParseNameError};
@@ -52,3 +58,10 @@ pub use simulate::{
     MAX_SAMPLES,
 };
 pub use strategy::Strategy;
+pub use bfc::BfcOptions;
+pub use torch::{TorchOptionError, TorchOptions};
+pub use trace::{Edits, Factor, ParseFactorError, Trace, MAX_BLOCK_BYTES};
+pub use whatif::{
+    figures, fit, Allocator, AllocatorPeak, CurvePoint, Figures, FirstToFill, FitAnswer, FitQuery,
+    UNLIMITED,
+};

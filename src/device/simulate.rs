@@ -6,6 +6,7 @@ use std::fmt;
 use super::error::{Bytes, ShortfallCause};
 use super::pool::Pool;
 use super::Strategy;
+use crate::model::Category;
 
 /// Most fragmentation samples a [`SimReport`] keeps.
 pub const MAX_SAMPLES: usize = 512;
@@ -17,7 +18,7 @@ pub const MAX_SAMPLES: usize = 512;
 /// ```
 /// use highwater::device::{SimOp, SimOpKind};
 /// let op = SimOp::alloc(10, 1, 4096);
-/// assert_eq!(op.kind, SimOpKind::Alloc { id: 1, size: 4096 });
+/// assert_eq!(op.kind, SimOpKind::Alloc { id: 1, size: 4096, category: None });
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SimOp {
@@ -36,6 +37,8 @@ pub enum SimOpKind {
         id: u64,
         /// Bytes requested.
         size: u64,
+        /// What the block holds, when known (what-if edits scale by category).
+        category: Option<Category>,
     },
     /// The allocation `id` freed.
     Free {
@@ -45,11 +48,16 @@ pub enum SimOpKind {
 }
 
 impl SimOp {
-    /// An allocation event.
+    /// An allocation event of unknown category.
     pub const fn alloc(ts_ns: u64, id: u64, size: u64) -> Self {
+        Self::alloc_in(ts_ns, id, size, None)
+    }
+
+    /// An allocation event of a known (or unknown) category.
+    pub const fn alloc_in(ts_ns: u64, id: u64, size: u64, category: Option<Category>) -> Self {
         Self {
             ts_ns,
-            kind: SimOpKind::Alloc { id, size },
+            kind: SimOpKind::Alloc { id, size, category },
         }
     }
 
@@ -157,7 +165,7 @@ pub fn simulate(ops: &[SimOp], capacity: u64, strategy: Strategy) -> SimReport {
 
     for op in ops {
         match op.kind {
-            SimOpKind::Alloc { id, size } => {
+            SimOpKind::Alloc { id, size, .. } => {
                 if size == 0 || live.contains_key(&id) {
                     report.ignored_allocs += 1;
                     continue;
