@@ -22,7 +22,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use highwater::device::{DeviceId, PoolManager, Reservation, Strategy};
+use highwater::device::{DeviceIndex, PoolManager, Reservation, Strategy};
 
 const GIB: u64 = 1 << 30;
 const OPS: usize = 1_000_000;
@@ -119,7 +119,11 @@ struct Highwater {
 impl Highwater {
     fn new(capacity: u64, strategy: Strategy, ids: usize) -> Self {
         Self {
-            pools: PoolManager::with_limit(capacity, 1, strategy),
+            pools: PoolManager::builder()
+                .limit(capacity)
+                .devices(1)
+                .strategy(strategy)
+                .build(),
             live: (0..ids).map(|_| None).collect(),
             count: 0,
         }
@@ -129,7 +133,7 @@ impl Highwater {
 impl Replayer for Highwater {
     fn apply(&mut self, op: Op) -> bool {
         match op {
-            Op::Alloc { id, size } => match self.pools.reserve(&[(DeviceId(0), size)]) {
+            Op::Alloc { id, size } => match self.pools.reserve(&[(DeviceIndex(0), size)]) {
                 Ok(r) => {
                     self.live[id] = Some(r);
                     self.count += 1;
@@ -150,7 +154,7 @@ impl Replayer for Highwater {
     fn shape(&self) -> (usize, f64) {
         let frag = self
             .pools
-            .stats(DeviceId(0))
+            .stats(DeviceIndex(0))
             .map_or(0.0, |s| s.fragmentation);
         (self.count, frag)
     }

@@ -165,8 +165,7 @@ impl Bfc {
         let (_, &i) = self.free.range((rounded, 0)..).next()?;
         self.uncache(i);
         let c = self.chunks[i as usize];
-        if c.size >= rounded.saturating_mul(2) || c.size - rounded >= MAX_INTERNAL_FRAGMENTATION
-        {
+        if c.size >= rounded.saturating_mul(2) || c.size - rounded >= MAX_INTERNAL_FRAGMENTATION {
             let rest = self.new_chunk(Chunk {
                 addr: c.addr + rounded,
                 size: c.size - rounded,
@@ -369,7 +368,7 @@ mod tests {
         }
         b.free(0);
         b.free(1); // [0, 1 MiB) free, and [1.5 MiB, 2 MiB) left over from the splits
-        // 300 KiB: the smaller chunk wins although its address is higher.
+                   // 300 KiB: the smaller chunk wins although its address is higher.
         assert!(b.alloc(3, 300 << 10));
         assert_eq!(b.chunks[b.held[3] as usize].addr, 1536 << 10);
         assert_eq!(b.reserved(), 2 * MIB);

@@ -568,10 +568,22 @@ impl Expandable {
         };
         let page = self.pools[pool].page;
         let room = self.capacity.saturating_sub(self.reserved());
-        if self.pools[pool].unmapped_in(addr, take).saturating_mul(page) > room {
-            let unmapped = self.pools.iter_mut().fold(false, |any, p| p.unmap_unused() | any);
+        if self.pools[pool]
+            .unmapped_in(addr, take)
+            .saturating_mul(page)
+            > room
+        {
+            let unmapped = self
+                .pools
+                .iter_mut()
+                .fold(false, |any, p| p.unmap_unused() | any);
             let room = self.capacity.saturating_sub(self.reserved());
-            if !unmapped || self.pools[pool].unmapped_in(addr, take).saturating_mul(page) > room {
+            if !unmapped
+                || self.pools[pool]
+                    .unmapped_in(addr, take)
+                    .saturating_mul(page)
+                    > room
+            {
                 return false;
             }
         }

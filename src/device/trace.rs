@@ -283,7 +283,10 @@ impl FromStr for Factor {
             if !digits(num) || !digits(den) {
                 return Err(err());
             }
-            let (num, den) = (num.parse().map_err(|_| err())?, den.parse().map_err(|_| err())?);
+            let (num, den) = (
+                num.parse().map_err(|_| err())?,
+                den.parse().map_err(|_| err())?,
+            );
             return Factor::ratio(num, den).ok_or_else(err);
         }
         let (whole, frac) = text.split_once('.').unwrap_or((text, ""));
@@ -363,7 +366,10 @@ impl Edits {
 
     /// Spreads `category` over `ranks` ranks: a factor of `1 / ranks` (0 ranks is taken as 1).
     pub fn shard(self, category: Category, ranks: u64) -> Self {
-        self.scale(category, Factor::ratio(1, ranks.max(1)).unwrap_or(Factor::ONE))
+        self.scale(
+            category,
+            Factor::ratio(1, ranks.max(1)).unwrap_or(Factor::ONE),
+        )
     }
 
     /// The factor applied to `category`.
@@ -409,7 +415,10 @@ mod tests {
         for bad in ["", "-1", "x", "1/0", "1.2.3", "1/", "0.1234567891", "1e3"] {
             assert!(bad.parse::<Factor>().is_err(), "{bad:?}");
         }
-        assert_eq!(Factor::ratio(3, 1).unwrap().apply(u64::MAX), MAX_BLOCK_BYTES);
+        assert_eq!(
+            Factor::ratio(3, 1).unwrap().apply(u64::MAX),
+            MAX_BLOCK_BYTES
+        );
         assert_eq!(Factor::ratio(0, 1).unwrap().apply(100), 0);
     }
 

@@ -516,7 +516,11 @@ mod tests {
         assert_eq!(f.offline, 9 * MIB);
         let peak = |name: &str| {
             let a: Allocator = name.parse().unwrap();
-            f.allocators.iter().find(|p| p.allocator == a).unwrap().clone()
+            f.allocators
+                .iter()
+                .find(|p| p.allocator == a)
+                .unwrap()
+                .clone()
         };
         // PyTorch: one 20 MiB segment holds all three (3 + 3, then 6 in the 14 MiB left).
         assert_eq!(peak("pytorch").peak_bytes, 20 * MIB);
