@@ -278,7 +278,9 @@ mod tests {
             let mut p = Pool::new(1 << 20, strategy);
             assert_eq!(p.round(300), Some(512), "{strategy}: 256-byte rounding");
             assert!(p.fits(512), "{strategy}");
-            let a = p.alloc(512, 300).expect("a small request fits a 1 MiB pool");
+            let a = p
+                .alloc(512, 300)
+                .expect("a small request fits a 1 MiB pool");
             let b = p.alloc(4096, 4000).expect("and another");
             assert_eq!((a, b), (0, 512), "{strategy}: best fit from the low end");
             assert_eq!(p.free_bytes(), (1 << 20) - 4608);

@@ -68,7 +68,11 @@ impl Slabs {
     /// class size from the arena by best fit.
     pub(crate) fn with_fallback(capacity: u64, fallback: bool) -> Self {
         // A pool smaller than one slab could never carve one: it places everything by best fit.
-        let slab_bytes = if capacity >= SLAB_BYTES { SLAB_BYTES } else { 0 };
+        let slab_bytes = if capacity >= SLAB_BYTES {
+            SLAB_BYTES
+        } else {
+            0
+        };
         let mut slabs = Self {
             arena: Arena::new(capacity, false),
             slabs: BTreeMap::new(),
