@@ -64,8 +64,8 @@ pub use simulate::{
 };
 pub use strategy::Strategy;
 pub use torch::{TorchOptionError, TorchOptions};
-pub use trace::{Edits, Factor, ParseFactorError, Trace, MAX_BLOCK_BYTES};
+pub use trace::{blocks_at_least, Edits, Factor, ParseFactorError, Trace, MAX_BLOCK_BYTES};
 pub use whatif::{
-    figures, fit, Allocator, AllocatorPeak, CurvePoint, Figures, FirstToFill, FitAnswer, FitQuery,
-    UNLIMITED,
+    figures, fit, replay, Allocator, AllocatorPeak, CurvePoint, Figures, FirstToFill, FitAnswer,
+    FitQuery, Replay, UNLIMITED,
 };

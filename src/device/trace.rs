@@ -83,6 +83,22 @@ impl Trace {
         }
     }
 
+    /// The replayable part of `ops` restricted to blocks of at least `min_bytes`: how a CPU
+    /// run's heap stands in for a device stream (its tensors are the large blocks; the small
+    /// ones are the framework's bookkeeping, which a device would keep in host memory).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use highwater::device::{SimOp, Trace};
+    /// let ops = [SimOp::alloc(0, 1, 64), SimOp::alloc(1, 2, 8192), SimOp::free(2, 1)];
+    /// let proxy = Trace::with_min_block(&ops, 4096);
+    /// assert_eq!((proxy.allocations(), proxy.len(), proxy.lower_bound()), (1, 1, 8192));
+    /// ```
+    pub fn with_min_block(ops: &[SimOp], min_bytes: u64) -> Trace {
+        Trace::new(&blocks_at_least(ops, min_bytes))
+    }
+
     /// The same stream with every block's size changed as `edits` says. Edits that change
     /// nothing (every factor ×1) give back an identical trace.
     ///
@@ -196,6 +212,26 @@ impl Trace {
         }
         out
     }
+}
+
+/// The allocations of at least `min_bytes` in `ops`, with their frees (the filter of
+/// [`Trace::with_min_block`], for replays through [`simulate`](super::simulate)).
+pub fn blocks_at_least(ops: &[SimOp], min_bytes: u64) -> Vec<SimOp> {
+    let mut small = std::collections::HashSet::new();
+    ops.iter()
+        .filter(|op| match op.kind {
+            SimOpKind::Alloc { id, size, .. } if size < min_bytes => {
+                small.insert(id);
+                false
+            }
+            SimOpKind::Alloc { id, .. } => {
+                small.remove(&id);
+                true
+            }
+            SimOpKind::Free { id } => !small.remove(&id),
+        })
+        .copied()
+        .collect()
 }
 
 /// A non-negative scale factor kept as an exact fraction, so ×1 changes nothing and ×0.5 halves

@@ -170,6 +170,39 @@ pub struct AllocatorPeak {
     pub peak_on_device: u64,
 }
 
+/// What one replay of a trace through an allocator showed ([`replay`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Replay {
+    /// Most bytes the allocator held from the device at once.
+    pub peak_bytes: u64,
+    /// Whether every allocation was served.
+    pub fits: bool,
+    /// Allocations refused (skipped; the replay goes on).
+    pub refused: u64,
+}
+
+/// Replays `trace` through `allocator` on a device of `capacity` bytes ([`UNLIMITED`] for no
+/// limit).
+///
+/// # Examples
+///
+/// ```
+/// use highwater::device::{replay, Allocator, SimOp, Trace};
+/// let trace = Trace::new(&[SimOp::alloc(0, 1, 3 << 20), SimOp::alloc(1, 2, 30 << 20)]);
+/// let r = replay(&trace, Allocator::pytorch(), 40 << 20);
+/// // A 20 MiB segment for the 3 MiB block, then 30 MiB does not fit beside it.
+/// assert_eq!((r.fits, r.refused, r.peak_bytes), (false, 1, 20 << 20));
+/// ```
+pub fn replay(trace: &Trace, allocator: Allocator, capacity: u64) -> Replay {
+    let outcome = allocator.run(trace, capacity);
+    Replay {
+        peak_bytes: outcome.peak,
+        fits: outcome.first_failure.is_none(),
+        refused: outcome.failures,
+    }
+}
+
 /// The three figures for one device's stream.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
