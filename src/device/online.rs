@@ -28,7 +28,7 @@ pub(crate) struct Outcome {
 }
 
 /// Replays every event of `trace` through `allocator`.
-pub(crate) fn replay(trace: &Trace, allocator: &mut dyn Online) -> Outcome {
+pub(crate) fn drive(trace: &Trace, allocator: &mut dyn Online) -> Outcome {
     let mut refused = vec![false; trace.slots];
     let mut outcome = Outcome {
         peak: 0,

@@ -294,7 +294,7 @@ impl fmt::Display for Factor {
         if self.num.is_multiple_of(self.den) {
             write!(f, "×{}", self.num / self.den)
         } else {
-            write!(f, "×{:.3}", self.as_f64())
+            write!(f, "×{:.2}", self.as_f64())
         }
     }
 }

@@ -22,7 +22,7 @@ use std::str::FromStr;
 use super::bfc::{Bfc, BfcOptions};
 use super::kind::ParseNameError;
 use super::offline;
-use super::online::{replay, FixedPool, Online, Outcome};
+use super::online::{drive, FixedPool, Online, Outcome};
 use super::torch::{Torch, TorchOptions};
 use super::trace::{Edits, Event, Factor, Trace};
 use super::Strategy;
@@ -107,7 +107,7 @@ impl Allocator {
     /// Replays `trace` on a device of `capacity` bytes.
     fn run(&self, trace: &Trace, capacity: u64) -> Outcome {
         let mut allocator = self.start(capacity, trace.slots);
-        replay(trace, allocator.as_mut())
+        drive(trace, allocator.as_mut())
     }
 }
 

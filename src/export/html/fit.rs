@@ -78,7 +78,13 @@ fn device_table(out: &mut String, d: &DeviceFigures<'_>) {
             escape_html(verdict)
         );
     };
-    let fits = |bytes: u64| if bytes <= f.capacity { "fits" } else { "too large" };
+    let fits = |bytes: u64| {
+        if bytes <= f.capacity {
+            "fits"
+        } else {
+            "too large"
+        }
+    };
     row(out, "Lower bound", f.lower_bound, None, fits(f.lower_bound));
     row(
         out,
@@ -121,7 +127,11 @@ fn curve(out: &mut String, answer: &FitAnswer) {
         escape_html(&grown.join(" + ")),
         escape_html(&answer.query.allocator.to_string())
     );
-    let max_x = points.iter().map(|p| p.factor).fold(0.0f64, f64::max).max(1e-9);
+    let max_x = points
+        .iter()
+        .map(|p| p.factor)
+        .fold(0.0f64, f64::max)
+        .max(1e-9);
     let max_y = points
         .iter()
         .map(|p| p.peak_bytes.max(p.lower_bound))

@@ -179,7 +179,9 @@ fn parse_scale(text: &str) -> Result<(Category, Factor), String> {
     let (category, factor) = text
         .split_once('=')
         .ok_or_else(|| format!("expected CATEGORY=FACTOR such as parameter=0.5, got {text:?}"))?;
-    let factor = factor.parse().map_err(|e: highwater::device::ParseFactorError| e.to_string())?;
+    let factor = factor
+        .parse()
+        .map_err(|e: highwater::device::ParseFactorError| e.to_string())?;
     Ok((parse_category(category)?, factor))
 }
 

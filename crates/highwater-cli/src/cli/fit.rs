@@ -3,9 +3,7 @@
 
 use std::path::Path;
 
-use highwater::device::{
-    figures, fit, Allocator, DeviceKind, Edits, FitAnswer, FitQuery,
-};
+use highwater::device::{figures, fit, Allocator, DeviceKind, Edits, FitAnswer, FitQuery};
 use highwater::export::html::fit::{section, DeviceFigures};
 use highwater::units::format_bytes;
 use highwater::{Category, Profile};
@@ -33,13 +31,11 @@ pub(crate) struct Request<'a> {
 /// afterwards when the run as recorded does not fit.
 pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
     let allocator = match (request.allocator, request.max_split_size_mb) {
-        (Allocator::PyTorch(options), Some(mb)) => {
-            Allocator::PyTorch(
-                options
-                    .max_split_size_mb(mb)
-                    .map_err(|e| replay::InputError(e.to_string()))?,
-            )
-        }
+        (Allocator::PyTorch(options), Some(mb)) => Allocator::PyTorch(
+            options
+                .max_split_size_mb(mb)
+                .map_err(|e| replay::InputError(e.to_string()))?,
+        ),
         (other, Some(_)) => {
             return Err(replay::InputError(format!(
                 "--max-split-size-mb applies to the pytorch allocators, not {other}"
@@ -151,11 +147,11 @@ fn answer_text(answer: &FitAnswer) -> String {
             .map(|c| format!("{} {}", c.as_str(), format_bytes(first.live[c.index()])))
             .collect();
         text.push_str(&format!(
-            "  at {} the device fills first with {}: a {} block of {} is refused with {} live\n",
+            "  at {} the device fills first with {}: {} of {} refused with {} live\n",
             first.factor,
             first.category.as_str(),
-            first.refused.0.as_str(),
             format_bytes(first.refused.1),
+            first.refused.0.as_str(),
             if live.is_empty() {
                 "nothing".to_string()
             } else {
