@@ -326,10 +326,10 @@ impl FromStr for Factor {
             return Factor::ratio(num, den).ok_or_else(err);
         }
         let (whole, frac) = text.split_once('.').unwrap_or((text, ""));
-        if !digits(whole) && !(whole.is_empty() && digits(frac)) {
-            return Err(err());
-        }
-        if !frac.is_empty() && !digits(frac) || frac.len() > 9 {
+        // `2`, `2.5`, `.5`; the fraction at most 9 digits, so 10^digits fits a u64.
+        let whole_ok = digits(whole) || (whole.is_empty() && digits(frac));
+        let frac_ok = (frac.is_empty() || digits(frac)) && frac.len() <= 9;
+        if !whole_ok || !frac_ok || text.ends_with('.') {
             return Err(err());
         }
         let den = 10u64.pow(frac.len() as u32);
