@@ -704,13 +704,17 @@ pub fn write(profile: &Profile, path: impl AsRef<Path>) -> Result<(), ExportErro
 ///
 /// # Errors
 ///
-/// [`ProfileError::Write`] when the file cannot be written; `path` keeps what it held before.
+/// [`ExportError`] naming the file when it cannot be written; `path` keeps what it held before.
 pub fn write_with(
     profile: &Profile,
     extra: &str,
     path: impl AsRef<Path>,
-) -> Result<(), ProfileError> {
-    write_atomically(path.as_ref(), render_with(profile, extra).as_bytes())
+) -> Result<(), ExportError> {
+    write_output(
+        Output::HtmlReport,
+        path.as_ref(),
+        render_with(profile, extra).as_bytes(),
+    )
 }
 
 #[cfg(test)]
