@@ -93,7 +93,7 @@ pub use profile::{
     MAX_ITERATIONS, MAX_PROFILE_BYTES, MAX_SPAN_EVENTS, SCHEMA,
 };
 #[cfg(not(loom))]
-pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};
+pub use session::{CaptureMode, Session, SessionBuilder, DEFAULT_OUTPUT};
 #[cfg(not(loom))]
 pub use span::SpanGuard;
 #[cfg(all(feature = "tracing", not(loom)))]

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Category, Step};
+use crate::session::CaptureMode;
 
 /// The value of [`Profile::schema`] this version writes and reads.
 pub const SCHEMA: &str = "highwater/1";
@@ -285,12 +286,25 @@ pub struct PoolPoint {
 /// How capture went: what each thread recorded and what was lost.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CaptureStats {
-    /// Events per ring before one is dropped.
+    /// What a thread did when its ring was full: waited for the collector (`"lossless"`) or
+    /// dropped the event (`"drop_when_full"`). Profiles written before this field existed were
+    /// all captured dropping.
+    #[serde(default = "CaptureMode::before_modes")]
+    pub mode: CaptureMode,
+    /// Events per thread ring.
     pub ring_events: u64,
     /// Events dropped, by kind (`alloc`, `free`, `realloc`, `span`, `other`).
     pub dropped_by_kind: BTreeMap<String, u64>,
     /// Of those, events dropped with no thread to charge them to (no free ring, thread exiting).
     pub unattributed_dropped: u64,
+    /// Of those, records a thread tried to make while it was already inside a push (a signal
+    /// handler that allocates while the interrupted code is recording): counted, not recorded,
+    /// as recording them would interleave two writers on the thread's ring.
+    #[serde(default)]
+    pub reentrant_dropped: u64,
+    /// Times a thread found its ring full and waited for the collector (lossless mode).
+    #[serde(default)]
+    pub producer_waits: u64,
     /// Per recording thread, in order of first event.
     pub threads: Vec<ThreadCapture>,
 }
