@@ -22,8 +22,7 @@ use crate::capture::registry::{SlotState, REGISTRY};
 use crate::capture::ring::close_gate;
 use crate::capture::{self, names, wake, RECORDING, UNATTRIBUTED_DROPS};
 use crate::model::{Category, SpanLabel};
-use crate::profile::{CaptureStats, Profile, ThreadCapture};
-use crate::CaptureMode;
+use crate::profile::{CaptureMode, CaptureStats, Profile, ThreadCapture};
 
 /// What the session asks of the collector.
 #[derive(Debug)]

@@ -88,12 +88,12 @@ pub use alloc::Alloc;
 pub use error::Error;
 pub use model::{Category, SpanLabel, Step};
 pub use profile::{
-    CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile,
-    ProfileError, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint,
+    CaptureMode, CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint,
+    Profile, ProfileError, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint,
     MAX_ITERATIONS, MAX_PROFILE_BYTES, MAX_SPAN_EVENTS, SCHEMA,
 };
 #[cfg(not(loom))]
-pub use session::{CaptureMode, Session, SessionBuilder, DEFAULT_OUTPUT};
+pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};
 #[cfg(not(loom))]
 pub use span::SpanGuard;
 #[cfg(all(feature = "tracing", not(loom)))]

@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Category, Step};
-use crate::session::CaptureMode;
 
 /// The value of [`Profile::schema`] this version writes and reads.
 pub const SCHEMA: &str = "highwater/1";
@@ -281,6 +280,51 @@ pub struct PoolPoint {
     pub largest_free_bytes: u64,
     /// `1 - largest free / free`.
     pub fragmentation: f64,
+}
+
+/// What a thread does when its event ring is full.
+///
+/// Set with [`SessionBuilder::capture_mode`] or `HIGHWATER_CAPTURE` (`lossless` or `drop`; the
+/// variable wins). The profile says which mode ran in `capture.mode`.
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn main() -> Result<(), highwater::Error> {
+/// use highwater::{CaptureMode, Session};
+/// // Never slow the program down, at the price of possibly wrong figures.
+/// let session = Session::builder().capture_mode(CaptureMode::DropWhenFull).start()?;
+/// # drop(session); Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CaptureMode {
+    /// The thread waits until the collector has drained its ring (spinning briefly, then
+    /// sleeping), so no event is lost. The default. A thread only waits while the collector
+    /// serves it: never on highwater's own threads, in a forked child, inside a signal handler
+    /// that interrupted a record, or once the session has stopped.
+    #[default]
+    Lossless,
+    /// The event is dropped and counted. The program is never slowed down, but the figures can
+    /// be wrong both ways: a dropped allocation hides a block (the peak comes out low), and a
+    /// dropped free leaves a block that looks live for ever (the peak can come out high).
+    DropWhenFull,
+}
+
+impl CaptureMode {
+    /// The mode of profiles written before the mode was recorded: they all dropped.
+    pub(crate) fn before_modes() -> CaptureMode {
+        CaptureMode::DropWhenFull
+    }
+
+    pub(crate) fn parse(value: &str) -> Option<CaptureMode> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "lossless" => Some(CaptureMode::Lossless),
+            "drop" | "drop_when_full" => Some(CaptureMode::DropWhenFull),
+            _ => None,
+        }
+    }
 }
 
 /// How capture went: what each thread recorded and what was lost.

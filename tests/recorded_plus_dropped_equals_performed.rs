@@ -124,7 +124,9 @@ fn lossless_small_rings_record_everything_performed() {
 /// Runs the workers in a session of `mode`, checks recorded + dropped = performed per thread
 /// and kind, and returns the workers' drops and the profile.
 fn run(mode: CaptureMode) -> (u64, highwater::Profile) {
-    let _one = ONE_SESSION.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _one = ONE_SESSION
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let session = Session::builder()
         .ring_events(1024)
         .capture_mode(mode)

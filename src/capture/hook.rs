@@ -27,8 +27,7 @@ pub(crate) static UNATTRIBUTED_DROPS: [AtomicU64; RawKind::COUNT] =
 
 /// Events a thread tried to record while it was already inside a push (a signal handler that
 /// allocates), by [`RawKind`]. Counted, never written: the interrupted push owns the ring.
-static REENTRANT_DROPS: [AtomicU64; RawKind::COUNT] =
-    [const { AtomicU64::new(0) }; RawKind::COUNT];
+static REENTRANT_DROPS: [AtomicU64; RawKind::COUNT] = [const { AtomicU64::new(0) }; RawKind::COUNT];
 
 /// Times a producer found its ring full and waited for the collector.
 static WAITS: AtomicU64 = AtomicU64::new(0);
@@ -281,8 +280,7 @@ fn claim_ring(current: &mut ThreadState) -> Option<usize> {
         let ring = &REGISTRY.slots()[index].ring;
         let capacity = lifecycle::ring_capacity();
         // A ring reused from an earlier session gets this session's size.
-        if ring.capacity() != capacity && !install_storage(ring, capacity) && !ring.has_storage()
-        {
+        if ring.capacity() != capacity && !install_storage(ring, capacity) && !ring.has_storage() {
             // Without storage the slot is useless to us, and the collector skips slots
             // without storage, so it must go back or it is lost to every thread.
             REGISTRY.abandon(index);
@@ -333,6 +331,8 @@ pub(crate) fn begin_session(lossless: bool) {
 /// the collector ends (or never started) and in a forked child.
 pub(crate) fn collector_stopped() {
     COLLECTOR_SERVING.store(false, Ordering::SeqCst);
+    // Stop serving, then read `parked`: the other half of `SoundPark`'s pair.
+    super::sync::fence(Ordering::SeqCst);
     for slot in REGISTRY.slots() {
         slot.ring.release_parked();
     }

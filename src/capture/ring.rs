@@ -163,9 +163,10 @@ pub(crate) trait WhenFull {
 /// How a producer sleeps until the collector may have made room. The order of its steps is the
 /// protocol the loom models check; [`SoundPark`] is the one the hook uses.
 pub(crate) trait ParkProtocol {
-    /// Sleeps on `parked` until woken or timed out. Returns whether `room()` held, checked after
-    /// registering as parked (so a drain before the check is seen, and one after it wakes us).
-    fn park(parked: &WaitWord, room: &dyn Fn() -> bool) -> bool;
+    /// Sleeps on `parked` until woken or timed out, unless `ready()` (room, or a collector that
+    /// stopped serving) holds once the producer is registered as parked. Returns whether it
+    /// did; the caller re-checks either way.
+    fn park(parked: &WaitWord, ready: &dyn Fn() -> bool) -> bool;
 }
 
 /// How long a parked producer sleeps before it re-checks room, the collector and the gate by
@@ -178,24 +179,25 @@ const SPINS: u32 = 128;
 #[cfg(loom)]
 const SPINS: u32 = 1;
 
-/// Registers as parked, then checks room, then sleeps: the store-buffering pair with the
-/// collector's "publish `tail`, then read `parked`" ([`Ring::drain`]), both ordered by SeqCst
-/// fences, means either the producer sees the new `tail` or the collector sees it parked and
-/// wakes it. The word's own check-then-sleep covers a wake between the check and the sleep.
+/// Registers as parked, then checks room (and whether the collector still serves), then
+/// sleeps: the store-buffering pair with the collector's "publish `tail` (or stop serving),
+/// then read `parked`" ([`Ring::drain`], [`Ring::release_parked`]), both ordered by SeqCst
+/// fences, means either the producer sees the change or the collector sees it parked and wakes
+/// it. The word's own check-then-sleep covers a wake between the check and the sleep.
 #[derive(Debug)]
 pub(crate) struct SoundPark;
 
 impl ParkProtocol for SoundPark {
-    fn park(parked: &WaitWord, room: &dyn Fn() -> bool) -> bool {
+    fn park(parked: &WaitWord, ready: &dyn Fn() -> bool) -> bool {
         parked.word().store(1, Ordering::Relaxed);
         fence(Ordering::SeqCst);
-        if room() {
+        if ready() {
             parked.word().store(0, Ordering::Relaxed);
             return true;
         }
         parked.wait(1, Some(PARK_TIMEOUT));
         parked.word().store(0, Ordering::Relaxed);
-        room()
+        false
     }
 }
 
@@ -459,9 +461,8 @@ impl Ring {
     #[cold]
     fn wait_for_room<W: ParkProtocol>(&self, head: u64, needed: u64, full: &impl WhenFull) -> bool {
         let capacity = self.capacity.load(Ordering::Relaxed);
-        let room = || {
-            head.wrapping_sub(self.consumer.tail.load(Ordering::Acquire)) + needed <= capacity
-        };
+        let room =
+            || head.wrapping_sub(self.consumer.tail.load(Ordering::Acquire)) + needed <= capacity;
         full.wake_collector();
         for _ in 0..SPINS {
             if room() {
@@ -470,13 +471,15 @@ impl Ring {
             std::hint::spin_loop();
         }
         full.note_wait();
+        let ready = || room() || !full.collector_serves();
         loop {
+            if room() {
+                return true;
+            }
             if !full.collector_serves() {
                 return false;
             }
-            if W::park(&self.consumer.parked, &room) {
-                return true;
-            }
+            W::park(&self.consumer.parked, &ready);
         }
     }
 
@@ -511,7 +514,8 @@ impl Ring {
     }
 
     /// Wakes the producer if it is parked. Called after a drain, and for every ring when the
-    /// collector stops serving (the producer then re-checks and gives up).
+    /// collector stops serving (the producer then re-checks and gives up), each time after a
+    /// SeqCst fence that follows the change the producer waits for (see [`SoundPark`]).
     pub(crate) fn release_parked(&self) {
         let parked = &self.consumer.parked;
         if parked.word().load(Ordering::Relaxed) != 0 {
