@@ -87,7 +87,8 @@ unsafe impl GlobalAlloc for SignalSafe {
             return unsafe { System.realloc(block, layout, new_size) };
         }
         // SAFETY: caller's contract; `new_size` with the old alignment is a valid layout.
-        let moved = unsafe { self.alloc(Layout::from_size_align_unchecked(new_size, layout.align())) };
+        let moved =
+            unsafe { self.alloc(Layout::from_size_align_unchecked(new_size, layout.align())) };
         if !moved.is_null() {
             // SAFETY: both blocks hold at least the smaller size; they do not overlap.
             unsafe {
@@ -126,7 +127,10 @@ fn alarm_every(micros: i64, handler: libc::sighandler_t) {
         action.sa_sigaction = handler;
         action.sa_flags = libc::SA_RESTART;
         libc::sigemptyset(&mut action.sa_mask);
-        assert_eq!(libc::sigaction(libc::SIGALRM, &action, std::ptr::null_mut()), 0);
+        assert_eq!(
+            libc::sigaction(libc::SIGALRM, &action, std::ptr::null_mut()),
+            0
+        );
         let tick = libc::timeval {
             tv_sec: 0,
             tv_usec: micros as libc::suseconds_t,
@@ -154,10 +158,7 @@ fn mask_alarm(block: bool) {
         } else {
             libc::SIG_UNBLOCK
         };
-        assert_eq!(
-            libc::pthread_sigmask(how, &set, std::ptr::null_mut()),
-            0
-        );
+        assert_eq!(libc::pthread_sigmask(how, &set, std::ptr::null_mut()), 0);
     }
 }
 
@@ -169,68 +170,75 @@ fn mask_alarm(block: bool) {
 /// show as lost, duplicated or garbled events).
 #[test]
 fn a_signal_handler_allocating_mid_push_is_counted_exactly() {
-    isolated("a_signal_handler_allocating_mid_push_is_counted_exactly", || {
-        arena();
-        let tid = gettid();
-        black_box(vec![0u8; 1]); // this thread's counting row, before the session
-        // The collector inherits the blocked mask, so only this thread takes the signal.
-        mask_alarm(true);
-        let session = Session::builder().write_profile(false).start().unwrap();
-        // What this thread performs between here and `finish` (which runs paused) is in the
-        // session; the thread's counters also hold its whole life before.
-        let before = common::performed(&[tid]);
-        alarm_every(20, allocate_in_handler as *const () as libc::sighandler_t);
-        mask_alarm(false);
-        let mut kept = Vec::new();
-        let mut round = 0usize;
-        while HANDLED.load(Ordering::Relaxed) < 20_000 && round < 20_000_000 {
-            let mut block = black_box(vec![round as u8; 16 + round % 48]);
-            block.push(1);
-            if round % 256 == 0 {
-                kept.push(block);
+    isolated(
+        "a_signal_handler_allocating_mid_push_is_counted_exactly",
+        || {
+            arena();
+            let tid = gettid();
+            black_box(vec![0u8; 1]); // this thread's counting row, before the session
+                                     // The collector inherits the blocked mask, so only this thread takes the signal.
+            mask_alarm(true);
+            let session = Session::builder().write_profile(false).start().unwrap();
+            // What this thread performs between here and `finish` (which runs paused) is in the
+            // session; the thread's counters also hold its whole life before.
+            let before = common::performed(&[tid]);
+            alarm_every(20, allocate_in_handler as *const () as libc::sighandler_t);
+            mask_alarm(false);
+            let mut kept = Vec::new();
+            let mut round = 0usize;
+            while HANDLED.load(Ordering::Relaxed) < 20_000 && round < 20_000_000 {
+                let mut block = black_box(vec![round as u8; 16 + round % 48]);
+                block.push(1);
+                if round % 256 == 0 {
+                    kept.push(block);
+                }
+                round += 1;
             }
-            round += 1;
-        }
-        mask_alarm(true);
-        alarm_every(0, libc::SIG_IGN);
-        drop(kept);
-        let after = common::performed(&[tid]);
-        let profile = session.finish().unwrap();
+            mask_alarm(true);
+            alarm_every(0, libc::SIG_IGN);
+            drop(kept);
+            let after = common::performed(&[tid]);
+            let profile = session.finish().unwrap();
 
-        let performed: [u64; 3] = std::array::from_fn(|kind| after[kind] - before[kind]);
-        let (recorded, dropped, _, _) = common::recorded_and_dropped(&profile, tid);
-        let (loose, _) = common::unattributed(&profile);
-        let capture = &profile.capture;
-        assert_eq!(capture.mode, CaptureMode::Lossless);
-        assert_eq!(capture.unattributed_dropped, 0, "{capture:?}");
-        assert_eq!(dropped, [0; 3], "a lossless ring dropped: {capture:?}");
-        // Only re-entries are counted without a ring here.
-        assert_eq!(loose.iter().sum::<u64>(), capture.reentrant_dropped, "{capture:?}");
-        for kind in [ALLOC, FREE, REALLOC] {
+            let performed: [u64; 3] = std::array::from_fn(|kind| after[kind] - before[kind]);
+            let (recorded, dropped, _, _) = common::recorded_and_dropped(&profile, tid);
+            let (loose, _) = common::unattributed(&profile);
+            let capture = &profile.capture;
+            assert_eq!(capture.mode, CaptureMode::Lossless);
+            assert_eq!(capture.unattributed_dropped, 0, "{capture:?}");
+            assert_eq!(dropped, [0; 3], "a lossless ring dropped: {capture:?}");
+            // Only re-entries are counted without a ring here.
             assert_eq!(
-                recorded[kind] + loose[kind],
-                performed[kind],
-                "{} events: recorded {} + counted as re-entrant {} != performed {}",
-                KIND_NAMES[kind],
-                recorded[kind],
-                loose[kind],
-                performed[kind]
+                loose.iter().sum::<u64>(),
+                capture.reentrant_dropped,
+                "{capture:?}"
             );
-        }
-        assert!(
-            capture.reentrant_dropped > 0,
-            "{} signals and no re-entry: the test did not interrupt a push",
-            HANDLED.load(Ordering::Relaxed)
-        );
-        assert_eq!(profile.summary.reorder_repairs, 0);
-        assert!(profile.summary.unknown_frees <= loose[ALLOC] + loose[REALLOC]);
-        println!(
-            "FIGURES {} signals, {} of {} records counted as re-entrant",
-            HANDLED.load(Ordering::Relaxed),
-            capture.reentrant_dropped,
-            performed.iter().sum::<u64>()
-        );
-    });
+            for kind in [ALLOC, FREE, REALLOC] {
+                assert_eq!(
+                    recorded[kind] + loose[kind],
+                    performed[kind],
+                    "{} events: recorded {} + counted as re-entrant {} != performed {}",
+                    KIND_NAMES[kind],
+                    recorded[kind],
+                    loose[kind],
+                    performed[kind]
+                );
+            }
+            assert!(
+                capture.reentrant_dropped > 0,
+                "{} signals and no re-entry: the test did not interrupt a push",
+                HANDLED.load(Ordering::Relaxed)
+            );
+            assert_eq!(profile.summary.reorder_repairs, 0);
+            assert!(profile.summary.unknown_frees <= loose[ALLOC] + loose[REALLOC]);
+            println!(
+                "FIGURES {} signals, {} of {} records counted as re-entrant",
+                HANDLED.load(Ordering::Relaxed),
+                capture.reentrant_dropped,
+                performed.iter().sum::<u64>()
+            );
+        },
+    );
 }
 
 /// Counters of `tid`, summed over its rows.
@@ -250,60 +258,66 @@ fn counters(tid: u64, pick: fn(&common::Row) -> &[AtomicU64; 3]) -> [u64; 3] {
 /// recorded that was not started.
 #[test]
 fn stopping_while_producers_wait_ends_and_loses_nothing() {
-    isolated("stopping_while_producers_wait_ends_and_loses_nothing", || {
-        static STOP: AtomicBool = AtomicBool::new(false);
-        let session = Session::builder()
-            .ring_events(1024)
-            .write_profile(false)
-            .start()
-            .unwrap();
-        let (send, receive) = std::sync::mpsc::channel();
-        let workers: Vec<_> = (0..4)
-            .map(|worker| {
-                let send = send.clone();
-                std::thread::spawn(move || {
-                    send.send(gettid()).unwrap();
-                    drop(send);
-                    let mut round = 0usize;
-                    while !STOP.load(Ordering::Relaxed) {
-                        let mut block = black_box(vec![worker as u8; 8 + round % 64]);
-                        block.reserve(round % 128);
-                        round += 1;
-                    }
+    isolated(
+        "stopping_while_producers_wait_ends_and_loses_nothing",
+        || {
+            static STOP: AtomicBool = AtomicBool::new(false);
+            let session = Session::builder()
+                .ring_events(1024)
+                .write_profile(false)
+                .start()
+                .unwrap();
+            let (send, receive) = std::sync::mpsc::channel();
+            let workers: Vec<_> = (0..4)
+                .map(|worker| {
+                    let send = send.clone();
+                    std::thread::spawn(move || {
+                        send.send(gettid()).unwrap();
+                        drop(send);
+                        let mut round = 0usize;
+                        while !STOP.load(Ordering::Relaxed) {
+                            let mut block = black_box(vec![worker as u8; 8 + round % 64]);
+                            block.reserve(round % 128);
+                            round += 1;
+                        }
+                    })
                 })
-            })
-            .collect();
-        drop(send);
-        let tids: Vec<u64> = receive.iter().collect();
-        std::thread::sleep(Duration::from_millis(100));
-        let completed: Vec<_> = tids.iter().map(|&t| counters(t, |r| &r.completed)).collect();
-        let profile = session.finish().unwrap();
-        let started: Vec<_> = tids.iter().map(|&t| counters(t, |r| &r.started)).collect();
-        STOP.store(true, Ordering::Relaxed);
-        for worker in workers {
-            worker.join().unwrap();
-        }
-        assert!(
-            profile.capture.producer_waits > 0,
-            "four flat-out threads on 1024-event rings never waited: {:?}",
-            profile.capture
-        );
-        assert_eq!(profile.summary.dropped_events, 0, "{:?}", profile.capture);
-        for (i, &tid) in tids.iter().enumerate() {
-            let (recorded, dropped, _, _) = common::recorded_and_dropped(&profile, tid);
-            assert_eq!(dropped, [0; 3]);
-            for kind in [ALLOC, FREE, REALLOC] {
-                assert!(
-                    completed[i][kind] <= recorded[kind] && recorded[kind] <= started[i][kind],
-                    "{} events of thread {tid}: recorded {} outside [{}, {}]",
-                    KIND_NAMES[kind],
-                    recorded[kind],
-                    completed[i][kind],
-                    started[i][kind]
-                );
+                .collect();
+            drop(send);
+            let tids: Vec<u64> = receive.iter().collect();
+            std::thread::sleep(Duration::from_millis(100));
+            let completed: Vec<_> = tids
+                .iter()
+                .map(|&t| counters(t, |r| &r.completed))
+                .collect();
+            let profile = session.finish().unwrap();
+            let started: Vec<_> = tids.iter().map(|&t| counters(t, |r| &r.started)).collect();
+            STOP.store(true, Ordering::Relaxed);
+            for worker in workers {
+                worker.join().unwrap();
             }
-        }
-    });
+            assert!(
+                profile.capture.producer_waits > 0,
+                "four flat-out threads on 1024-event rings never waited: {:?}",
+                profile.capture
+            );
+            assert_eq!(profile.summary.dropped_events, 0, "{:?}", profile.capture);
+            for (i, &tid) in tids.iter().enumerate() {
+                let (recorded, dropped, _, _) = common::recorded_and_dropped(&profile, tid);
+                assert_eq!(dropped, [0; 3]);
+                for kind in [ALLOC, FREE, REALLOC] {
+                    assert!(
+                        completed[i][kind] <= recorded[kind] && recorded[kind] <= started[i][kind],
+                        "{} events of thread {tid}: recorded {} outside [{}, {}]",
+                        KIND_NAMES[kind],
+                        recorded[kind],
+                        completed[i][kind],
+                        started[i][kind]
+                    );
+                }
+            }
+        },
+    );
 }
 
 /// A forked child of a process whose threads wait for room (1024-event rings) allocates far
