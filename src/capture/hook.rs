@@ -199,42 +199,31 @@ fn emit<const N: usize>(
     if !RECORDING.load(Ordering::Relaxed) {
         return;
     }
-    if THREAD
-        .try_with(|thread| emit_on(thread, kinds, build))
-        .is_err()
-    {
-        drop_unattributed(&kinds);
+    // Small closures, one per thread-local access, so each inlines (one closure around the
+    // whole push would be compiled out of line).
+    let entered = THREAD.try_with(|thread| !thread.in_push.replace(true));
+    match entered {
+        Ok(true) => {}
+        Ok(false) => return drop_reentrant(&kinds),
+        Err(_) => return drop_unattributed(&kinds),
     }
-}
-
-/// [`emit`] with the thread's capture state in hand.
-#[inline(always)]
-fn emit_on<const N: usize>(
-    thread: &PerThread,
-    kinds: [RawKind; N],
-    build: impl FnOnce(ThreadState, u64) -> [RawEvent; N],
-) {
-    if thread.in_push.get() {
-        drop_reentrant(&kinds);
-        return;
-    }
-    // A handler that ran before this store has finished its push; one that runs after it sees
-    // the flag. The fences keep the compiler from moving the flag across the ring accesses.
-    thread.in_push.set(true);
+    // A handler that ran before the flag was set has finished its push; one that runs after
+    // sees the flag. The fences keep the compiler from moving the flag across the ring accesses.
     compiler_fence(Ordering::SeqCst);
-    push_on(thread, kinds, build);
+    push_now(kinds, build);
     compiler_fence(Ordering::SeqCst);
-    thread.in_push.set(false);
+    let _ = THREAD.try_with(|thread| thread.in_push.set(false));
 }
 
 /// Finds (or claims) this thread's ring and pushes into it; runs with `in_push` set.
 #[inline(always)]
-fn push_on<const N: usize>(
-    thread: &PerThread,
+fn push_now<const N: usize>(
     kinds: [RawKind; N],
     build: impl FnOnce(ThreadState, u64) -> [RawEvent; N],
 ) {
-    let mut current = thread.state.get();
+    let Some(mut current) = state() else {
+        return drop_unattributed(&kinds);
+    };
     if current.paused || current.internal {
         return;
     }
