@@ -613,3 +613,66 @@ pub(crate) fn record_pool_state(
         [capacity, reserved, largest_free, fragmentation.to_bits()],
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drop mode, no collector: a full ring drops at once.
+    struct Dropping;
+
+    impl WhenFull for Dropping {
+        fn lossless(&self) -> bool {
+            false
+        }
+        fn collector_serves(&self) -> bool {
+            false
+        }
+        fn wake_collector(&self) {}
+        fn note_wait(&self) {}
+        fn fit_storage(&self, _ring: &Ring) {}
+    }
+
+    fn push(ring: &Ring, ticks: u64) -> Pushed {
+        let gate = AtomicBool::new(true);
+        let event = RawEvent {
+            ticks,
+            ..RawEvent::default()
+        };
+        // SAFETY: this test is the ring's only producer; storage is installed.
+        unsafe { ring.push(&gate, [RawKind::Alloc], &Dropping, || [event]) }
+    }
+
+    fn drain(ring: &Ring) -> Vec<u64> {
+        let mut out = Vec::new();
+        // SAFETY: this test is the ring's only consumer; storage is installed.
+        unsafe { ring.drain(&mut out) };
+        out.into_iter().map(|event| event.ticks).collect()
+    }
+
+    /// Issue 10, item 4: a ring reused with another size used to keep its old storage while the
+    /// profile reported the new size. Replaced, it holds exactly the new number of events.
+    #[test]
+    fn a_reused_ring_holds_exactly_the_new_size() {
+        let ring = Ring::new();
+        assert!(install_storage(&ring, 1 << 16));
+        for ticks in 0..5000 {
+            assert_eq!(push(&ring, ticks), Pushed::Recorded);
+        }
+        assert_eq!(drain(&ring).len(), 5000);
+        assert!(ring.is_empty());
+        assert!(install_storage(&ring, 1024));
+        assert_eq!(ring.capacity(), 1024);
+        for ticks in 0..1024 {
+            assert_eq!(push(&ring, ticks), Pushed::Recorded, "event {ticks}");
+        }
+        assert_eq!(push(&ring, 1024), Pushed::Dropped, "a 1024-event ring took 1025");
+        assert_eq!(drain(&ring), (0..1024).collect::<Vec<_>>());
+        // And it grows back.
+        assert!(install_storage(&ring, 1 << 12));
+        for ticks in 0..4096 {
+            assert_eq!(push(&ring, ticks), Pushed::Recorded, "event {ticks}");
+        }
+        assert_eq!(drain(&ring), (0..4096).collect::<Vec<_>>());
+    }
+}
