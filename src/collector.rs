@@ -260,15 +260,16 @@ impl Merger {
         {
             let new = now.saturating_sub(*seen);
             *seen = *now;
-            total += new;
             match RawKind::from_byte(kind as u8) {
                 Some(RawKind::Alloc) => stats.dropped_allocs += new,
                 Some(RawKind::Free) => stats.dropped_frees += new,
                 Some(RawKind::ReallocTo) => stats.dropped_reallocs += new,
-                // The first half of a two-event record is counted by its second.
-                Some(head) if head.is_head() => {}
+                // The first half of a two-event record is counted by its second, here and in
+                // the summary's total, so a dropped realloc is one dropped event.
+                Some(head) if head.is_head() => continue,
                 _ => stats.dropped_other += new,
             }
+            total += new;
         }
         if total > 0 {
             self.timeline.note_dropped(total);
@@ -489,15 +490,15 @@ impl Merger {
             UNATTRIBUTED_DROPS[kind].swap(0, std::sync::atomic::Ordering::Relaxed)
         });
         let reentrant = capture::take_reentrant_drops();
-        // Records, not events: a two-event record counts once, by its second half.
+        // Records, not events: heads of two-event records are counted by their second half
+        // (see `charge_drops`).
         let records = |counts: &[u64; RawKind::COUNT]| -> u64 {
             (0..RawKind::COUNT as u8)
-                .filter_map(RawKind::from_byte)
-                .filter(|kind| !kind.is_head())
-                .map(|kind| counts[kind as usize])
+                .filter(|&kind| !RawKind::from_byte(kind).is_some_and(RawKind::is_head))
+                .map(|kind| counts[usize::from(kind)])
                 .sum()
         };
-        let unattributed_total: u64 = unattributed.iter().sum();
+        let unattributed_total = records(&unattributed);
         let reentrant_total = records(&reentrant);
         if unattributed_total + reentrant_total > 0 {
             self.timeline
@@ -519,10 +520,12 @@ impl Merger {
             ..self.capture_stats(loose)
         };
         if let Some(Err((path, error))) = self.log.take().map(AllocLogWriter::finish) {
-            profile.warnings.push(format!(
-                "the allocation log {} could not be written ({error}); it is incomplete",
-                path.display()
-            ));
+            profile
+                .warnings
+                .push(crate::profile::Warning::AllocLogIncomplete {
+                    path: path.display().to_string(),
+                    error: error.to_string(),
+                });
         }
         profile.meta.threads = self.threads.len() as u32;
         profile

@@ -27,8 +27,9 @@
 //! - [`profile!`](crate::profile!) / [`SpanGuard`]: spans, optionally a [`Step`] or a
 //!   [`Category`].
 //! - [`ops`]: op and tensor hooks (ops, device tensors, categories).
-//! - [`Profile`]: the document written at the end; [`export`] renders it (Chrome trace, HTML,
-//!   PyTorch snapshot) and the `highwater` binary reads it.
+//! - [`Profile`]: the document written at the end ([`profile`](mod@profile) holds its parts); [`export`]
+//!   renders it (Chrome trace, HTML, PyTorch snapshot), [`units`] formats its figures, and the
+//!   `highwater` command (package `highwater-cli`) reads it.
 //! - [`analysis::Timeline`]: the pure analysis every figure comes from.
 //! - [`device`]: device memory pools with admission control and what-if replay.
 //!
@@ -52,14 +53,18 @@
 // Under loom only the ring and the registry are built, so much of capture is unused there.
 #![cfg_attr(loom, allow(dead_code))]
 
+// Test support shared with the integration tests names the crate `highwater`.
+#[cfg(test)]
+extern crate self as highwater;
+
 pub mod analysis;
 mod capture;
 #[cfg(not(loom))]
 pub mod device;
 pub mod export;
 mod model;
-mod profile;
-pub mod report;
+pub mod profile;
+pub mod units;
 
 #[cfg(not(loom))]
 mod alloc;
@@ -86,12 +91,8 @@ mod tracing_layer;
 pub use alloc::Alloc;
 #[cfg(not(loom))]
 pub use error::Error;
-pub use model::{Category, SpanLabel, Step};
-pub use profile::{
-    CaptureMode, CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint,
-    Profile, ProfileError, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint,
-    MAX_ITERATIONS, MAX_PROFILE_BYTES, MAX_SPAN_EVENTS, SCHEMA,
-};
+pub use model::{Category, ParseLabelError, SpanLabel, Step};
+pub use profile::{CaptureMode, Profile};
 #[cfg(not(loom))]
 pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};
 #[cfg(not(loom))]

@@ -189,7 +189,7 @@ fn a_signal_handler_allocating_mid_push_is_counted_exactly() {
             while HANDLED.load(Ordering::Relaxed) < 20_000 && round < 20_000_000 {
                 let mut block = black_box(vec![round as u8; 16 + round % 48]);
                 block.push(1);
-                if round % 256 == 0 {
+                if round.is_multiple_of(256) {
                     kept.push(block);
                 }
                 round += 1;

@@ -8,6 +8,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use highwater::profile::Warning;
 use highwater::{Alloc, CaptureMode, Session, Step};
 
 /// Per-thread operation counts kept by the inner allocator for every thread from its first
@@ -102,9 +103,15 @@ fn recorded_plus_dropped_equals_performed_per_thread() {
         "1024-event rings under four busy threads should have dropped something"
     );
     assert_eq!(profile.capture.mode, CaptureMode::DropWhenFull);
+    // Every drop is counted once, by kind and in the summary, and the profile says so once.
     let reported: u64 = profile.capture.dropped_by_kind.values().sum();
-    assert!(profile.summary.dropped_events >= reported.min(1));
-    assert!(profile.warnings.iter().any(|w| w.contains("dropped")));
+    assert_eq!(profile.summary.dropped_events, reported);
+    let notices: Vec<_> = profile
+        .warnings
+        .iter()
+        .filter(|w| matches!(w, Warning::DroppedEvents { .. }))
+        .collect();
+    assert_eq!(notices, [&Warning::DroppedEvents { events: reported }]);
 }
 
 #[test]
@@ -118,7 +125,10 @@ fn lossless_small_rings_record_everything_performed() {
         profile.capture.producer_waits > 0,
         "1024-event rings under four busy threads should have made some thread wait"
     );
-    assert!(!profile.warnings.iter().any(|w| w.contains("dropped")));
+    assert!(!profile
+        .warnings
+        .iter()
+        .any(|w| matches!(w, Warning::DroppedEvents { .. })));
 }
 
 /// Runs the workers in a session of `mode`, checks recorded + dropped = performed per thread

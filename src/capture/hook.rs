@@ -666,7 +666,11 @@ mod tests {
         for ticks in 0..1024 {
             assert_eq!(push(&ring, ticks), Pushed::Recorded, "event {ticks}");
         }
-        assert_eq!(push(&ring, 1024), Pushed::Dropped, "a 1024-event ring took 1025");
+        assert_eq!(
+            push(&ring, 1024),
+            Pushed::Dropped,
+            "a 1024-event ring took 1025"
+        );
         assert_eq!(drain(&ring), (0..1024).collect::<Vec<_>>());
         // And it grows back.
         assert!(install_storage(&ring, 1 << 12));

@@ -2,8 +2,8 @@
 
 use std::path::Path;
 
-use highwater::report::{top_rows, top_text};
-use highwater::PeakRow;
+use crate::report::{top_rows, top_text};
+use highwater::profile::PeakRow;
 use serde::Serialize;
 
 /// What `top --json` prints.
