@@ -79,7 +79,10 @@ fn record(dir: &Path) -> (Profile, AllocLog) {
 
 /// What the checker printed, by device name.
 fn viewer_replay(snapshot: &Path) -> Option<BTreeMap<String, serde_json::Value>> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/torch_snapshot_check.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/support/torch_snapshot_check.py"
+    );
     let output = match Command::new("python3").arg(script).arg(snapshot).output() {
         Ok(output) => output,
         Err(_) if std::env::var("HIGHWATER_SKIP_PYTHON_TESTS").as_deref() == Ok("1") => {

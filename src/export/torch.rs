@@ -374,9 +374,10 @@ mod tests {
         let (trace, segments) = DeviceReplay::new("cuda:0", 0, false).run(&[], &refs);
         assert_eq!(trace.len(), 4);
         assert_eq!(segments.len(), 2);
-        let (Value::Int(a), Value::Int(b)) =
-            (field(&segments[0], "address"), field(&segments[1], "address"))
-        else {
+        let (Value::Int(a), Value::Int(b)) = (
+            field(&segments[0], "address"),
+            field(&segments[1], "address"),
+        ) else {
             panic!("segments have addresses");
         };
         assert!(*b >= a + (1 << 30), "{a:#x} {b:#x}");
@@ -386,14 +387,24 @@ mod tests {
     fn blocks_live_before_the_window_are_segments_and_unknown_frees_are_dropped() {
         // Block 1 lives through the whole window, block 2 dies inside it, 9 was never seen.
         let before = [record(1, 100, true), record(2, 10, true)];
-        let window = [record(2, 10, false), record(9, 5, false), record(3, 7, true)];
+        let window = [
+            record(2, 10, false),
+            record(9, 5, false),
+            record(3, 7, true),
+        ];
         let before: Vec<&AllocRecord> = before.iter().collect();
         let window: Vec<&AllocRecord> = window.iter().collect();
         let (trace, segments) = DeviceReplay::new("cpu", 0, true).run(&before, &window);
         let actions: Vec<&str> = trace.iter().map(|e| e.action).collect();
         assert_eq!(
             actions,
-            ["free_requested", "free_completed", "segment_free", "segment_alloc", "alloc"]
+            [
+                "free_requested",
+                "free_completed",
+                "segment_free",
+                "segment_alloc",
+                "alloc"
+            ]
         );
         let addresses: Vec<&Value> = segments.iter().map(|s| field(s, "address")).collect();
         assert_eq!(addresses, [&Value::Int(1), &Value::Int(3)]);
