@@ -12,7 +12,7 @@ use browser::{browser, run_browser};
 
 use highwater::export::html;
 use highwater::export::sample::{sample_profile, sample_profile_with_drops};
-use highwater::report::format_bytes;
+use highwater::units::format_bytes;
 use highwater::Profile;
 
 /// Writes the report of `profile`, plus `script` run after the report's own, and returns the

@@ -305,7 +305,7 @@ fn an_empty_profile_lays_out_cleanly() {
 
 #[test]
 fn the_script_formats_units_exactly_as_the_text_reports_do() {
-    use highwater::report::{format_bytes, format_duration_ns};
+    use highwater::units::{format_bytes, format_duration_ns};
     let Some(browser) = browser() else { return };
     let dir = tempfile::tempdir().unwrap();
     let seen = look(&browser, dir.path(), "formats", &Profile::empty(), 1000);

@@ -1,7 +1,7 @@
 //! The words every output uses for the same thing — the command-line reports, the HTML report,
 //! the examples — so a reader meets one name and one explanation per figure.
 //!
-//! Units have one formatter too: [`crate::report`]'s `format_bytes` and `format_duration_ns`
+//! Units have one formatter too: [`crate::units`]' `format_bytes` and `format_duration_ns`
 //! (binary units, `KiB`/`MiB`/`GiB`), which the HTML report's script mirrors and its browser
 //! test compares against.
 

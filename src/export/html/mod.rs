@@ -98,7 +98,7 @@ pub fn write(profile: &Profile, path: impl AsRef<Path>) -> Result<(), ProfileErr
 mod tests {
     use super::*;
     use crate::export::sample::{sample_profile, sample_profile_with_drops};
-    use crate::report::format_bytes;
+    use crate::units::format_bytes;
     use crate::TimelinePoint;
 
     const HOSTILE: &str = "<script>alert(1)</script>";

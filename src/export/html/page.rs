@@ -6,7 +6,8 @@ use std::fmt::Write as _;
 use super::chart_data::{category_slot, chart_data};
 use super::tables::{self, share};
 use super::{escape_html, words, MAX_TABLE_ROWS};
-use crate::report::{dropped_events_warning, format_bytes, format_count, format_duration_ns};
+use crate::export::dropped_events_warning;
+use crate::units::{format_bytes, format_count, format_duration_ns};
 use crate::{Category, Profile};
 
 const STYLE: &str = include_str!("report.css");

@@ -7,8 +7,9 @@
 use std::fmt::Write as _;
 
 use super::{escape_html, words, MAX_TABLE_ROWS};
-use crate::report::{
-    format_bytes, format_bytes_delta, format_count, format_duration_ns, format_shape, span_tree,
+use crate::profile::span_tree;
+use crate::units::{
+    format_bytes, format_bytes_delta, format_count, format_duration_ns, format_shape,
 };
 use crate::Profile;
 
