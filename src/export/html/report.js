@@ -79,10 +79,15 @@
       el("line", { x1: L, x2: W - R, y1: sy(v), y2: sy(v), "class": "grid" }, svg);
       text(svg, L - 6, sy(v) + 4, yfmt === "pct" ? Math.round(v * 100) + "%" : fmtBytes(v), "ylabel", "end");
     }
-    var ts = niceStep(span, 8), label = timeAxisFormat(t1, ts);
-    for (var t = Math.ceil(t0 / ts) * ts; t <= t1 + ts * 1e-9; t += ts) {
+    // Zoomed far from the origin, ticks read as offsets from the range's start ("+2 ms"),
+    // which the first label names; otherwise as times since the run started.
+    var ts = niceStep(span, 8), relative = t0 > 0 && span * 5 < t1;
+    var label = timeAxisFormat(relative ? span : t1, ts);
+    var first = relative ? t0 : Math.ceil(t0 / ts) * ts;
+    for (var t = first; t <= t1 + ts * 1e-9; t += ts) {
       el("line", { x1: sx(t), x2: sx(t), y1: H - B, y2: H - B + 4, "class": "axis" }, svg);
-      text(svg, sx(t), H - B + 16, label(t), "xlabel", "middle");
+      var words = relative ? (t === t0 ? fmtTime(t0) : "+" + label(t - t0)) : label(t);
+      text(svg, sx(t), H - B + 16, words, "xlabel", t === t0 && relative ? "start" : "middle");
     }
     el("line", { x1: L, x2: W - R, y1: H - B, y2: H - B, "class": "axis" }, svg);
     el("line", { x1: L, x2: L, y1: top, y2: H - B, "class": "axis" }, svg);
@@ -372,7 +377,7 @@
   var stepHost = document.getElementById("peak-step-chart"), ps = data.peak_step;
   if (ps) {
     var stepChart = stackedChart(stepHost, ps.curve, { cls: "peak-step", bands: ps.spans,
-      title: ps.curve.device + ", " + ps.label + ": " + fmtTime(ps.t0) + " to " + fmtTime(ps.t1),
+      title: ps.curve.device + ", " + ps.label + ": " + fmtTime(ps.t1 - ps.t0) + " from " + fmtTime(ps.t0),
       zoom: function (t0, t1) { stepChart.draw(t0, t1); stepReset.disabled = false; } });
     var bar = div("toolbar", stepHost), stepReset = document.createElement("button");
     stepReset.type = "button"; stepReset.textContent = "Reset zoom"; stepReset.disabled = true;
