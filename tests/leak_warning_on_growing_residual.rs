@@ -47,4 +47,16 @@ fn growing_residual_warns_and_names_the_iteration_span() {
         .find(|w| w.contains("grows across iterations"))
         .unwrap_or_else(|| panic!("no leak warning in {:#?}", profile.warnings));
     assert!(warning.contains("`train_step`"), "{warning}");
+    // Human units, and the whole run's growth, not only the last 16 iterations'.
+    assert!(!warning.contains(" bytes"), "raw bytes in {warning}");
+    let (first, last) = (&profile.iterations[0], &profile.iterations[23]);
+    let kept = last.live_bytes as i64 - first.live_bytes as i64;
+    assert!(kept >= 23 * KEPT as i64, "{kept}");
+    assert!(
+        warning.contains(&format!(
+            "{} from the first iteration's end to the last's (24 iterations)",
+            highwater::units::format_bytes_delta(kept)
+        )),
+        "{warning}"
+    );
 }

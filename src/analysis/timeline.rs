@@ -1100,11 +1100,17 @@ fn leak_warning(iterations: &[IterationResidual]) -> Option<String> {
     }
     let span = iterations.first().map_or("", |i| i.span.as_str());
     let per_iteration = total / window.len() as i64;
+    // What the run kept in all: from the end of the first iteration to the end of the last.
+    let (first, last) = (iterations.first()?, iterations.last()?);
+    let kept = super::iterations::signed_delta(first.live_bytes, last.live_bytes);
     Some(format!(
-        "live memory grows across iterations of span `{span}`: +{per_iteration} bytes per \
-         iteration on average, {grew} of the last {} iterations grew ({total} bytes in total); \
-         something allocated each iteration is kept",
-        window.len()
+        "live memory grows across iterations of span `{span}`: {} per iteration on average \
+         over the last {} ({grew} of them grew), {} from the first iteration's end to the \
+         last's ({} iterations); something allocated each iteration is kept",
+        crate::units::format_bytes_delta(per_iteration),
+        window.len(),
+        crate::units::format_bytes_delta(kept),
+        iterations.len()
     ))
 }
 
@@ -1610,7 +1616,9 @@ mod tests {
         assert!(
             leak.warnings
                 .iter()
-                .any(|w| w.contains("`step`") && w.contains("+1024 bytes")),
+                .any(|w| w.contains("`step`")
+                    && w.contains("+1.0 KiB per iteration")
+                    && w.contains("+9.0 KiB from the first iteration's end")),
             "{:?}",
             leak.warnings
         );
