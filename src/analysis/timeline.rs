@@ -1614,11 +1614,9 @@ mod tests {
         assert_eq!(leak.iterations[9].live_bytes, 10 * 1024);
         assert_eq!(leak.iterations[9].span, "step");
         assert!(
-            leak.warnings
-                .iter()
-                .any(|w| w.contains("`step`")
-                    && w.contains("+1.0 KiB per iteration")
-                    && w.contains("+9.0 KiB from the first iteration's end")),
+            leak.warnings.iter().any(|w| w.contains("`step`")
+                && w.contains("+1.0 KiB per iteration")
+                && w.contains("+9.0 KiB from the first iteration's end")),
             "{:?}",
             leak.warnings
         );
