@@ -21,7 +21,7 @@ fn profile_with_devices(devices: u64, pools: bool) -> Profile {
     for i in 0..devices {
         let device = format!("dev:{i}");
         if pools {
-            profile.pool_timeline.push(highwater::PoolPoint {
+            profile.pool_timeline.push(highwater::profile::PoolPoint {
                 timestamp_ns: i,
                 device,
                 capacity_bytes: 1 << 30,
@@ -30,7 +30,7 @@ fn profile_with_devices(devices: u64, pools: bool) -> Profile {
                 fragmentation: 0.0,
             });
         } else {
-            profile.timeline.push(highwater::TimelinePoint {
+            profile.timeline.push(highwater::profile::TimelinePoint {
                 timestamp_ns: i,
                 device,
                 live_bytes: i,

@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::{MAX_CHART_POINTS, MAX_DEVICE_CHARTS, MAX_PEAK_STEP_SPANS};
-use crate::{Category, PoolPoint, Profile, TimelinePoint};
+use crate::profile::{PoolPoint, TimelinePoint};
+use crate::{Category, Profile};
 
 /// One device's memory curve, column-wise: `series[c][i]` is category `c`'s bytes at `t[i]`.
 #[derive(Debug, Serialize)]
@@ -98,17 +99,6 @@ pub(super) fn downsample(values: &[u64], max: usize, must: Option<usize>) -> Vec
     keep
 }
 
-/// The chart slot (colour and column) of a category named in a profile.
-pub(super) fn category_slot(name: &str) -> usize {
-    match name {
-        "parameter" => Category::Parameter.index(),
-        "activation" => Category::Activation.index(),
-        "gradient" => Category::Gradient.index(),
-        "optimizer" => Category::Optimizer.index(),
-        _ => Category::Other.index(),
-    }
-}
-
 /// Device names in the order the report shows them: the devices table first, then any only
 /// the curves mention; the device that peaked first of all.
 pub(super) fn device_order(profile: &Profile) -> Vec<&str> {
@@ -150,7 +140,7 @@ fn device_curve(
     for &i in &keep {
         let mut slots = [0u64; Category::COUNT];
         for (category, &bytes) in &points[i].by_category {
-            let slot = &mut slots[category_slot(category)];
+            let slot = &mut slots[category.index()];
             *slot = slot.saturating_add(bytes);
         }
         for (column, value) in series.iter_mut().zip(slots) {
@@ -386,7 +376,7 @@ mod tests {
                 timestamp_ns: i,
                 device: "cpu".into(),
                 live_bytes: if i == 31_337 { 1 << 40 } else { i % 1000 },
-                by_category: [("other".to_string(), i % 1000)].into_iter().collect(),
+                by_category: [(Category::Other, i % 1000)].into_iter().collect(),
             })
             .collect();
         let data = chart_data(&profile);

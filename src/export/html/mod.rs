@@ -26,9 +26,9 @@
 
 use std::path::Path;
 
+use super::{write_output, ExportError, Output};
 use crate::export::vocabulary as words;
-use crate::profile::write_atomically;
-use crate::{Profile, ProfileError};
+use crate::Profile;
 
 mod chart_data;
 mod page;
@@ -89,17 +89,22 @@ pub fn path_beside(profile_path: &Path) -> std::path::PathBuf {
 ///
 /// # Errors
 ///
-/// [`ProfileError::Write`] when the file cannot be written; `path` keeps what it held before.
-pub fn write(profile: &Profile, path: impl AsRef<Path>) -> Result<(), ProfileError> {
-    write_atomically(path.as_ref(), render(profile).as_bytes())
+/// [`ExportError`] naming the file when it cannot be written; `path` keeps what it held before.
+pub fn write(profile: &Profile, path: impl AsRef<Path>) -> Result<(), ExportError> {
+    write_output(
+        Output::HtmlReport,
+        path.as_ref(),
+        render(profile).as_bytes(),
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::export::sample::{sample_profile, sample_profile_with_drops};
+    use crate::profile::{PoolPoint, TimelinePoint, Warning};
     use crate::units::format_bytes;
-    use crate::TimelinePoint;
+    use crate::Category;
 
     const HOSTILE: &str = "<script>alert(1)</script>";
 
@@ -112,7 +117,9 @@ mod tests {
         profile.peak_breakdown[0].op = Some("</script><img src=x onerror=alert(1)>".into());
         profile.timeline[0].device = HOSTILE.into();
         profile.span_events[0].name = HOSTILE.into();
-        profile.warnings.push(HOSTILE.into());
+        profile.warnings.push(Warning::Note {
+            text: HOSTILE.into(),
+        });
         let page = render(&profile);
         assert!(!page.contains(HOSTILE), "raw hostile string in page");
         assert!(!page.contains("<img"));
@@ -143,6 +150,11 @@ mod tests {
         assert!(!page.contains("dropped-warning"));
         let page = render(&sample_profile_with_drops());
         assert!(page.contains("id=\"dropped-warning\""));
+        // Each notice once, in its one wording: the drop notice as the alert, the rest listed.
+        let notice = escape_html(&Warning::DroppedEvents { events: 1_234 }.to_string());
+        assert_eq!(page.matches(&notice).count(), 1);
+        assert_eq!(page.matches("data-code=\"growing_residual\"").count(), 1);
+        assert_eq!(page.matches("data-code=\"dropped_events\"").count(), 0);
     }
 
     #[test]
@@ -153,7 +165,7 @@ mod tests {
                 timestamp_ns: i,
                 device: "cpu".into(),
                 live_bytes: i % 1000,
-                by_category: [("other".to_string(), i % 1000)].into_iter().collect(),
+                by_category: [(Category::Other, i % 1000)].into_iter().collect(),
             })
             .collect();
         let small = render(&sample_profile()).len();
@@ -171,11 +183,11 @@ mod tests {
                 timestamp_ns: i,
                 device: format!("dev:{i}"),
                 live_bytes: i,
-                by_category: [("other".to_string(), i)].into_iter().collect(),
+                by_category: [(Category::Other, i)].into_iter().collect(),
             })
             .collect();
         profile.pool_timeline = (0..devices)
-            .map(|i| crate::PoolPoint {
+            .map(|i| PoolPoint {
                 timestamp_ns: i,
                 device: format!("pool:{i}"),
                 capacity_bytes: 1 << 30,

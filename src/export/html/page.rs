@@ -3,10 +3,10 @@
 
 use std::fmt::Write as _;
 
-use super::chart_data::{category_slot, chart_data};
+use super::chart_data::chart_data;
 use super::tables::{self, share};
 use super::{escape_html, words, MAX_TABLE_ROWS};
-use crate::export::dropped_events_warning;
+use crate::profile::Warning;
 use crate::units::{format_bytes, format_count, format_duration_ns};
 use crate::{Category, Profile};
 
@@ -125,7 +125,7 @@ fn summary_section(out: &mut String, profile: &Profile) {
     let mut categories: Vec<(usize, u64)> = s
         .peak_by_category
         .iter()
-        .map(|(name, &bytes)| (category_slot(name), bytes))
+        .map(|(category, &bytes)| (category.index(), bytes))
         .collect();
     categories.sort_by_key(|c| c.0);
     out.push_str("<h3>At the peak, by category</h3><div class=\"catbar\">");
@@ -174,17 +174,27 @@ pub(super) fn render(profile: &Profile) -> String {
         escape_html(&meta.clock),
         format_unix_ms(meta.started_unix_ms)
     );
-    if let Some(warning) = dropped_events_warning(&profile.summary) {
+    // Lost events put every figure in doubt: that notice stands out above the rest.
+    let (dropped, others): (Vec<&Warning>, Vec<&Warning>) = profile
+        .warnings
+        .iter()
+        .partition(|w| matches!(w, Warning::DroppedEvents { .. }));
+    for warning in dropped {
         let _ = write!(
             out,
             "<div class=\"alert\" id=\"dropped-warning\" role=\"alert\">⚠ {}</div>",
-            escape_html(&warning)
+            escape_html(&warning.to_string())
         );
     }
-    if !profile.warnings.is_empty() {
+    if !others.is_empty() {
         out.push_str("<ul class=\"warnings\" id=\"warnings\">");
-        for warning in profile.warnings.iter().take(MAX_TABLE_ROWS) {
-            let _ = write!(out, "<li>{}</li>", escape_html(warning));
+        for warning in others.into_iter().take(MAX_TABLE_ROWS) {
+            let _ = write!(
+                out,
+                "<li data-code=\"{}\">{}</li>",
+                warning.code(),
+                escape_html(&warning.to_string())
+            );
         }
         out.push_str("</ul>");
     }
