@@ -22,6 +22,11 @@ mod sample;
 #[global_allocator]
 static ALLOC: Alloc = Alloc::system();
 
+/// A track of slices: (pid, tid).
+type Thread = (u64, u64);
+/// A complete event: start and end in ns, and its name.
+type Slice = (i64, i64, String);
+
 /// Nanoseconds from a trace's microseconds, as the importer converts them.
 fn ns(value: &Value) -> i64 {
     let us = value.as_f64().expect("a number");
@@ -34,7 +39,7 @@ fn check(trace: &Value, profile: &Profile) -> BTreeSet<String> {
     let events = trace["traceEvents"].as_array().expect("traceEvents");
     let mut process_names: HashMap<u64, String> = HashMap::new();
     let mut thread_names: BTreeSet<(u64, u64)> = BTreeSet::new();
-    let mut slices: BTreeMap<(u64, u64), Vec<(i64, i64, String)>> = BTreeMap::new();
+    let mut slices: BTreeMap<Thread, Vec<Slice>> = BTreeMap::new();
     let mut counter_keys: HashMap<(u64, String), BTreeSet<String>> = HashMap::new();
     let mut counter_pids: BTreeSet<u64> = BTreeSet::new();
     for event in events {
