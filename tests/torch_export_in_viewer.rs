@@ -5,6 +5,12 @@
 //! must come across.
 //!
 //! Needs `python3` (CI machines have it); set `HIGHWATER_SKIP_PYTHON_TESTS=1` to skip on purpose.
+//!
+//! When PyTorch's viewer is at hand, the export is also rendered by the viewer's own code in
+//! headless Chromium: set `HIGHWATER_TORCH_VIEWER_DIR` to a directory holding
+//! `MemoryViz.js` (from PyTorch's `torch/utils/viz/`) and `d3.min.js` (d3 version 5, which the
+//! viewer imports from a CDN). Neither file is part of this repository; without them that test
+//! says so and passes.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,6 +20,9 @@ use highwater::alloc_log::AllocLog;
 use highwater::export::torch;
 use highwater::ops::{self, Tensor};
 use highwater::{Alloc, Category, Profile, Session};
+
+#[path = "support/browser.rs"]
+mod browser;
 
 #[global_allocator]
 static ALLOC: Alloc = Alloc::system();
@@ -158,4 +167,127 @@ fn the_viewer_shows_the_real_peak_of_every_device_whatever_the_window() {
             .unwrap()
             .peak_bytes
     );
+}
+
+/// Standard base64 with padding, for the viewer's `add_local_files`.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let word = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |w, (i, &b)| w | (u32::from(b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(word >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// The viewer's module made loadable from one file: its CDN imports become the d3 global, and
+/// the functions the test calls are exported beside its own `add_local_files`.
+fn viewer_module(source: &str) -> String {
+    let body: String = source
+        .lines()
+        .filter(|line| !line.starts_with("import "))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    format!(
+        "const d3 = window.d3;\nconst {{axisLeft, scaleLinear, zoom, zoomIdentity, brushX}} = window.d3;\n\
+         {body}\nwindow.hwViewer = {{unpickle, annotate_snapshot, process_alloc_data, decode_base64, add_local_files}};\n"
+    )
+}
+
+#[test]
+fn pytorchs_own_viewer_renders_the_export_and_draws_the_real_peak() {
+    let Some(dir) = std::env::var_os("HIGHWATER_TORCH_VIEWER_DIR") else {
+        eprintln!(
+            "skipping the render in PyTorch's viewer: set HIGHWATER_TORCH_VIEWER_DIR to a \
+             directory with PyTorch's MemoryViz.js and d3 v5's d3.min.js"
+        );
+        return;
+    };
+    let Some(chromium) = browser::browser() else {
+        return;
+    };
+    let viewer = Path::new(&dir);
+    let source = std::fs::read_to_string(viewer.join("MemoryViz.js")).expect("MemoryViz.js");
+    let d3 = std::fs::read_to_string(viewer.join("d3.min.js")).expect("d3.min.js");
+    let work = tempfile::tempdir().unwrap();
+    let (profile, log) = record(work.path());
+    for window in [100, usize::MAX] {
+        let pickle = torch::render(&log, window);
+        // The page the viewer builds for a dropped file, plus a report of what it computed:
+        // each device's highest total, as its timeline draws it.
+        let page = format!(
+            "<!DOCTYPE html><html><head><meta charset=\"utf-8\"></head><body>\
+             <pre id=\"hw-result\">not run</pre><script>{d3}</script>\
+             <script type=\"module\">{module}\n\
+             const out = document.getElementById('hw-result');\n\
+             try {{\n\
+               const b64 = '{b64}';\n\
+               window.hwViewer.add_local_files([{{name: 'run.pickle', base64: b64}}], 'Active Memory Timeline');\n\
+               const snapshot = window.hwViewer.unpickle(window.hwViewer.decode_base64(b64));\n\
+               window.hwViewer.annotate_snapshot(snapshot);\n\
+               const peaks = snapshot.device_traces.map((_, d) =>\n\
+                 window.hwViewer.process_alloc_data(snapshot, d, false, 15000).max_size);\n\
+               out.textContent = JSON.stringify({{peaks, categories: snapshot.categories,\n\
+                 polygons: document.querySelectorAll('polygon').length}});\n\
+             }} catch (e) {{ out.textContent = 'error: ' + e; }}\n\
+             </script></body></html>",
+            module = viewer_module(&source),
+            b64 = base64(&pickle),
+        );
+        let path = work.path().join(format!("viewer-{window}.html"));
+        std::fs::write(&path, page).unwrap();
+        let dom = browser::run_browser(
+            &chromium,
+            &work.path().join("chromium-profile"),
+            &path,
+            &["--dump-dom", "--window-size=1400,900"],
+        );
+        let result = dom
+            .split("<pre id=\"hw-result\">")
+            .nth(1)
+            .and_then(|rest| rest.split("</pre>").next())
+            .expect("the result element")
+            .replace("&quot;", "\"");
+        assert!(!result.starts_with("error"), "the viewer threw: {result}");
+        let result: serde_json::Value = serde_json::from_str(&result)
+            .unwrap_or_else(|_| panic!("the viewer did not finish: {result}"));
+        for stats in &profile.devices {
+            let index = usize::from(log.device(&stats.device).unwrap());
+            assert_eq!(
+                result["peaks"][index].as_u64(),
+                Some(stats.peak_bytes),
+                "window {window}: the viewer's peak on {}",
+                stats.device
+            );
+        }
+        let categories = result["categories"].to_string();
+        for want in ["activation", "gradient", "unknown"] {
+            assert!(categories.contains(want), "{want} not in {categories}");
+        }
+        assert!(
+            result["polygons"].as_u64().unwrap() > 10,
+            "nothing drawn: {result}"
+        );
+        if let Some(keep) = std::env::var_os("HIGHWATER_SCREENSHOT_DIR") {
+            let shot = Path::new(&keep).join(format!("torch-viewer-{window}.png"));
+            browser::run_browser(
+                &chromium,
+                &work.path().join("chromium-profile"),
+                &path,
+                &[
+                    &format!("--screenshot={}", shot.display()),
+                    "--window-size=1400,900",
+                ],
+            );
+        }
+    }
 }
