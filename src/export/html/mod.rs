@@ -24,6 +24,8 @@
 //! charts, and [`MAX_TABLE_ROWS`] rows per table. Making it is linear in the profile: points are
 //! grouped by device in one pass, whatever the number of devices.
 
+pub mod fit;
+
 use std::path::Path;
 
 use super::{write_output, ExportError, Output};
@@ -76,7 +78,13 @@ pub fn escape_html(text: &str) -> String {
 /// assert!(page.starts_with("<!DOCTYPE html>"));
 /// ```
 pub fn render(profile: &Profile) -> String {
-    page::render(profile)
+    render_with(profile, "")
+}
+
+/// [`render`] with `extra` (trusted markup, such as [`fit::section`]) added after the last
+/// section.
+pub fn render_with(profile: &Profile, extra: &str) -> String {
+    page::render(profile, extra)
 }
 
 /// Where the report of the profile at `profile_path` goes by default: beside it, its `.json`
@@ -95,6 +103,23 @@ pub fn write(profile: &Profile, path: impl AsRef<Path>) -> Result<(), ExportErro
         Output::HtmlReport,
         path.as_ref(),
         render(profile).as_bytes(),
+    )
+}
+
+/// Writes [`render_with`]`(profile, extra)` to `path` atomically.
+///
+/// # Errors
+///
+/// [`ExportError`] naming the file when it cannot be written; `path` keeps what it held before.
+pub fn write_with(
+    profile: &Profile,
+    extra: &str,
+    path: impl AsRef<Path>,
+) -> Result<(), ExportError> {
+    write_output(
+        Output::HtmlReport,
+        path.as_ref(),
+        render_with(profile, extra).as_bytes(),
     )
 }
 

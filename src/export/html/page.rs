@@ -149,8 +149,9 @@ fn summary_section(out: &mut String, profile: &Profile) {
     out.push_str("</ul></section>");
 }
 
-/// Renders `profile` as one self-contained HTML page.
-pub(super) fn render(profile: &Profile) -> String {
+/// Renders `profile` as one self-contained HTML page, with `extra` (trusted markup) after the
+/// last section.
+pub(super) fn render(profile: &Profile, extra: &str) -> String {
     let meta = &profile.meta;
     let program = if meta.program.is_empty() {
         "a run"
@@ -218,6 +219,7 @@ pub(super) fn render(profile: &Profile) -> String {
     tables::span_section(&mut out, profile);
     tables::iterations_section(&mut out, profile);
     tables::devices_section(&mut out, profile);
+    out.push_str(extra);
     let _ = writeln!(
         out,
         "</main><footer>Written by highwater from the profile alone: this file loads nothing \
