@@ -563,7 +563,7 @@ impl Merger {
     }
 }
 
-/// Appends an applied event's allocation or free to the allocation log.
+/// Appends an applied event's allocation, free or change of category to the allocation log.
 fn log_event(log: &mut AllocLogWriter, device_names: &[String], event: &Event) {
     let name = |device: DeviceId| {
         move || {
@@ -584,6 +584,11 @@ fn log_event(log: &mut AllocLogWriter, device_names: &[String], event: &Event) {
         EventKind::Free { device, addr, size } => {
             log.record(device.0, name(device), false, None, ts, addr, size)
         }
+        EventKind::SetCategory {
+            device,
+            addr,
+            category,
+        } => log.set_category(device.0, name(device), category, ts, addr),
         EventKind::Realloc {
             old_addr,
             old_size,
