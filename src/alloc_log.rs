@@ -15,6 +15,10 @@
 //! | `0` alloc (`0x10 + 0x10 × category index` when the category is known) | device `u16`, timestamp ns `u64`, key (address or tensor id) `u64`, bytes `u64` |
 //! | `1` free | device `u16`, timestamp ns `u64`, key `u64`, bytes `u64` |
 //! | `2` device name | device `u16`, length `u16`, UTF-8 name; before the device's first use |
+//! | `3 + 0x10 × (category index + 1)` category | device `u16`, timestamp ns `u64`, key `u64`, `0` `u64`: a live block was given this category (`mark_parameters` and the like) |
+//!
+//! A reader applies a category record to the block it names: [`AllocRecord::category`] is the
+//! block's category as last set while it was live.
 
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -28,9 +32,19 @@ pub const MAGIC: &[u8; 8] = b"HWALLOC1";
 const ALLOC: u8 = 0;
 const FREE: u8 = 1;
 const DEVICE: u8 = 2;
+const CATEGORY: u8 = 3;
 
 /// Largest log [`AllocLog::read`] accepts (about 160 M records).
 pub const MAX_LOG_BYTES: u64 = 4 << 30;
+
+/// How far a record's timestamp may fall behind the newest one before it: the collector applies
+/// a straggling event (a thread that read its clock but published late) after newer ones, by at
+/// most its few-millisecond lag window. A record a whole second older than one before it is not
+/// from a session.
+pub const MAX_TIMESTAMP_STEP_BACK_NS: u64 = 1_000_000_000;
+
+/// Largest block a record may name: sizes stay representable as `i64`, as the exports need.
+pub const MAX_RECORD_BYTES: u64 = i64::MAX as u64;
 
 /// One entry of a log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,7 +59,8 @@ pub struct AllocRecord {
     pub bytes: u64,
     /// Whether the block became live (else it died).
     pub alloc: bool,
-    /// The block's category when it became live, when known.
+    /// The block's category, when known: the one it became live with, or the last one a
+    /// category record gave it while it was live.
     pub category: Option<Category>,
 }
 
@@ -85,8 +100,10 @@ impl AllocLog {
     /// # Errors
     ///
     /// [`AllocLogError`] naming the file when it cannot be read, lacks the magic, is larger
-    /// than [`MAX_LOG_BYTES`], is cut in the middle of a record, or uses a device before
-    /// naming it.
+    /// than [`MAX_LOG_BYTES`], is cut in the middle of a record, uses a device before naming
+    /// it, names a device twice, with an empty name or with control characters, has a record
+    /// more than [`MAX_TIMESTAMP_STEP_BACK_NS`] older than one before it, or a size above
+    /// [`MAX_RECORD_BYTES`].
     pub fn read(path: impl AsRef<Path>) -> Result<AllocLog, AllocLogError> {
         let path = path.as_ref();
         let read_error = |source| AllocLogError::Read {
@@ -108,7 +125,10 @@ impl AllocLog {
             return Err(invalid(0, "missing the HWALLOC1 magic"));
         }
         let mut log = AllocLog::default();
+        // (device, key) of each live block → the index of its alloc record, for category records.
+        let mut live: std::collections::HashMap<(u16, u64), usize> = Default::default();
         let mut offset = 8u64;
+        let mut newest_ts = 0u64;
         let mut tag = [0u8; 1];
         loop {
             if input.read(&mut tag).map_err(read_error)? == 0 {
@@ -116,7 +136,7 @@ impl AllocLog {
             }
             let (kind, category) = (tag[0] & 0x0F, tag[0] >> 4);
             match (kind, category) {
-                (ALLOC, 0..=5) | (FREE, 0) => {
+                (ALLOC, 0..=5) | (FREE, 0) | (CATEGORY, 1..=5) => {
                     let mut body = [0u8; 26];
                     input
                         .read_exact(&mut body)
@@ -130,15 +150,41 @@ impl AllocLog {
                         bytes.copy_from_slice(&body[at..at + 8]);
                         u64::from_le_bytes(bytes)
                     };
+                    let (ts_ns, bytes, key) = (word(2), word(18), word(10));
+                    if ts_ns.saturating_add(MAX_TIMESTAMP_STEP_BACK_NS) < newest_ts {
+                        let detail = format!(
+                            "record stamped {ts_ns} ns, {} ns before an earlier record: the log \
+                             is not in time order",
+                            newest_ts - ts_ns
+                        );
+                        return Err(invalid(offset, &detail));
+                    }
+                    newest_ts = newest_ts.max(ts_ns);
+                    if bytes > MAX_RECORD_BYTES {
+                        let detail = format!("record of {bytes} bytes, above i64::MAX");
+                        return Err(invalid(offset, &detail));
+                    }
+                    let category = category.checked_sub(1).map(Category::from_index);
+                    offset += 27;
+                    if kind == CATEGORY {
+                        if let Some(&index) = live.get(&(device, key)) {
+                            log.records[index].category = category;
+                        }
+                        continue;
+                    }
+                    if kind == ALLOC {
+                        live.insert((device, key), log.records.len());
+                    } else {
+                        live.remove(&(device, key));
+                    }
                     log.records.push(AllocRecord {
                         device,
-                        ts_ns: word(2),
-                        key: word(10),
-                        bytes: word(18),
+                        ts_ns,
+                        key,
+                        bytes,
                         alloc: kind == ALLOC,
-                        category: category.checked_sub(1).map(Category::from_index),
+                        category,
                     });
-                    offset += 27;
                 }
                 (DEVICE, 0) => {
                     let mut head = [0u8; 4];
@@ -156,6 +202,16 @@ impl AllocLog {
                         .map_err(|_| invalid(offset, "device name cut short"))?;
                     let name = String::from_utf8(name)
                         .map_err(|_| invalid(offset, "device name is not UTF-8"))?;
+                    if name.is_empty() || name.chars().any(char::is_control) {
+                        return Err(invalid(
+                            offset,
+                            "device name empty or with control characters",
+                        ));
+                    }
+                    if log.devices.contains(&name) {
+                        let detail = format!("device {name:?} named twice");
+                        return Err(invalid(offset, &detail));
+                    }
                     log.devices.push(name);
                     offset += 5 + len as u64;
                 }
@@ -181,7 +237,12 @@ impl AllocLog {
                 if !live.insert(record.key) {
                     ops.push(SimOp::free(record.ts_ns, record.key));
                 }
-                ops.push(SimOp::alloc(record.ts_ns, record.key, record.bytes));
+                ops.push(SimOp::alloc_in(
+                    record.ts_ns,
+                    record.key,
+                    record.bytes,
+                    record.category,
+                ));
             } else {
                 live.remove(&record.key);
                 ops.push(SimOp::free(record.ts_ns, record.key));
@@ -251,6 +312,36 @@ impl AllocLogWriter {
         key: u64,
         bytes: u64,
     ) {
+        let tag = match (alloc, category) {
+            (true, Some(category)) => ALLOC | ((category.index() as u8 + 1) << 4),
+            (true, None) => ALLOC,
+            (false, _) => FREE,
+        };
+        self.write_record(tag, device, device_name, ts_ns, key, bytes);
+    }
+
+    /// Appends that the live block `key` on `device` now has `category`.
+    pub(crate) fn set_category(
+        &mut self,
+        device: u16,
+        device_name: impl FnOnce() -> String,
+        category: Category,
+        ts_ns: u64,
+        key: u64,
+    ) {
+        let tag = CATEGORY | ((category.index() as u8 + 1) << 4);
+        self.write_record(tag, device, device_name, ts_ns, key, 0);
+    }
+
+    fn write_record(
+        &mut self,
+        tag: u8,
+        device: u16,
+        device_name: impl FnOnce() -> String,
+        ts_ns: u64,
+        key: u64,
+        bytes: u64,
+    ) {
         let Some(out) = self.out.as_mut() else {
             return;
         };
@@ -275,11 +366,7 @@ impl AllocLogWriter {
         }
         let result = result.and_then(|()| {
             let mut record = [0u8; 27];
-            record[0] = match (alloc, category) {
-                (true, Some(category)) => ALLOC | ((category.index() as u8 + 1) << 4),
-                (true, None) => ALLOC,
-                (false, _) => FREE,
-            };
+            record[0] = tag;
             record[1..3].copy_from_slice(&self.index[slot].to_le_bytes());
             record[3..11].copy_from_slice(&ts_ns.to_le_bytes());
             record[11..19].copy_from_slice(&key.to_le_bytes());
@@ -352,6 +439,25 @@ mod tests {
     }
 
     #[test]
+    fn a_category_record_recategorises_the_live_block_it_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.alloc");
+        let mut log = AllocLogWriter::create(&path);
+        let other = Some(Category::Other);
+        log.record(0, || "cpu".into(), true, other, 10, 0x1000, 64);
+        log.set_category(0, || unreachable!(), Category::Parameter, 11, 0x1000);
+        // A block not live (freed, or never seen) is not changed by one.
+        log.record(0, || unreachable!(), true, other, 12, 0x2000, 8);
+        log.record(0, || unreachable!(), false, None, 13, 0x2000, 8);
+        log.set_category(0, || unreachable!(), Category::Gradient, 14, 0x2000);
+        log.set_category(0, || unreachable!(), Category::Gradient, 15, 0x3000);
+        log.finish().unwrap();
+        let read = AllocLog::read(&path).unwrap();
+        let categories: Vec<Option<Category>> = read.records.iter().map(|r| r.category).collect();
+        assert_eq!(categories, [Some(Category::Parameter), other, None]);
+    }
+
+    #[test]
     fn damaged_logs_are_errors_naming_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let mut unnamed = b"HWALLOC1\x00\x05\x00".to_vec();
@@ -372,6 +478,60 @@ mod tests {
                 "{message}"
             );
         }
+    }
+
+    /// A log of `records` on one device named `cpu`: `(ts_ns, bytes)` allocations.
+    fn crafted(records: &[(u64, u64)]) -> Vec<u8> {
+        let mut bytes = b"HWALLOC1\x02\x00\x00\x03\x00cpu".to_vec();
+        for (i, &(ts, size)) in records.iter().enumerate() {
+            bytes.push(ALLOC);
+            bytes.extend(0u16.to_le_bytes());
+            bytes.extend(ts.to_le_bytes());
+            bytes.extend((i as u64).to_le_bytes());
+            bytes.extend(size.to_le_bytes());
+        }
+        bytes
+    }
+
+    #[test]
+    fn crafted_logs_are_rejected_with_what_was_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut twice = b"HWALLOC1\x02\x00\x00\x03\x00cpu".to_vec();
+        twice.extend(b"\x02\x01\x00\x03\x00cpu");
+        let control = b"HWALLOC1\x02\x00\x00\x03\x00c\x1bp".to_vec();
+        let cases: [(&str, Vec<u8>, &str); 5] = [
+            (
+                "backwards.alloc",
+                crafted(&[(5_000_000_000, 64), (10, 64)]),
+                "not in time order",
+            ),
+            ("huge.alloc", crafted(&[(1, 1 << 63)]), "above i64::MAX"),
+            ("twice.alloc", twice, "named twice"),
+            ("control.alloc", control, "control characters"),
+            (
+                "empty-name.alloc",
+                b"HWALLOC1\x02\x00\x00\x00\x00".to_vec(),
+                "empty",
+            ),
+        ];
+        for (name, bytes, want) in cases {
+            let path = dir.path().join(name);
+            std::fs::write(&path, bytes).unwrap();
+            let message = AllocLog::read(&path).unwrap_err().to_string();
+            assert!(
+                message.contains(want) && message.contains(name),
+                "{message}"
+            );
+        }
+        // Stragglers a few milliseconds late, and the largest size, are fine.
+        let path = dir.path().join("straggler.alloc");
+        let ok = crafted(&[
+            (20_000_000, 8),
+            (15_000_000, 8),
+            (30_000_000, i64::MAX as u64),
+        ]);
+        std::fs::write(&path, ok).unwrap();
+        assert_eq!(AllocLog::read(&path).unwrap().records.len(), 3);
     }
 
     #[test]

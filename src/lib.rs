@@ -102,7 +102,7 @@ pub use measure::{
     SpanFigures,
 };
 pub use model::{Category, ParseLabelError, SpanLabel, Step};
-pub use profile::Profile;
+pub use profile::{CaptureMode, Profile};
 #[cfg(not(loom))]
 pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};
 #[cfg(not(loom))]

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use highwater::device::{DeviceKind, ParseNameError, Strategy};
+use highwater::device::{Allocator, DeviceKind, Factor, ParseNameError, Strategy};
 use highwater::Category;
 
 use super::check::{parse_budget_bytes, parse_category_budget, parse_percent};
@@ -29,6 +29,10 @@ pub(crate) enum Command {
         json: bool,
     },
     /// The largest groups of memory live at the peak.
+    ///
+    /// Rows group live bytes by span path, op, category and device. OUTPUT OF OP names the op
+    /// whose output tensor the row holds, with that tensor's shape; CATEGORY says what the bytes
+    /// are (an op's output in the forward pass is an activation, not the parameter it read).
     Top {
         /// A profile written by highwater.
         profile: PathBuf,
@@ -39,7 +43,13 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// The span tree with calls, time and memory metrics.
+    /// The span tree with calls, time and memory metrics (PEAK and RESIDUAL explained below).
+    ///
+    /// Every path of the span tree, all calls added up. ALLOCATED: bytes allocated inside,
+    /// children included. PEAK: the highest live bytes on the peak's device while the span was
+    /// open. RESIDUAL: bytes the span allocated and still held when it exited, added up over all
+    /// its calls; it can exceed the peak (a span called 200 times that leaves 4 MiB behind each
+    /// time, freed later outside it, shows 800 MiB).
     Spans {
         /// A profile written by highwater.
         profile: PathBuf,
@@ -60,7 +70,12 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Write the profile as a Chrome/Perfetto trace or a self-contained HTML report.
+    /// Write the profile as a self-contained HTML report, a Chrome/Perfetto trace or PyTorch's
+    /// memory snapshot.
+    ///
+    /// html: one file that opens from disk (charts, zoom, tables). chrome: Trace Event JSON for
+    /// ui.perfetto.dev and chrome://tracing. torch: a pickle for pytorch.org/memory_viz, made
+    /// from the run's allocation log (record with HIGHWATER_ALLOC_LOG=path).
     Export {
         /// A profile written by highwater.
         profile: PathBuf,
@@ -112,7 +127,11 @@ pub(crate) enum Command {
         max_regression: Option<f64>,
     },
     /// Replay a run's allocations through a device pool: would it fit, when would it run out,
-    /// how fragmented would it get, under each strategy?
+    /// how fragmented would it get, under each strategy? Also prints the three what-if figures
+    /// (lower bound, offline packing, PyTorch's and TensorFlow's allocators, with their
+    /// fragmentation tax).
+    ///
+    /// Exit code 3 when the run does not fit under --strategy (2 for unreadable input).
     ///
     /// Needs the allocation log (record with `HIGHWATER_ALLOC_LOG=path`); pass the profile that
     /// names it, or the log itself.
@@ -131,13 +150,105 @@ pub(crate) enum Command {
         #[arg(long, value_parser = parse_size)]
         limit: Option<u64>,
         /// Which recorded device's allocations to replay (`cpu` for the heap, `cuda:0`, …).
-        /// Default: the device of the profile's peak, else the log's first device.
+        /// Default: the device of the profile's peak, else the log's first device. `cpu`
+        /// replays the heap's tensor-sized blocks as a proxy for a device (see --min-block).
         #[arg(long)]
         stream: Option<String>,
+        /// With `--stream cpu`: the smallest heap block taken for a tensor.
+        #[arg(long, default_value = "4KiB", value_parser = parse_size)]
+        min_block: u64,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
+    /// Will it fit? The largest factor on the --grow categories (a doubled batch is
+    /// `--grow activation` at ×2) that still fits the device under --allocator, with the peak,
+    /// the allocator's fragmentation tax there, what fills the device first, and the curve of
+    /// peak against factor.
+    ///
+    /// Exit code 3 when the run as recorded (with --scale/--shard) does not fit (2 for
+    /// unreadable input).
+    Fit {
+        /// A profile recorded with an allocation log, or the log itself.
+        input: PathBuf,
+        /// The device: tpu-v2, tpu-v3, tpu-v4, tpu-v5e, tpu-v5p, a100-40gb, a100-80gb, h100,
+        /// h200, l4.
+        #[arg(long, value_parser = parse_kind)]
+        device: DeviceKind,
+        /// A category to grow: parameter, activation, gradient, optimizer, other (repeat for
+        /// several).
+        #[arg(long, required = true, value_parser = parse_category)]
+        grow: Vec<Category>,
+        /// The allocator: pytorch, pytorch-expandable, tf-bfc, or one of highwater's
+        /// strategies (first-fit, best-fit, worst-fit, buddy, pool-based, adaptive).
+        #[arg(long, default_value = "pytorch", value_parser = parse_allocator)]
+        allocator: Allocator,
+        /// PyTorch's `max_split_size_mb` (more than 20).
+        #[arg(long)]
+        max_split_size_mb: Option<u64>,
+        /// Usable bytes instead of the device's nominal size (`30GiB`, `512MiB`).
+        #[arg(long, value_parser = parse_size)]
+        limit: Option<u64>,
+        /// Which recorded device to replay, as for `simulate` (`cpu`: the CPU proxy).
+        #[arg(long)]
+        stream: Option<String>,
+        /// Scale a category before the search: `parameter=0.5` for bf16 weights (repeatable).
+        #[arg(long, value_parser = parse_scale)]
+        scale: Vec<(Category, Factor)>,
+        /// Shard a category over N ranks: `optimizer=8` for ZeRO stage 1 (repeatable).
+        #[arg(long, value_parser = parse_shard)]
+        shard: Vec<(Category, u64)>,
+        /// With `--stream cpu`: the smallest heap block taken for a tensor.
+        #[arg(long, default_value = "4KiB", value_parser = parse_size)]
+        min_block: u64,
+        /// Also write an HTML report with the figures table and the fit curve.
+        #[arg(long)]
+        html: Option<PathBuf>,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn parse_category(text: &str) -> Result<Category, String> {
+    let wanted = text.trim();
+    Category::ALL
+        .into_iter()
+        .find(|c| c.as_str().eq_ignore_ascii_case(wanted))
+        .ok_or_else(|| {
+            let names: Vec<&str> = Category::ALL.iter().map(|c| c.as_str()).collect();
+            format!("unknown category {text:?}; valid: {}", names.join(", "))
+        })
+}
+
+fn parse_allocator(text: &str) -> Result<Allocator, String> {
+    text.parse()
+        .map_err(|error: ParseNameError| error.to_string())
+}
+
+/// `category=factor`.
+fn parse_scale(text: &str) -> Result<(Category, Factor), String> {
+    let (category, factor) = text
+        .split_once('=')
+        .ok_or_else(|| format!("expected CATEGORY=FACTOR such as parameter=0.5, got {text:?}"))?;
+    let factor = factor
+        .parse()
+        .map_err(|e: highwater::device::ParseFactorError| e.to_string())?;
+    Ok((parse_category(category)?, factor))
+}
+
+/// `category=ranks`.
+fn parse_shard(text: &str) -> Result<(Category, u64), String> {
+    let (category, ranks) = text
+        .split_once('=')
+        .ok_or_else(|| format!("expected CATEGORY=RANKS such as optimizer=8, got {text:?}"))?;
+    let ranks: u64 = ranks
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("ranks must be a whole number above 0, got {ranks:?}"))?;
+    Ok((parse_category(category)?, ranks))
 }
 
 fn parse_kind(text: &str) -> Result<DeviceKind, String> {
