@@ -25,6 +25,7 @@
 
 use std::hash::{BuildHasher, Hash};
 
+use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 use rustc_hash::{FxBuildHasher, FxHashMap};
 
@@ -119,6 +120,12 @@ impl Slab {
         &mut self.pages[index as usize / PAGE][index as usize % PAGE]
     }
 
+    /// The index the next [`Slab::insert`] returns.
+    #[inline]
+    fn next_index(&self) -> u32 {
+        self.free.unwrap_or(self.used)
+    }
+
     fn insert(&mut self, block: Block) -> u32 {
         if let Some(index) = self.free {
             let next = self.get(index).addr;
@@ -151,6 +158,9 @@ impl Slab {
     }
 }
 
+/// Threads whose last context is remembered.
+const RECENT: usize = 8;
+
 /// Interned contexts with reference counts (live blocks and side rows that use each).
 #[derive(Debug, Default)]
 struct Contexts {
@@ -160,19 +170,21 @@ struct Contexts {
     free: Vec<u32>,
     /// Contexts with a non-zero count.
     in_use: usize,
-    /// The last context interned: consecutive blocks mostly share one.
-    last: Option<(Context, u32)>,
+    /// The last context interned per thread (by thread number modulo [`RECENT`]): a thread's
+    /// consecutive blocks mostly share one, while threads interleave.
+    recent: [Option<(Context, u32)>; RECENT],
 }
 
 impl Contexts {
     /// The id of `context`, with one more reference.
     #[inline]
     fn acquire(&mut self, context: Context) -> u32 {
-        let id = match self.last {
-            Some((last, id)) if last == context => id,
+        let slot = context.thread as usize % RECENT;
+        let id = match self.recent[slot] {
+            Some((recent, id)) if recent == context => id,
             _ => {
                 let id = self.intern(context);
-                self.last = Some((context, id));
+                self.recent[slot] = Some((context, id));
                 id
             }
         };
@@ -214,7 +226,7 @@ impl Contexts {
             }
             !unused
         });
-        self.last = None;
+        self.recent = [None; RECENT];
     }
 
     #[inline]
@@ -392,23 +404,31 @@ impl LiveSet {
             context,
             epoch: self.epoch,
         };
-        let hash = hash(addr);
         let LiveSet { index, slab, .. } = self;
         let slot = usize::from(device.0);
         if slot >= index.len() {
             index.resize_with(slot + 1, HashTable::new);
         }
-        let table = &mut index[slot];
-        if let Some(&found) = table.find(hash, |&i| slab.get(i).addr == addr) {
-            let old = std::mem::replace(slab.get_mut(found), block);
-            let displaced = self.entry(&old);
-            self.end_block(device, old);
-            return Some(displaced);
-        }
-        let at = slab.insert(block);
-        table.insert_unique(hash, at, |&i| self::hash(slab.get(i).addr));
-        self.live += 1;
-        None
+        // One probe: the slot index the block will get is known before it is stored.
+        let next = slab.next_index();
+        let found = match index[slot].entry(
+            hash(addr),
+            |&i| slab.get(i).addr == addr,
+            |&i| hash(slab.get(i).addr),
+        ) {
+            Entry::Occupied(found) => *found.get(),
+            Entry::Vacant(vacant) => {
+                vacant.insert(next);
+                let at = slab.insert(block);
+                debug_assert_eq!(at, next);
+                self.live += 1;
+                return None;
+            }
+        };
+        let old = std::mem::replace(self.slab.get_mut(found), block);
+        let displaced = self.entry(&old);
+        self.end_block(device, old);
+        Some(displaced)
     }
 
     /// A block stopped being what it was at the peak (ended, or about to change): side rows
