@@ -134,7 +134,7 @@ impl Slab {
             return index;
         }
         let index = self.used;
-        if index as usize % PAGE == 0 {
+        if (index as usize).is_multiple_of(PAGE) {
             self.pages.push(Box::new([Block::default(); PAGE]));
         }
         self.used += 1;
@@ -521,7 +521,7 @@ impl LiveSet {
         self.epoch += 1;
         self.peaked = true;
         if !self.since_peak.is_empty() || !self.since_peak_top.is_empty() {
-            for (&context, _) in &self.since_peak {
+            for &context in self.since_peak.keys() {
                 self.contexts.release(context);
             }
             self.since_peak.clear();

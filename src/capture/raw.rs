@@ -163,7 +163,6 @@ impl RawEvent {
     /// A completed realloc, as its two halves: the old block given up at `released` (clamped
     /// to `ticks`, so the halves stay in order) and the new block live at `ticks`.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn realloc(
         released: u64,
         ticks: u64,
