@@ -18,6 +18,18 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
+/// An event's time, the merge's order.
+pub(crate) trait Stamp<T> {
+    /// When `event` happened.
+    fn stamp(&self, event: &T) -> u64;
+}
+
+impl<T, F: Fn(&T) -> u64> Stamp<T> for F {
+    fn stamp(&self, event: &T) -> u64 {
+        self(event)
+    }
+}
+
 /// One ring's staged events and hold.
 #[derive(Debug)]
 struct Queue<T> {
@@ -35,7 +47,7 @@ pub(crate) struct Merge<T, S> {
     stamp: S,
 }
 
-impl<T, S: Fn(&T) -> u64> Merge<T, S> {
+impl<T, S: Stamp<T>> Merge<T, S> {
     /// A merge of `rings` empty queues.
     pub(crate) fn new(rings: usize, stamp: S) -> Merge<T, S> {
         Merge {
@@ -65,11 +77,11 @@ impl<T, S: Fn(&T) -> u64> Merge<T, S> {
         if emptied {
             queue.hold = None;
         } else if let Some(last) = queue.events.back() {
-            queue.hold = Some((self.stamp)(last));
+            queue.hold = Some(self.stamp.stamp(last));
         }
         if was_empty {
             if let Some(front) = queue.events.front() {
-                self.fronts.push(Reverse(((self.stamp)(front), ring)));
+                self.fronts.push(Reverse((self.stamp.stamp(front), ring)));
             }
         }
     }
@@ -104,7 +116,7 @@ impl<T, S: Fn(&T) -> u64> Merge<T, S> {
                 out(ring, event);
                 match queue.events.front() {
                     Some(next) => {
-                        let stamp = (self.stamp)(next);
+                        let stamp = self.stamp.stamp(next);
                         if stamp > watermark
                             || next_front.is_some_and(|front| (stamp, ring) > front)
                         {

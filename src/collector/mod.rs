@@ -22,7 +22,7 @@ use crate::capture::ring::close_gate;
 use crate::capture::{self, names, RECORDING, UNATTRIBUTED_DROPS};
 use crate::profile::{CaptureStats, Profile, ThreadCapture};
 
-use merge::Merge;
+use merge::{Merge, Stamp};
 
 mod merge;
 
@@ -134,7 +134,15 @@ struct RingCursor {
 
 /// The merge's order: a raw event's stamp in nanoseconds (a reading from before the session
 /// counts as its start).
-type StampNs = Box<dyn Fn(&RawEvent) -> u64 + Send>;
+#[derive(Debug, Clone, Copy)]
+struct StampNs(Calibration);
+
+impl Stamp<RawEvent> for StampNs {
+    #[inline]
+    fn stamp(&self, event: &RawEvent) -> u64 {
+        self.0.to_ns(event.ticks()).unwrap_or(0)
+    }
+}
 
 /// Merge state: per-ring cursors, the merge of raw events and the analysis.
 struct Merger {
@@ -162,8 +170,6 @@ struct Merger {
 impl Merger {
     fn new(calibration: Calibration, config: TimelineConfig) -> Merger {
         let slots = REGISTRY.slots();
-        let stamp: StampNs =
-            Box::new(move |raw: &RawEvent| calibration.to_ns(raw.ticks()).unwrap_or(0));
         Merger {
             calibration,
             timeline: Timeline::new(config),
@@ -177,7 +183,7 @@ impl Merger {
                     ..RingCursor::default()
                 })
                 .collect(),
-            merge: Merge::new(slots.len(), stamp),
+            merge: Merge::new(slots.len(), StampNs(calibration)),
             names: HashMap::new(),
             interned_names: HashMap::new(),
             interned_shapes: HashMap::new(),
@@ -337,7 +343,7 @@ impl Merger {
     /// last event was applied back to the registry.
     fn merge_until(&mut self, watermark_ns: u64) {
         let mut merge =
-            std::mem::replace(&mut self.merge, Merge::new(0, Box::new(|_: &RawEvent| 0)));
+            std::mem::replace(&mut self.merge, Merge::new(0, StampNs(self.calibration)));
         merge.release(watermark_ns, |index, raw| self.apply(index, raw));
         self.merge = merge;
         for (index, cursor) in self.cursors.iter_mut().enumerate() {
