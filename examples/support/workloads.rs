@@ -154,8 +154,7 @@ pub fn json_round_trip(document: &str) -> Result<JsonTrip, String> {
     let first: Value =
         serde_json::from_str(document).map_err(|error| format!("first parse: {error}"))?;
     let first_walk = walk(&first);
-    let written =
-        serde_json::to_string(&first).map_err(|error| format!("serialise: {error}"))?;
+    let written = serde_json::to_string(&first).map_err(|error| format!("serialise: {error}"))?;
     let second: Value =
         serde_json::from_str(&written).map_err(|error| format!("second parse: {error}"))?;
     let second_walk = walk(&second);

@@ -70,7 +70,11 @@ pub fn check_exact(name: &str, profile: &Profile, workers: &[u64]) {
         expected_live,
     );
     assert_eq!(
-        (summary.dropped_events, dropped, profile.capture.unattributed_dropped),
+        (
+            summary.dropped_events,
+            dropped,
+            profile.capture.unattributed_dropped
+        ),
         (0, 0, 0),
         "{name}: lossless capture must drop nothing; dropped by kind {:?} of {} events recorded \
          (the peak came out {:+.3}% off the true {expected_peak} B)",
