@@ -13,6 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{Category, Step};
 
+mod tree;
+
+pub use tree::{span_tree, TreeRow};
+
 /// The value of [`Profile::schema`] this version writes and reads.
 pub const SCHEMA: &str = "highwater/1";
 
