@@ -6,6 +6,7 @@
     scripts/compare_profilers.py --kinds json     # only some workloads (syn, json, maps)
     scripts/compare_profilers.py --out FILE       # also write the Markdown there
     scripts/compare_profilers.py --report-only    # re-print the last run's tables
+    scripts/compare_profilers.py --massif-from OLD.json   # reuse massif's rows (it is slow)
 
 For each workload of `examples/workload.rs` (syn parsing five crates' sources with all trees
 alive at once; a ~25 MB JSON document through `serde_json::Value` and back; four threads
@@ -206,7 +207,9 @@ def massif_peak(path):
     return max(int(v) for v in re.findall(r"^mem_heap_B=(\d+)$", path.read_text(), re.M))
 
 
-def measure(kind, args, repeat, repeat_external, scratch):
+def measure(kind, args, repeat, repeat_external, scratch, massif_from):
+    """Every run of one workload, by label. With `massif_from` (a previous run's results),
+    massif's rows are taken from there instead of being measured again."""
     binary = str(BINARY)
     runs = {label: [] for label, _ in MODES}
     for round_index in range(repeat):
@@ -227,6 +230,8 @@ def measure(kind, args, repeat, repeat_external, scratch):
         external["heaptrack"].append(
             {"result": result, "max_rss": rss, "wall_s": wall, "peak": peak, "most_blocks": blocks}
         )
+        if massif_from is not None:
+            continue
         cwd = Path(tempfile.mkdtemp(dir=scratch))
         out = cwd / "massif.out"
         result, rss, wall = run(
@@ -246,6 +251,11 @@ def measure(kind, args, repeat, repeat_external, scratch):
         external["massif"].append(
             {"result": result, "max_rss": rss, "wall_s": wall, "peak": massif_peak(out)}
         )
+    if massif_from is not None:
+        previous = massif_from["workloads"].get(kind, {})
+        if previous.get("args") != args:
+            sys.exit(f"--massif-from: its {kind} workload ran other arguments: {previous.get('args')}")
+        external["massif"] = [dict(row, reused=True) for row in previous["runs"]["massif"]]
     runs.update(external)
     return runs
 
@@ -334,6 +344,12 @@ def report(data):
                 f"(libstdc++'s 72,704-byte load-time block, brought in by heaptrack's preload "
                 f"library, is in heaptrack's figure).",
             ]
+        if any(row.get("reused") for row in runs.get("massif", [])):
+            lines.append(
+                "massif's row is taken from an earlier run (`--massif-from`): massif runs the "
+                "`HIGHWATER=off` binary, so its peak does not depend on highwater's recording; "
+                "its time was measured under that run's load."
+            )
         lines.append("")
     return "\n".join([data["machine"], ""] + lines)
 
@@ -346,6 +362,11 @@ def main():
     parser.add_argument("--repeat-external", type=int, default=1, help="heaptrack/massif runs")
     parser.add_argument("--out", type=Path, help="also write the Markdown to this file")
     parser.add_argument("--report-only", action="store_true", help="re-print the last run")
+    parser.add_argument(
+        "--massif-from",
+        type=Path,
+        help="take massif's rows from this earlier results file instead of running it (slow)",
+    )
     args = parser.parse_args()
     if args.report_only:
         print(report(json.loads(RESULTS.read_text())))
@@ -359,7 +380,14 @@ def main():
         ["cargo", "build", "--release", "--example", "workload"], cwd=ROOT, check=True
     )
     every = workload_args(args.quick)
-    data = {"machine": header, "quick": args.quick, "workloads": {}}
+    massif_from = json.loads(args.massif_from.read_text()) if args.massif_from else None
+    data = {
+        "machine": header,
+        "quick": args.quick,
+        "massif_from": massif_from["machine"] if massif_from else None,
+        "workloads": {},
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="highwater-compare-") as scratch:
         for kind in args.kinds.split(","):
             if kind not in every:
@@ -368,10 +396,12 @@ def main():
             data["workloads"][kind] = {
                 "args": workload,
                 "description": description,
-                "runs": measure(kind, workload, args.repeat, args.repeat_external, scratch),
+                "runs": measure(
+                    kind, workload, args.repeat, args.repeat_external, scratch, massif_from
+                ),
             }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(data, indent=1))
+            # After every workload, so a run stopped later keeps what it measured.
+            RESULTS.write_text(json.dumps(data, indent=1))
     text = report(data)
     print(text)
     if args.out:
