@@ -227,9 +227,15 @@ def measure(kind, args, repeat, repeat_external, scratch, massif_from):
         )
         data = next(cwd.glob("heaptrack.*"))
         peak, blocks = heaptrack_peak(data)
-        external["heaptrack"].append(
-            {"result": result, "max_rss": rss, "wall_s": wall, "peak": peak, "most_blocks": blocks}
-        )
+        row = {"result": result, "max_rss": rss, "wall_s": wall, "peak": peak, "most_blocks": blocks}
+        # heaptrack's recorder can die while the program runs on (its exit status is the
+        # program's): its data file then stops early and its figures are not the run's.
+        errors = (cwd / "stderr").read_text()
+        if "terminate called" in errors or "bad_alloc" in errors:
+            row["failed"] = " ".join(
+                line.strip() for line in errors.splitlines() if "bad_alloc" in line
+            ) or "heaptrack's recorder stopped early"
+        external["heaptrack"].append(row)
         if massif_from is not None:
             continue
         cwd = Path(tempfile.mkdtemp(dir=scratch))
@@ -284,7 +290,7 @@ def signed_pct(value, base):
 def report(data):
     lines = []
     for kind, entry in data["workloads"].items():
-        runs = entry["runs"]
+        runs = dict(entry["runs"])
         work = {
             label: median([r["result"]["work_s"] for r in rows])
             for label, rows in runs.items()
@@ -292,6 +298,11 @@ def report(data):
         }
         rss = {label: median([r["max_rss"] for r in rows]) for label, rows in runs.items() if rows}
         base = work.get("unprofiled")
+        failed = [r["failed"] for r in runs.get("heaptrack", []) if r.get("failed")]
+        if failed:
+            # A heaptrack that lost its data is no baseline: no ratio, no peak.
+            runs["heaptrack"] = []
+            work.pop("heaptrack", None)
         heaptrack = work.get("heaptrack")
         massif = median([r["peak"] for r in runs.get("massif", [])])
         heap_peak = median([r["peak"] for r in runs.get("heaptrack", [])])
@@ -330,6 +341,12 @@ def report(data):
                 f"{signed_pct(peak, massif) if peak and massif else '–'} | {dropped} | "
                 f"{size(rss[label])} | {added} |"
             )
+        if failed:
+            lines += [
+                "",
+                f"heaptrack failed on this workload ({failed[0]}; the program itself ran to "
+                "the end): its data file stops early, so it has no row and no ratio.",
+            ]
         if most_blocks:
             budget = (64 << 20) + BYTES_PER_LIVE_BLOCK * most_blocks
             lines += [
