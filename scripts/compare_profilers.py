@@ -6,7 +6,8 @@
     scripts/compare_profilers.py --kinds json     # only some workloads (syn, json, maps)
     scripts/compare_profilers.py --out FILE       # also write the Markdown there
     scripts/compare_profilers.py --report-only    # re-print the last run's tables
-    scripts/compare_profilers.py --massif-from OLD.json   # reuse massif's rows (it is slow)
+    scripts/compare_profilers.py --earlier OLD.json     # reuse OLD's massif rows (massif is slow)
+    scripts/compare_profilers.py --earlier OLD.json --reuse massif,heaptrack:syn
 
 For each workload of `examples/workload.rs` (syn parsing five crates' sources with all trees
 alive at once; a ~25 MB JSON document through `serde_json::Value` and back; four threads
@@ -207,9 +208,46 @@ def massif_peak(path):
     return max(int(v) for v in re.findall(r"^mem_heap_B=(\d+)$", path.read_text(), re.M))
 
 
-def measure(kind, args, repeat, repeat_external, scratch, massif_from):
-    """Every run of one workload, by label. With `massif_from` (a previous run's results),
-    massif's rows are taken from there instead of being measured again."""
+def heaptrack_run(binary, args, scratch):
+    cwd = Path(tempfile.mkdtemp(dir=scratch))
+    result, rss, wall = run(
+        ["heaptrack", "-o", str(cwd / "heaptrack"), binary] + args, {"HIGHWATER": "off"}, cwd
+    )
+    peak, blocks = heaptrack_peak(next(cwd.glob("heaptrack.*")))
+    row = {"result": result, "max_rss": rss, "wall_s": wall, "peak": peak, "most_blocks": blocks}
+    # heaptrack can die while the program runs on (the exit status is the program's): its data
+    # file then stops early and its figures are not the run's.
+    errors = (cwd / "stderr").read_text()
+    if "terminate called" in errors or "bad_alloc" in errors:
+        row["failed"] = " ".join(
+            line.strip() for line in errors.splitlines() if "bad_alloc" in line
+        ) or "heaptrack stopped early"
+    return row
+
+
+def massif_run(binary, args, scratch):
+    cwd = Path(tempfile.mkdtemp(dir=scratch))
+    out = cwd / "massif.out"
+    result, rss, wall = run(
+        [
+            "valgrind",
+            "--tool=massif",
+            "--peak-inaccuracy=0.0",
+            # Totals are all we read: a one-frame tree keeps the exact peak snapshots cheap.
+            "--depth=1",
+            f"--massif-out-file={out}",
+            binary,
+        ]
+        + args,
+        {"HIGHWATER": "off"},
+        cwd,
+    )
+    return {"result": result, "max_rss": rss, "wall_s": wall, "peak": massif_peak(out)}
+
+
+def measure(kind, args, repeat, repeat_external, scratch, earlier, reuse):
+    """Every run of one workload, by label. Rows named in `reuse` (`massif`, `heaptrack`, or
+    `TOOL:KIND`) are taken from `earlier`, a previous run's results, instead of measured."""
     binary = str(BINARY)
     runs = {label: [] for label, _ in MODES}
     for round_index in range(repeat):
@@ -219,50 +257,14 @@ def measure(kind, args, repeat, repeat_external, scratch, massif_from):
             cwd = Path(tempfile.mkdtemp(dir=scratch))
             result, rss, wall = run([binary] + args, env, cwd)
             runs[label].append({"result": result, "max_rss": rss, "wall_s": wall})
-    external = {"heaptrack": [], "massif": []}
-    for _ in range(repeat_external):
-        cwd = Path(tempfile.mkdtemp(dir=scratch))
-        result, rss, wall = run(
-            ["heaptrack", "-o", str(cwd / "heaptrack"), binary] + args, {"HIGHWATER": "off"}, cwd
-        )
-        data = next(cwd.glob("heaptrack.*"))
-        peak, blocks = heaptrack_peak(data)
-        row = {"result": result, "max_rss": rss, "wall_s": wall, "peak": peak, "most_blocks": blocks}
-        # heaptrack's recorder can die while the program runs on (its exit status is the
-        # program's): its data file then stops early and its figures are not the run's.
-        errors = (cwd / "stderr").read_text()
-        if "terminate called" in errors or "bad_alloc" in errors:
-            row["failed"] = " ".join(
-                line.strip() for line in errors.splitlines() if "bad_alloc" in line
-            ) or "heaptrack's recorder stopped early"
-        external["heaptrack"].append(row)
-        if massif_from is not None:
-            continue
-        cwd = Path(tempfile.mkdtemp(dir=scratch))
-        out = cwd / "massif.out"
-        result, rss, wall = run(
-            [
-                "valgrind",
-                "--tool=massif",
-                "--peak-inaccuracy=0.0",
-                # Totals are all we read: a one-frame tree keeps the exact peak snapshots cheap.
-                "--depth=1",
-                f"--massif-out-file={out}",
-                binary,
-            ]
-            + args,
-            {"HIGHWATER": "off"},
-            cwd,
-        )
-        external["massif"].append(
-            {"result": result, "max_rss": rss, "wall_s": wall, "peak": massif_peak(out)}
-        )
-    if massif_from is not None:
-        previous = massif_from["workloads"].get(kind, {})
-        if previous.get("args") != args:
-            sys.exit(f"--massif-from: its {kind} workload ran other arguments: {previous.get('args')}")
-        external["massif"] = [dict(row, reused=True) for row in previous["runs"]["massif"]]
-    runs.update(external)
+    for tool, measure_once in (("heaptrack", heaptrack_run), ("massif", massif_run)):
+        if tool in reuse or f"{tool}:{kind}" in reuse:
+            previous = earlier["workloads"].get(kind, {})
+            if previous.get("args") != args:
+                sys.exit(f"--earlier ran {kind} with other arguments: {previous.get('args')}")
+            runs[tool] = [dict(row, reused=True) for row in previous["runs"][tool]]
+        else:
+            runs[tool] = [measure_once(binary, args, scratch) for _ in range(repeat_external)]
     return runs
 
 
@@ -361,12 +363,14 @@ def report(data):
                 f"(libstdc++'s 72,704-byte load-time block, brought in by heaptrack's preload "
                 f"library, is in heaptrack's figure).",
             ]
-        if any(row.get("reused") for row in runs.get("massif", [])):
-            lines.append(
-                "massif's row is taken from an earlier run (`--massif-from`): massif runs the "
-                "`HIGHWATER=off` binary, so its peak does not depend on highwater's recording; "
-                "its time was measured under that run's load."
-            )
+        for tool in ("heaptrack", "massif"):
+            if any(row.get("reused") for row in entry["runs"].get(tool, [])):
+                lines.append(
+                    f"{tool}'s figures are taken from an earlier run (`--earlier`, "
+                    f"{data.get('earlier')}): it runs the `HIGHWATER=off` binary, so its peak does "
+                    "not depend on highwater's recording; its time was measured under that "
+                    "run's load."
+                )
         lines.append("")
     return "\n".join([data["machine"], ""] + lines)
 
@@ -379,10 +383,11 @@ def main():
     parser.add_argument("--repeat-external", type=int, default=1, help="heaptrack/massif runs")
     parser.add_argument("--out", type=Path, help="also write the Markdown to this file")
     parser.add_argument("--report-only", action="store_true", help="re-print the last run")
+    parser.add_argument("--earlier", type=Path, help="an earlier run's results file")
     parser.add_argument(
-        "--massif-from",
-        type=Path,
-        help="take massif's rows from this earlier results file instead of running it (slow)",
+        "--reuse",
+        default="massif",
+        help="rows to take from --earlier instead of measuring: massif, heaptrack, TOOL:KIND",
     )
     args = parser.parse_args()
     if args.report_only:
@@ -397,11 +402,14 @@ def main():
         ["cargo", "build", "--release", "--example", "workload"], cwd=ROOT, check=True
     )
     every = workload_args(args.quick)
-    massif_from = json.loads(args.massif_from.read_text()) if args.massif_from else None
+    earlier = json.loads(args.earlier.read_text()) if args.earlier else None
+    reuse = set(args.reuse.split(",")) if earlier else set()
     data = {
         "machine": header,
         "quick": args.quick,
-        "massif_from": massif_from["machine"] if massif_from else None,
+        "earlier": re.sub(r"^Machine: .*?; commit ", "commit ", earlier["machine"]).rstrip(".")
+        if earlier
+        else None,
         "workloads": {},
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
@@ -414,7 +422,7 @@ def main():
                 "args": workload,
                 "description": description,
                 "runs": measure(
-                    kind, workload, args.repeat, args.repeat_external, scratch, massif_from
+                    kind, workload, args.repeat, args.repeat_external, scratch, earlier, reuse
                 ),
             }
             # After every workload, so a run stopped later keeps what it measured.
