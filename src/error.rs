@@ -1,9 +1,11 @@
 //! [`Error`]: why a session could not start or finish.
 
+use crate::export::ExportError;
 use crate::profile::ProfileError;
 
 /// Why a [`Session`](crate::Session) could not start or finish.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An environment variable has a value highwater does not understand.
     #[error("invalid {var}={value:?}: expected {expected}")]
@@ -32,7 +34,10 @@ pub enum Error {
     /// The collector thread ended without producing a profile.
     #[error("the highwater collector thread stopped without producing a profile")]
     CollectorLost,
-    /// Writing the profile (or a report next to it) failed.
+    /// Writing the profile failed.
     #[error(transparent)]
     Profile(#[from] ProfileError),
+    /// Writing the HTML report next to the profile failed (the profile itself was written).
+    #[error(transparent)]
+    Export(#[from] ExportError),
 }

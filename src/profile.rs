@@ -14,8 +14,10 @@ use serde::{Deserialize, Serialize};
 use crate::model::{Category, Step};
 
 mod tree;
+mod warning;
 
 pub use tree::{span_tree, TreeRow};
+pub use warning::Warning;
 
 /// The value of [`Profile::schema`] this version writes and reads.
 pub const SCHEMA: &str = "highwater/1";
@@ -55,9 +57,11 @@ pub struct Profile {
     /// How capture went: events per thread and what was dropped.
     #[serde(default)]
     pub capture: CaptureStats,
-    /// Things the reader should know, in plain words (dropped events, growing residuals, …).
-    #[serde(default)]
-    pub warnings: Vec<String>,
+    /// Things the reader should know (dropped events, growing residuals, …), each once, as
+    /// data; `Display` words them. Plain sentences in older profiles load as
+    /// [`Warning::Note`].
+    #[serde(default, deserialize_with = "warning::deserialize_list")]
+    pub warnings: Vec<Warning>,
     /// Individual span instances with their times, for trace viewers, at most
     /// [`MAX_SPAN_EVENTS`]; when a run has more, the analysis keeps an even sample across the run
     /// (whole iterations, so a kept span's children are kept too) and says so in
@@ -119,8 +123,9 @@ pub struct Summary {
     pub peak_timestamp_ns: u64,
     /// Device on which the peak was reached (`"cpu"` for the heap).
     pub peak_device: String,
-    /// Live bytes at the peak by category, keyed by lower-case category name.
-    pub peak_by_category: BTreeMap<String, u64>,
+    /// Live bytes at the peak by category (zero categories omitted; written with lower-case
+    /// category names as keys).
+    pub peak_by_category: BTreeMap<Category, u64>,
     /// Allocations recorded (reallocs counted separately).
     pub alloc_count: u64,
     /// Frees recorded (reallocs counted separately).
@@ -154,8 +159,8 @@ pub struct TimelinePoint {
     pub device: String,
     /// Live bytes on the device.
     pub live_bytes: u64,
-    /// Live bytes by category (lower-case names; zero categories omitted).
-    pub by_category: BTreeMap<String, u64>,
+    /// Live bytes by category (zero categories omitted).
+    pub by_category: BTreeMap<Category, u64>,
 }
 
 /// Live-at-peak bytes of one (span path, op, category, device) group.
@@ -255,8 +260,8 @@ pub struct DeviceStats {
     pub peak_bytes: u64,
     /// When that was reached.
     pub peak_timestamp_ns: u64,
-    /// Live bytes by category at the device's own peak.
-    pub peak_by_category: BTreeMap<String, u64>,
+    /// Live bytes by category at the device's own peak (zero categories omitted).
+    pub peak_by_category: BTreeMap<Category, u64>,
     /// Allocations on the device.
     pub alloc_count: u64,
     /// Frees on the device.
@@ -329,6 +334,7 @@ pub struct ThreadCapture {
 
 /// Why a profile could not be read or written.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProfileError {
     /// The file could not be opened or read.
     #[error("cannot read profile {path}: {source}")]
@@ -372,7 +378,8 @@ pub enum ProfileError {
         /// [`SCHEMA`].
         expected: &'static str,
     },
-    /// Writing failed; no partial file was left behind.
+    /// Writing the profile failed; no partial file was left behind. (The other outputs fail
+    /// with [`ExportError`](crate::export::ExportError).)
     #[error("cannot write profile {path}: {source}")]
     Write {
         /// The destination.
@@ -464,22 +471,23 @@ impl Profile {
     /// [`ProfileError::Write`] when any step fails; the temporary file is removed and `path`
     /// keeps whatever it held before.
     pub fn write(&self, path: impl AsRef<Path>) -> Result<(), ProfileError> {
-        write_atomically(path.as_ref(), self.to_json().as_bytes())
+        let path = path.as_ref();
+        write_atomically(path, self.to_json().as_bytes()).map_err(|source| ProfileError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 }
 
 /// Writes `contents` to `path` through a temporary sibling and a rename, so readers never see a
-/// half-written file. Shared by every output writer.
-pub(crate) fn write_atomically(path: &Path, contents: &[u8]) -> Result<(), ProfileError> {
-    let write_error = |source| ProfileError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
+/// half-written file; missing parent directories are created. Shared by every output writer,
+/// each of which names its own failure.
+pub(crate) fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    fs::create_dir_all(&dir).map_err(write_error)?;
+    fs::create_dir_all(&dir)?;
     let file_name = path
         .file_name()
         .map(|name| name.to_string_lossy().into_owned())
@@ -491,11 +499,10 @@ pub(crate) fn write_atomically(path: &Path, contents: &[u8]) -> Result<(), Profi
         file.sync_all()?;
         fs::rename(&temp, path)
     })();
-    if let Err(source) = result {
+    if result.is_err() {
         let _ = fs::remove_file(&temp);
-        return Err(write_error(source));
     }
-    Ok(())
+    result
 }
 
 #[cfg(test)]
@@ -511,7 +518,7 @@ mod tests {
         profile
             .summary
             .peak_by_category
-            .insert("activation".into(), 8 << 20);
+            .insert(Category::Activation, 8 << 20);
         profile.write(&path).unwrap();
         assert_eq!(Profile::load(&path).unwrap(), profile);
         let leftovers: Vec<_> = fs::read_dir(path.parent().unwrap())

@@ -17,7 +17,7 @@ use crate::capture::{self, clock, lifecycle};
 use crate::collector::{self, CollectorConfig, Control};
 use crate::error::Error;
 use crate::export::html;
-use crate::profile::{Profile, RunMeta};
+use crate::profile::{Profile, RunMeta, Warning};
 
 /// Where the profile goes when neither the builder nor `HIGHWATER_OUT` says.
 pub const DEFAULT_OUTPUT: &str = "highwater-profile.json";
@@ -275,14 +275,13 @@ impl Session {
     /// # Errors
     ///
     /// [`Error::Profile`] when the profile cannot be written (no partial file is left),
+    /// [`Error::Export`] when the HTML report asked for beside it cannot,
     /// [`Error::CollectorLost`] if the collector thread died.
     pub fn finish(mut self) -> Result<Profile, Error> {
         let recording = std::mem::replace(&mut self.recording, false);
         if !recording {
             let mut profile = Profile::empty();
-            profile
-                .warnings
-                .push("recording was disabled (HIGHWATER=off); nothing was recorded".into());
+            profile.warnings.push(Warning::RecordingDisabled);
             return Ok(profile);
         }
         capture::paused(finish_active).unwrap_or(Err(Error::CollectorLost))
@@ -313,7 +312,7 @@ fn finish_active() -> Option<Result<Profile, Error>> {
 /// Finishes the session for a SIGINT/SIGTERM (called by the signal watcher thread); waits for
 /// a finish already under way on another thread.
 #[cfg(target_os = "linux")]
-pub(crate) fn finish_for_signal() {
+fn finish_for_signal() {
     if let Some(Err(error)) = capture::paused(finish_active) {
         eprintln!("highwater: {error}");
     }
@@ -322,7 +321,7 @@ pub(crate) fn finish_for_signal() {
 /// Installs the SIGINT/SIGTERM handlers of [`SessionBuilder::write_on_signal`].
 fn arm_signals() -> Result<(), Error> {
     #[cfg(target_os = "linux")]
-    let armed = crate::signal::arm().map_err(|error| error.to_string());
+    let armed = crate::signal::arm(finish_for_signal).map_err(|error| error.to_string());
     #[cfg(not(target_os = "linux"))]
     let armed = Err("writing the profile on a signal is supported on Linux only".to_string());
     armed.map_err(|reason| Error::Setting {
@@ -348,13 +347,16 @@ fn finish_running(running: Running) -> Result<Profile, Error> {
         ..running.meta
     };
     let written = if running.write {
-        profile.write(&running.output).and_then(|()| {
-            if running.html {
-                html::write(&profile, html::path_beside(&running.output))
-            } else {
-                Ok(())
-            }
-        })
+        profile
+            .write(&running.output)
+            .map_err(Error::from)
+            .and_then(|()| {
+                if running.html {
+                    html::write(&profile, html::path_beside(&running.output)).map_err(Error::from)
+                } else {
+                    Ok(())
+                }
+            })
     } else {
         Ok(())
     };

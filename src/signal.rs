@@ -11,9 +11,10 @@
 //!
 //! So the handler only notes which signal came and writes one byte to a pipe. A watcher thread
 //! (marked internal: it records nothing) sleeps on the other end of the pipe. When the byte
-//! arrives it finishes the session as [`Session::finish`](crate::Session::finish) would —
-//! stopping the collector and writing the profile — then puts back the disposition the signal
-//! had before highwater installed its handler and raises the signal again. The process then
+//! arrives it calls the function [`arm`] was given — the session passes one that finishes it
+//! as [`Session::finish`](crate::Session::finish) would, stopping the collector and writing the
+//! profile — then puts back the disposition the signal had before highwater installed its
+//! handler and raises the signal again. The process then
 //! ends the way it would have without highwater (its exit status says "killed by SIGINT"), or,
 //! if the program had its own handler, that handler runs.
 //!
@@ -53,6 +54,9 @@ static INSTALLED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
 
 /// Serialises [`arm`] and [`disarm`]; holds whether the pipe and watcher exist.
 static STATE: Mutex<bool> = Mutex::new(false);
+/// What the watcher calls when a signal comes: the function [`arm`] was given. (This module
+/// knows nothing of sessions; the session hands it the way to finish one.)
+static ON_SIGNAL: Mutex<Option<fn()>> = Mutex::new(None);
 
 /// The dispositions [`SIGNALS`] had before highwater's handler, to put back.
 struct Previous(UnsafeCell<[libc::sigaction; 2]>);
@@ -69,9 +73,12 @@ static PREVIOUS: Previous = Previous(UnsafeCell::new(
 ));
 
 /// Installs the SIGINT and SIGTERM handlers (and, the first time, the pipe and the watcher
-/// thread). Idempotent.
-pub(crate) fn arm() -> io::Result<()> {
+/// thread). When one of the signals comes, the watcher thread calls `finish` (which must not
+/// call [`arm`]; it may call [`disarm`]), then steps aside and re-raises the signal.
+/// Idempotent; the latest `finish` is the one called.
+pub(crate) fn arm(finish: fn()) -> io::Result<()> {
     let mut ready = STATE.lock();
+    *ON_SIGNAL.lock() = Some(finish);
     if !*ready {
         start_watcher()?;
         *ready = true;
@@ -180,7 +187,11 @@ fn watch(read_end: libc::c_int) {
         if signal == 0 {
             continue;
         }
-        crate::session::finish_for_signal();
+        // Copied out first: `finish` may take `STATE` (through `disarm`).
+        let finish = *ON_SIGNAL.lock();
+        if let Some(finish) = finish {
+            finish();
+        }
         disarm();
         // SAFETY: kill with our own pid and a valid signal number has no preconditions. With
         // the previous disposition back, the process now ends (or runs its own handler) as it

@@ -8,18 +8,19 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use highwater::{
-    CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile,
-    ProfileError, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint,
+use highwater::profile::{
+    CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, ProfileError,
+    RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint, Warning,
 };
+use highwater::{Category, Profile};
 use proptest::prelude::*;
 use serde_json::Value;
 
 /// A profile with every list non-empty and every optional field set.
 fn rich_profile() -> Profile {
-    let categories: BTreeMap<String, u64> = [
-        ("activation".to_string(), 3 << 20),
-        ("gradient".to_string(), 1 << 20),
+    let categories: BTreeMap<Category, u64> = [
+        (Category::Activation, 3 << 20),
+        (Category::Gradient, 1 << 20),
     ]
     .into();
     Profile {
@@ -62,7 +63,7 @@ fn rich_profile() -> Profile {
             op: Some("matmul".into()),
             shape: Some(vec![32, 1024]),
             dtype: Some("f32".into()),
-            category: highwater::Category::Activation,
+            category: Category::Activation,
             device: "cuda:0".into(),
             bytes: 3 << 20,
             count: 2,
@@ -136,7 +137,12 @@ fn rich_profile() -> Profile {
                 dropped_other: 0,
             }],
         },
-        warnings: vec!["2 events were dropped".into()],
+        warnings: vec![
+            Warning::DroppedEvents { events: 2 },
+            Warning::Note {
+                text: "a sentence from an older profile".into(),
+            },
+        ],
         span_events: vec![SpanEvent {
             thread: 0,
             name: "forward".into(),
@@ -287,7 +293,7 @@ proptest! {
     fn random_documents_never_panic(value in json_value(), schema in any::<bool>()) {
         let mut value = value;
         if let (true, Value::Object(map)) = (schema, &mut value) {
-            map.insert("schema".into(), Value::from(highwater::SCHEMA));
+            map.insert("schema".into(), Value::from(highwater::profile::SCHEMA));
         }
         parses_or_errs(&serde_json::to_vec(&value).unwrap());
     }
@@ -357,10 +363,11 @@ fn a_file_over_the_size_limit_is_refused_before_it_is_read() {
     let path = dir.path().join("sparse.json");
     let file = std::fs::File::create(&path).unwrap();
     // Sparse: no disk space is used, and `load` must not read it.
-    file.set_len(highwater::MAX_PROFILE_BYTES + 1).unwrap();
+    file.set_len(highwater::profile::MAX_PROFILE_BYTES + 1)
+        .unwrap();
     match Profile::load(&path) {
         Err(ProfileError::TooLarge { size, .. }) => {
-            assert_eq!(size, highwater::MAX_PROFILE_BYTES + 1)
+            assert_eq!(size, highwater::profile::MAX_PROFILE_BYTES + 1)
         }
         other => panic!("expected TooLarge, got {other:?}"),
     }

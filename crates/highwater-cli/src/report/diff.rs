@@ -4,7 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use highwater::{Profile, SpanMetrics};
+use highwater::profile::SpanMetrics;
+use highwater::{Category, Profile};
 
 /// The difference `after - before` as an `i64`, saturating at the ends of its range.
 fn signed_delta(before: u64, after: u64) -> i64 {
@@ -37,8 +38,8 @@ impl Delta {
 /// How live-at-peak bytes of one category changed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CategoryDelta {
-    /// Lower-case category name.
-    pub category: String,
+    /// The category (written as its lower-case name).
+    pub category: Category,
     /// Bytes of the category live at each profile's peak.
     pub bytes: Delta,
 }
@@ -97,27 +98,28 @@ pub struct ProfileDiff {
 /// by path; a span in only one profile compares with zeros and says which side it is on. When a
 /// damaged profile repeats a path, its first node counts.
 pub fn diff(before: &Profile, after: &Profile) -> ProfileDiff {
-    let names: BTreeSet<&String> = before
+    let names: BTreeSet<Category> = before
         .summary
         .peak_by_category
         .keys()
         .chain(after.summary.peak_by_category.keys())
+        .copied()
         .collect();
     let mut categories: Vec<CategoryDelta> = names
         .into_iter()
         .map(|name| CategoryDelta {
-            category: name.clone(),
+            category: name,
             bytes: Delta::new(
                 before
                     .summary
                     .peak_by_category
-                    .get(name)
+                    .get(&name)
                     .copied()
                     .unwrap_or(0),
                 after
                     .summary
                     .peak_by_category
-                    .get(name)
+                    .get(&name)
                     .copied()
                     .unwrap_or(0),
             ),
@@ -128,7 +130,7 @@ pub fn diff(before: &Profile, after: &Profile) -> ProfileDiff {
             .delta
             .unsigned_abs()
             .cmp(&a.bytes.delta.unsigned_abs())
-            .then_with(|| a.category.cmp(&b.category))
+            .then_with(|| a.category.as_str().cmp(b.category.as_str()))
     });
 
     let by_path = |spans: &[SpanMetrics]| {
@@ -205,8 +207,8 @@ mod tests {
     fn spans_are_matched_by_path_and_sorted_by_largest_change() {
         let mut a = Profile::empty();
         a.summary.peak_bytes = 100;
-        a.summary.peak_by_category.insert("activation".into(), 60);
-        a.summary.peak_by_category.insert("parameter".into(), 40);
+        a.summary.peak_by_category.insert(Category::Activation, 60);
+        a.summary.peak_by_category.insert(Category::Parameter, 40);
         a.spans = vec![
             span("step", 100, 0, 500),
             span("step/forward", 80, 10, 300),
@@ -214,8 +216,8 @@ mod tests {
         ];
         let mut b = a.clone();
         b.summary.peak_bytes = 70;
-        b.summary.peak_by_category.insert("activation".into(), 30);
-        b.summary.peak_by_category.insert("gradient".into(), 5);
+        b.summary.peak_by_category.insert(Category::Activation, 30);
+        b.summary.peak_by_category.insert(Category::Gradient, 5);
         b.spans = vec![
             span("step", 100, 0, 500),
             span("step/forward", 50, 10, 300),
