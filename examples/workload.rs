@@ -91,6 +91,7 @@ fn main() -> Result<()> {
             "dropped_events": summary.dropped_events,
             "events": summary.event_count,
             "ring_events": profile.capture.ring_events,
+            "capture_mode": profile.capture.mode,
             "workload": figures,
         })
     );
