@@ -57,6 +57,7 @@ mod capture;
 #[cfg(not(loom))]
 pub mod device;
 pub mod export;
+mod fileio;
 mod model;
 mod profile;
 pub mod report;
@@ -69,6 +70,8 @@ pub mod alloc_log;
 pub mod candle;
 #[cfg(not(loom))]
 mod collector;
+#[cfg(not(loom))]
+mod config;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]

@@ -6,10 +6,12 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::fileio::{self, ReadError};
 
 use crate::model::{Category, Step};
 
@@ -341,7 +343,7 @@ pub enum ProfileError {
         path: PathBuf,
     },
     /// The file is larger than any profile highwater writes.
-    #[error("profile {path} is {size} bytes, more than the {limit}-byte limit for a profile")]
+    #[error("profile {path} is {size} bytes or more, over the {limit}-byte limit for a profile")]
     TooLarge {
         /// The file.
         path: PathBuf,
@@ -400,15 +402,17 @@ impl Profile {
             path: path.to_path_buf(),
             source,
         };
-        let size = fs::metadata(path).map_err(read_error)?.len();
-        if size > MAX_PROFILE_BYTES {
-            return Err(ProfileError::TooLarge {
-                path: path.to_path_buf(),
-                size,
-                limit: MAX_PROFILE_BYTES,
-            });
-        }
-        let bytes = fs::read(path).map_err(read_error)?;
+        let bytes = match fileio::read_bounded(path, MAX_PROFILE_BYTES) {
+            Ok(bytes) => bytes,
+            Err(ReadError::Io(source)) => return Err(read_error(source)),
+            Err(ReadError::TooLarge { read }) => {
+                return Err(ProfileError::TooLarge {
+                    path: path.to_path_buf(),
+                    size: fs::metadata(path).map_or(read, |meta| meta.len().max(read)),
+                    limit: MAX_PROFILE_BYTES,
+                })
+            }
+        };
         Profile::from_json_bytes(&bytes, path)
     }
 
@@ -464,34 +468,14 @@ impl Profile {
     }
 }
 
-/// Writes `contents` to `path` through a temporary sibling and a rename, so readers never see a
-/// half-written file. Shared by every output writer.
+/// Writes `contents` to `path`: a regular file is replaced atomically (readers never see a
+/// half-written file), a device, FIFO or `/dev/stdout` is written through, a symlink's target is
+/// written (see [`crate::fileio`]). Shared by every output writer.
 pub(crate) fn write_atomically(path: &Path, contents: &[u8]) -> Result<(), ProfileError> {
-    let write_error = |source| ProfileError::Write {
+    fileio::write_file(path, contents).map_err(|source| ProfileError::Write {
         path: path.to_path_buf(),
         source,
-    };
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&dir).map_err(write_error)?;
-    let file_name = path
-        .file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "profile".to_string());
-    let temp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut file = fs::File::create(&temp)?;
-        file.write_all(contents)?;
-        file.sync_all()?;
-        fs::rename(&temp, path)
-    })();
-    if let Err(source) = result {
-        let _ = fs::remove_file(&temp);
-        return Err(write_error(source));
-    }
-    Ok(())
+    })
 }
 
 #[cfg(test)]

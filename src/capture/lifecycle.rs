@@ -76,6 +76,8 @@ pub(crate) fn install() {
     {
         // SAFETY: getpid has no preconditions.
         OWNER_PID.store(unsafe { libc::getpid() } as u64, Ordering::Relaxed);
+        // A forked child that starts its own session owns the rings from now on.
+        FORKED_CHILD.store(false, Ordering::Relaxed);
         static ONCE: std::sync::Once = std::sync::Once::new();
         ONCE.call_once(|| {
             let mut key: libc::pthread_key_t = 0;
