@@ -388,6 +388,12 @@ impl Drop for Session {
     }
 }
 
+/// The generation of the session recording now (`0`: none), for hooks that must not carry
+/// state from one session into the next.
+pub(crate) fn current_generation() -> u64 {
+    CURRENT.load(Ordering::Relaxed)
+}
+
 /// This process's id.
 fn this_pid() -> libc::pid_t {
     // SAFETY: getpid has no preconditions.
@@ -521,7 +527,7 @@ fn finish_running(running: Running) -> Result<Profile, Error> {
     match written {
         Ok(()) => Ok(profile),
         Err(source) => {
-            let fallback = write_fallback(&profile);
+            let fallback = write_fallback(&profile, running.generation);
             Err(Error::Write {
                 source,
                 profile: Box::new(profile),
@@ -542,12 +548,14 @@ fn write_outputs(profile: &Profile, output: &Path, with_html: bool) -> Result<()
 
 /// Writes a copy of a profile whose output failed into the temporary directory; its path, if
 /// that worked.
-fn write_fallback(profile: &Profile) -> Option<PathBuf> {
+fn write_fallback(profile: &Profile, generation: u64) -> Option<PathBuf> {
     let stamp = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_millis());
-    let path =
-        std::env::temp_dir().join(format!("highwater-profile-{}-{stamp}.json", this_pid()));
+    let path = std::env::temp_dir().join(format!(
+        "highwater-profile-{}-{stamp}-{generation}.json",
+        this_pid()
+    ));
     profile.write(&path).ok().map(|()| path)
 }
 
