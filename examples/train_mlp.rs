@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use candle_core::{DType, Device};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
-use highwater::report::{format_bytes, format_bytes_delta, format_shape};
+use highwater::units::{format_bytes, format_bytes_delta, format_shape};
 use highwater::{Category, PeakRow, Profile, Session, Step};
 
 #[path = "support/mlp.rs"]

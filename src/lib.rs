@@ -27,8 +27,9 @@
 //! - [`profile!`](crate::profile!) / [`SpanGuard`]: spans, optionally a [`Step`] or a
 //!   [`Category`].
 //! - [`ops`]: op and tensor hooks (ops, device tensors, categories).
-//! - [`Profile`]: the document written at the end; [`export`] renders it (Chrome trace, HTML,
-//!   PyTorch snapshot) and the `highwater` binary reads it.
+//! - [`Profile`]: the document written at the end ([`profile`](mod@profile) holds its parts); [`export`]
+//!   renders it (Chrome trace, HTML, PyTorch snapshot), [`units`] formats its figures, and the
+//!   `highwater` command (package `highwater-cli`) reads it.
 //! - [`analysis::Timeline`]: the pure analysis every figure comes from.
 //! - [`device`]: device memory pools with admission control and what-if replay.
 //!
@@ -59,8 +60,8 @@ pub mod device;
 pub mod export;
 mod fileio;
 mod model;
-mod profile;
-pub mod report;
+pub mod profile;
+pub mod units;
 
 #[cfg(not(loom))]
 mod alloc;

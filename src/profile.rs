@@ -15,6 +15,10 @@ use crate::fileio::{self, ReadError};
 
 use crate::model::{Category, Step};
 
+mod tree;
+
+pub use tree::{span_tree, TreeRow};
+
 /// The value of [`Profile::schema`] this version writes and reads.
 pub const SCHEMA: &str = "highwater/1";
 

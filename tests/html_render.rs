@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use highwater::export::html;
 use highwater::export::sample::{sample_profile, sample_profile_with_drops};
-use highwater::report::format_bytes;
+use highwater::units::format_bytes;
 use highwater::Profile;
 
 /// The browser to drive, or `None` when browser tests are explicitly skipped.

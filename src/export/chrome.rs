@@ -23,7 +23,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::profile::write_atomically;
-use crate::report::format_bytes;
+use crate::units::format_bytes;
 use crate::{Profile, ProfileError, TimelinePoint};
 
 /// Process id of the profiled program's threads.
@@ -310,7 +310,7 @@ pub fn render(profile: &Profile) -> String {
     }
 
     let mut warnings = Vec::new();
-    if let Some(warning) = crate::report::dropped_events_warning(summary) {
+    if let Some(warning) = super::dropped_events_warning(summary) {
         warnings.push(warning);
     }
     if profile.span_events.is_empty() && !profile.spans.is_empty() {

@@ -21,6 +21,16 @@ mod pickle;
 pub mod sample;
 pub mod torch;
 
+/// The warning every view shows when the profile lost events, or `None` when it lost none.
+pub fn dropped_events_warning(summary: &crate::Summary) -> Option<String> {
+    (summary.dropped_events > 0).then(|| {
+        format!(
+            "{} events were dropped while recording; every figure is a lower bound",
+            summary.dropped_events
+        )
+    })
+}
+
 /// `profile`'s path with its `.json` extension (if any) replaced by `extension`: where an
 /// output is written beside the profile it was made from.
 fn beside(profile: &Path, extension: &str) -> PathBuf {

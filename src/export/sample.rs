@@ -304,7 +304,7 @@ pub fn sample_profile() -> Profile {
         warnings: vec![format!(
             "live bytes after `step` grew in each of the last 7 iterations, by {} per iteration \
              on average: a leak?",
-            crate::report::format_bytes(LEAK_PER_ITERATION)
+            crate::units::format_bytes(LEAK_PER_ITERATION)
         )],
         span_events,
     }

@@ -24,10 +24,11 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use super::dropped_events_warning;
+use crate::profile::span_tree;
 use crate::profile::write_atomically;
-use crate::report::{
-    dropped_events_warning, format_bytes, format_bytes_delta, format_count, format_duration_ns,
-    format_shape, span_tree,
+use crate::units::{
+    format_bytes, format_bytes_delta, format_count, format_duration_ns, format_shape,
 };
 use crate::{Category, Profile, ProfileError, TimelinePoint};
 

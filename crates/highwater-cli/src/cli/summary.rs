@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use highwater::report::{summary_json, summary_text};
+use crate::report::{summary_json, summary_text};
 
 /// Prints the summary of the profile at `path`.
 pub(crate) fn run(path: &Path, json: bool) -> anyhow::Result<()> {

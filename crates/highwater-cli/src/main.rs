@@ -9,8 +9,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-#[path = "../cli/mod.rs"]
 mod cli;
+mod report;
 
 /// The error and its causes on one line, each cause once (a cause whose text the message
 /// already quotes is not repeated) and control characters blanked.

@@ -6,9 +6,10 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::diff::{Delta, ProfileDiff};
-use super::tree::span_tree;
-use super::units::{format_bytes, format_bytes_delta, format_duration_ns};
-use crate::{DeviceStats, PeakRow, Profile, RunMeta, SpanMetrics, Summary};
+use highwater::export::dropped_events_warning;
+use highwater::profile::span_tree;
+use highwater::units::{format_bytes, format_bytes_delta, format_duration_ns, format_shape};
+use highwater::{DeviceStats, PeakRow, Profile, RunMeta, SpanMetrics, Summary};
 
 /// Replaces control characters (newlines, escape sequences) in profile strings, which are user
 /// data, so they cannot move the cursor or forge lines in a terminal.
@@ -21,27 +22,6 @@ pub fn clean(text: &str) -> Cow<'_, str> {
         )
     } else {
         Cow::Borrowed(text)
-    }
-}
-
-/// The warning every view shows when the profile lost events, or `None` when it lost none.
-pub fn dropped_events_warning(summary: &Summary) -> Option<String> {
-    (summary.dropped_events > 0).then(|| {
-        format!(
-            "{} events were dropped while recording; every figure is a lower bound",
-            summary.dropped_events
-        )
-    })
-}
-
-/// A shape as `[2, 3, 4]`, or `-` when unknown.
-pub fn format_shape(shape: Option<&[u64]>) -> String {
-    match shape {
-        Some(dims) => {
-            let dims: Vec<String> = dims.iter().map(u64::to_string).collect();
-            format!("[{}]", dims.join(", "))
-        }
-        None => "-".to_string(),
     }
 }
 
@@ -413,7 +393,7 @@ pub fn summary_json(profile: &Profile) -> SummaryJson<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::sample::{sample_profile, sample_profile_with_drops};
+    use highwater::export::sample::{sample_profile, sample_profile_with_drops};
 
     #[test]
     fn summary_names_peak_device_and_categories() {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use highwater::export::sample::{sample_profile, sample_profile_with_drops};
-use highwater::report::format_bytes;
+use highwater::units::format_bytes;
 use highwater::Profile;
 use serde_json::Value;
 

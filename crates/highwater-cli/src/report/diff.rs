@@ -4,8 +4,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::units::signed_delta;
-use crate::{Profile, SpanMetrics};
+use highwater::{Profile, SpanMetrics};
+
+/// The difference `after - before` as an `i64`, saturating at the ends of its range.
+fn signed_delta(before: u64, after: u64) -> i64 {
+    let delta = i128::from(after) - i128::from(before);
+    delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+}
 
 /// A figure in the two profiles and its change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

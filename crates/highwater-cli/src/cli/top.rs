@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use highwater::report::{top_rows, top_text};
+use crate::report::{top_rows, top_text};
 use highwater::PeakRow;
 use serde::Serialize;
 

@@ -5,7 +5,7 @@
 //! own ancestor, chains deeper than any stack), so the walk here is iterative, visits every node
 //! exactly once and treats a node whose parent cannot be followed as a root.
 
-use crate::SpanMetrics;
+use super::SpanMetrics;
 
 /// One node of the span tree in display order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,4 +1,8 @@
-//! Human units: bytes in binary multiples (KiB, MiB, GiB) and durations.
+//! Human units: bytes in binary multiples (KiB, MiB, GiB), durations, counts and shapes.
+//!
+//! The one formatter every output uses (the HTML report, the Chrome trace's labels, the
+//! `highwater` command, the examples), so a figure reads the same wherever it is shown. Sizes
+//! are always binary: powers of 1024, named as such.
 
 /// Binary unit names, each 1024 times the one before.
 const BYTE_UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
@@ -12,7 +16,7 @@ const BYTE_UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
 /// # Examples
 ///
 /// ```
-/// use highwater::report::format_bytes;
+/// use highwater::units::format_bytes;
 /// assert_eq!(format_bytes(512), "512 B");
 /// assert_eq!(format_bytes(1536), "1.5 KiB");
 /// assert_eq!(format_bytes(3 << 30), "3.0 GiB");
@@ -40,7 +44,7 @@ pub fn format_bytes(bytes: u64) -> String {
 /// # Examples
 ///
 /// ```
-/// use highwater::report::format_bytes_delta;
+/// use highwater::units::format_bytes_delta;
 /// assert_eq!(format_bytes_delta(-2048), "-2.0 KiB");
 /// assert_eq!(format_bytes_delta(0), "0 B");
 /// ```
@@ -57,7 +61,7 @@ pub fn format_bytes_delta(delta: i64) -> String {
 /// # Examples
 ///
 /// ```
-/// use highwater::report::format_duration_ns;
+/// use highwater::units::format_duration_ns;
 /// assert_eq!(format_duration_ns(1_500_000), "1.5 ms");
 /// ```
 pub fn format_duration_ns(ns: u64) -> String {
@@ -79,7 +83,7 @@ pub fn format_duration_ns(ns: u64) -> String {
 /// # Examples
 ///
 /// ```
-/// assert_eq!(highwater::report::format_count(1234567), "1,234,567");
+/// assert_eq!(highwater::units::format_count(1234567), "1,234,567");
 /// ```
 pub fn format_count(count: u64) -> String {
     let digits = count.to_string();
@@ -93,10 +97,23 @@ pub fn format_count(count: u64) -> String {
     out
 }
 
-/// The difference `after - before` as an `i64`, saturating at the ends of its range.
-pub fn signed_delta(before: u64, after: u64) -> i64 {
-    let delta = i128::from(after) - i128::from(before);
-    delta.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+/// A shape as `[2, 3, 4]`, or `-` when unknown.
+///
+/// # Examples
+///
+/// ```
+/// use highwater::units::format_shape;
+/// assert_eq!(format_shape(Some(&[128, 512])), "[128, 512]");
+/// assert_eq!(format_shape(None), "-");
+/// ```
+pub fn format_shape(shape: Option<&[u64]>) -> String {
+    match shape {
+        Some(dims) => {
+            let dims: Vec<String> = dims.iter().map(u64::to_string).collect();
+            format!("[{}]", dims.join(", "))
+        }
+        None => "-".to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -135,8 +152,6 @@ mod tests {
         assert_eq!(format_bytes_delta(1536), "+1.5 KiB");
         assert_eq!(format_bytes_delta(-512), "-512 B");
         assert_eq!(format_bytes_delta(i64::MIN), "-8.0 EiB");
-        assert_eq!(signed_delta(u64::MAX, 0), i64::MIN);
-        assert_eq!(signed_delta(5, 3), -2);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use highwater::report::{span_rows, spans_text};
+use crate::report::{span_rows, spans_text};
 
 /// Prints the span tree of the profile at `path`.
 pub(crate) fn run(path: &Path, json: bool) -> anyhow::Result<()> {

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use highwater::report::{diff, diff_text};
+use crate::report::{diff, diff_text};
 
 /// Prints how the profile at `after` differs from the baseline at `before`.
 pub(crate) fn run(before: &Path, after: &Path, limit: usize, json: bool) -> anyhow::Result<()> {

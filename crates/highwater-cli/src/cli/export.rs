@@ -4,7 +4,7 @@ use std::path::Path;
 
 use highwater::alloc_log::AllocLog;
 use highwater::export::{chrome, html, torch};
-use highwater::report::format_bytes;
+use highwater::units::format_bytes;
 
 use super::args::Format;
 

@@ -6,7 +6,7 @@ use highwater::alloc_log::AllocLog;
 use highwater::device::{
     compare_strategies, simulate, DeviceKind, SimComparison, SimReport, Strategy,
 };
-use highwater::report::{format_bytes, format_duration_ns};
+use highwater::units::{format_bytes, format_duration_ns};
 use highwater::Profile;
 use serde_json::json;
 
