@@ -406,16 +406,24 @@ impl Profile {
             path: path.to_path_buf(),
             source,
         };
+        // A regular file says its size: refuse an oversized one before reading it. Anything
+        // else (a FIFO, `/dev/zero`) is bounded by the bytes actually read.
+        let too_large = |size| ProfileError::TooLarge {
+            path: path.to_path_buf(),
+            size,
+            limit: MAX_PROFILE_BYTES,
+        };
+        match fs::metadata(path) {
+            Ok(meta) if meta.is_file() && meta.len() > MAX_PROFILE_BYTES => {
+                return Err(too_large(meta.len()))
+            }
+            Ok(_) => {}
+            Err(source) => return Err(read_error(source)),
+        }
         let bytes = match fileio::read_bounded(path, MAX_PROFILE_BYTES) {
             Ok(bytes) => bytes,
             Err(ReadError::Io(source)) => return Err(read_error(source)),
-            Err(ReadError::TooLarge { read }) => {
-                return Err(ProfileError::TooLarge {
-                    path: path.to_path_buf(),
-                    size: fs::metadata(path).map_or(read, |meta| meta.len().max(read)),
-                    limit: MAX_PROFILE_BYTES,
-                })
-            }
+            Err(ReadError::TooLarge { read }) => return Err(too_large(read)),
         };
         Profile::from_json_bytes(&bytes, path)
     }
