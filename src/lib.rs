@@ -94,7 +94,8 @@ pub use model::{Category, SpanLabel, Step};
 pub use profile::{
     CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile,
     ProfileError, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint,
-    MAX_ITERATIONS, MAX_PROFILE_BYTES, MAX_SPAN_EVENTS, SCHEMA,
+    FOLDED_SPANS, MAX_ITERATIONS, MAX_PROFILE_BYTES, MAX_SPAN_DEPTH, MAX_SPAN_EVENTS,
+    MAX_SPAN_NODES, SCHEMA,
 };
 #[cfg(not(loom))]
 pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};

@@ -138,11 +138,10 @@ fn diff_reports_what_grew_and_what_shrank() {
         .peak_by_category
         .get_mut("activation")
         .unwrap() += 512 << 20;
-    let forward = bigger
-        .spans
-        .iter_mut()
-        .find(|s| s.path == "step/forward")
+    let forward_id = (0..bigger.spans.len() as u32)
+        .find(|&id| bigger.span_path(id) == "step/forward")
         .unwrap();
+    let forward = &mut bigger.spans[forward_id as usize];
     forward.peak_bytes += 512 << 20;
     let after = write_profile(dir.path(), "after.json", &bigger);
     let after = after.to_str().unwrap();

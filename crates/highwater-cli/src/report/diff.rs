@@ -4,7 +4,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use highwater::{Profile, SpanMetrics};
+use highwater::Profile;
+#[cfg(test)]
+use highwater::SpanMetrics;
 
 /// The difference `after - before` as an `i64`, saturating at the ends of its range.
 fn signed_delta(before: u64, after: u64) -> i64 {
@@ -131,10 +133,10 @@ pub fn diff(before: &Profile, after: &Profile) -> ProfileDiff {
             .then_with(|| a.category.cmp(&b.category))
     });
 
-    let by_path = |spans: &[SpanMetrics]| {
+    let by_path = |profile: &Profile| {
         let mut map: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
-        for span in spans {
-            map.entry(span.path.clone()).or_insert((
+        for (span, path) in profile.spans.iter().zip(profile.span_paths()) {
+            map.entry(path).or_insert((
                 span.peak_bytes,
                 span.residual_bytes,
                 span.bytes_allocated,
@@ -142,8 +144,8 @@ pub fn diff(before: &Profile, after: &Profile) -> ProfileDiff {
         }
         map
     };
-    let old = by_path(&before.spans);
-    let new = by_path(&after.spans);
+    let old = by_path(before);
+    let new = by_path(after);
     let paths: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
     let mut spans: Vec<SpanDelta> = paths
         .into_iter()
@@ -190,10 +192,12 @@ pub fn diff(before: &Profile, after: &Profile) -> ProfileDiff {
 mod tests {
     use super::*;
 
-    fn span(path: &str, peak: u64, residual: u64, allocated: u64) -> SpanMetrics {
+    /// Span node `id` at `path`; its parent is node 0 unless it is top level.
+    fn span(id: u32, path: &str, peak: u64, residual: u64, allocated: u64) -> SpanMetrics {
         SpanMetrics {
+            id,
+            parent: path.contains('/').then_some(0),
             name: path.rsplit('/').next().unwrap_or(path).to_string(),
-            path: path.to_string(),
             peak_bytes: peak,
             residual_bytes: residual,
             bytes_allocated: allocated,
@@ -208,18 +212,18 @@ mod tests {
         a.summary.peak_by_category.insert("activation".into(), 60);
         a.summary.peak_by_category.insert("parameter".into(), 40);
         a.spans = vec![
-            span("step", 100, 0, 500),
-            span("step/forward", 80, 10, 300),
-            span("step/gone", 5, 0, 5),
+            span(0, "step", 100, 0, 500),
+            span(1, "step/forward", 80, 10, 300),
+            span(2, "step/gone", 5, 0, 5),
         ];
         let mut b = a.clone();
         b.summary.peak_bytes = 70;
         b.summary.peak_by_category.insert("activation".into(), 30);
         b.summary.peak_by_category.insert("gradient".into(), 5);
         b.spans = vec![
-            span("step", 100, 0, 500),
-            span("step/forward", 50, 10, 300),
-            span("step/new", 0, 7, 7),
+            span(0, "step", 100, 0, 500),
+            span(1, "step/forward", 50, 10, 300),
+            span(2, "step/new", 0, 7, 7),
         ];
         let d = diff(&a, &b);
         assert_eq!(d.peak_bytes.delta, -30);
@@ -241,7 +245,7 @@ mod tests {
     #[test]
     fn identical_profiles_have_no_span_changes() {
         let mut a = Profile::empty();
-        a.spans = vec![span("step", 1, 2, 3)];
+        a.spans = vec![span(0, "step", 1, 2, 3)];
         let d = diff(&a, &a);
         assert!(d.spans.is_empty());
         assert_eq!(d.peak_bytes.delta, 0);
