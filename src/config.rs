@@ -30,7 +30,6 @@ use crate::error::Error;
 /// Where the profile goes when neither the builder nor `HIGHWATER_OUT` says.
 pub const DEFAULT_OUTPUT: &str = "highwater-profile.json";
 
-
 /// What the code chose on the builder; `None` where it said nothing.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct Requested {
@@ -79,8 +78,15 @@ impl Settings {
             write: requested.write.unwrap_or(true),
             signals: pick(&env.signals, &requested.signals, false),
             html: pick(&env.html, &requested.html, false),
-            alloc_log: env.alloc_log.clone().or_else(|| requested.alloc_log.clone()),
-            ring_events: pick(&env.ring_events, &requested.ring_events, DEFAULT_RING_EVENTS),
+            alloc_log: env
+                .alloc_log
+                .clone()
+                .or_else(|| requested.alloc_log.clone()),
+            ring_events: pick(
+                &env.ring_events,
+                &requested.ring_events,
+                DEFAULT_RING_EVENTS,
+            ),
             force_monotonic: env.force_monotonic.unwrap_or(false),
         }
     }

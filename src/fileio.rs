@@ -68,8 +68,8 @@ fn leads_to_open_file(path: &Path) -> bool {
         let first = parts.next().map(|c| c.as_os_str().to_owned());
         let second = parts.next().map(|c| c.as_os_str().to_owned());
         let third = parts.next().map(|c| c.as_os_str().to_owned());
-        let through_proc = first.as_deref() == Some("proc".as_ref())
-            && third.as_deref() == Some("fd".as_ref());
+        let through_proc =
+            first.as_deref() == Some("proc".as_ref()) && third.as_deref() == Some("fd".as_ref());
         let through_dev_fd =
             first.as_deref() == Some("dev".as_ref()) && second.as_deref() == Some("fd".as_ref());
         if through_proc || through_dev_fd {
@@ -206,7 +206,10 @@ mod tests {
         let link = dir.path().join("link.json");
         std::os::unix::fs::symlink(&target, &link).unwrap();
         write_file(&link, b"new").unwrap();
-        assert!(fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert!(fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
         assert_eq!(fs::read_to_string(&target).unwrap(), "new");
         let names = fs::read_dir(dir.path()).unwrap().count();
         assert_eq!(names, 2, "no temporary file left");

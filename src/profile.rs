@@ -538,7 +538,8 @@ impl Profile {
     pub fn check_invariants(&self) -> Result<(), String> {
         let peak = self.summary.peak_bytes;
         let sum = |map: &BTreeMap<String, u64>| {
-            map.values().fold(0u128, |total, bytes| total + u128::from(*bytes))
+            map.values()
+                .fold(0u128, |total, bytes| total + u128::from(*bytes))
         };
         if sum(&self.summary.peak_by_category) > u128::from(peak) {
             return Err(format!(

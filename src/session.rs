@@ -215,7 +215,10 @@ impl SessionBuilder {
         }
         install_process_handlers();
         let mut active = ACTIVE.lock();
-        if active.as_ref().is_some_and(|running| running.pid != this_pid()) {
+        if active
+            .as_ref()
+            .is_some_and(|running| running.pid != this_pid())
+        {
             // Inherited through fork: its collector thread stayed in the parent. Forget it
             // without touching its channel or thread handle, which belong to the parent.
             std::mem::forget(active.take());
@@ -316,7 +319,9 @@ impl Session {
 
     /// Whether this session records (false when `HIGHWATER=off`, and in a forked child).
     pub fn is_recording(&self) -> bool {
-        self.recording && self.pid == this_pid() && CURRENT.load(Ordering::SeqCst) == self.generation
+        self.recording
+            && self.pid == this_pid()
+            && CURRENT.load(Ordering::SeqCst) == self.generation
     }
 
     /// Why this value may not act on the running session, if it may not.
@@ -373,8 +378,7 @@ impl Session {
         if let Some(error) = self.not_mine() {
             return Err(error);
         }
-        capture::paused(|| finish_active(Some(self.generation)))
-            .unwrap_or(Err(Error::Ended))
+        capture::paused(|| finish_active(Some(self.generation))).unwrap_or(Err(Error::Ended))
     }
 }
 
@@ -538,7 +542,11 @@ fn finish_running(running: Running) -> Result<Profile, Error> {
 }
 
 /// Writes the profile and, when asked, the HTML report beside it.
-fn write_outputs(profile: &Profile, output: &Path, with_html: bool) -> Result<(), crate::ProfileError> {
+fn write_outputs(
+    profile: &Profile,
+    output: &Path,
+    with_html: bool,
+) -> Result<(), crate::ProfileError> {
     profile.write(output)?;
     if with_html {
         html::write(profile, html::path_beside(output))?;
@@ -567,7 +575,9 @@ fn check_output(path: &Path) -> Result<(), String> {
         return Err("the output path is empty".into());
     }
     if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
-        return Err(format!("{shown} ends with `/`: it names a directory, not a file"));
+        return Err(format!(
+            "{shown} ends with `/`: it names a directory, not a file"
+        ));
     }
     if path.is_dir() {
         return Err(format!("{shown} is a directory"));
@@ -669,9 +679,11 @@ extern "C" fn finish_at_exit() {
                 ));
             };
             let Some(mut active) = ACTIVE.try_lock_for(EXIT_WAIT) else {
-                return Err("the process exited while the session was busy; the profile was \
+                return Err(
+                    "the process exited while the session was busy; the profile was \
                             not written"
-                    .into());
+                        .into(),
+                );
             };
             let running = match active.take() {
                 Some(running) if running.pid == this_pid() => running,
@@ -683,7 +695,9 @@ extern "C" fn finish_at_exit() {
                 None => return Ok(()),
             };
             drop(active);
-            finish_running(running).map(drop).map_err(|error| error.to_string())
+            finish_running(running)
+                .map(drop)
+                .map_err(|error| error.to_string())
         })
     });
     match result {

@@ -229,7 +229,11 @@ fn watch(read_end: libc::c_int) {
 
 /// The handler: async-signal-safe only (atomics, `getpid`, `write`, `sigaction`, `raise`, and
 /// the program's own handler, which was written to run here).
-extern "C" fn on_signal(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
+extern "C" fn on_signal(
+    signal: libc::c_int,
+    info: *mut libc::siginfo_t,
+    context: *mut libc::c_void,
+) {
     // SAFETY: `__errno_location` returns this thread's errno, always valid.
     let errno = unsafe { *libc::__errno_location() };
     let index = SIGNALS.iter().position(|&s| s == signal).unwrap_or(0);

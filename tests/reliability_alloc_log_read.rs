@@ -17,7 +17,11 @@ fn valid_log(records: u64) -> Vec<u8> {
         bytes.extend_from_slice(name.as_bytes());
     }
     for i in 0..records {
-        let (tag, key) = if i % 2 == 0 { (0x10 + 0x10 * (i % 5) as u8, i) } else { (1, i - 1) };
+        let (tag, key) = if i % 2 == 0 {
+            (0x10 + 0x10 * (i % 5) as u8, i)
+        } else {
+            (1, i - 1)
+        };
         bytes.push(tag);
         bytes.extend_from_slice(&((i % 2) as u16).to_le_bytes());
         bytes.extend_from_slice(&(i * 10).to_le_bytes());

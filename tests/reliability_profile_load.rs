@@ -381,11 +381,14 @@ fn a_file_over_the_size_limit_is_refused_before_it_is_read() {
 /// names the file and the rule (categories adding up to 300 % of the peak used to be shown).
 #[test]
 fn inconsistent_profiles_are_refused_naming_the_rule() {
-    let cases: Vec<(&str, Box<dyn Fn(&mut Profile)>)> = vec![
+    type Break = Box<dyn Fn(&mut Profile)>;
+    let cases: Vec<(&str, Break)> = vec![
         (
             "peak_by_category adds up",
             Box::new(|p| {
-                p.summary.peak_by_category.insert("optimizer".into(), 8 << 20);
+                p.summary
+                    .peak_by_category
+                    .insert("optimizer".into(), 8 << 20);
             }),
         ),
         (
@@ -405,7 +408,10 @@ fn inconsistent_profiles_are_refused_naming_the_rule() {
             "parents come before their children",
             Box::new(|p| p.spans[0].parent = Some(1)),
         ),
-        ("span_events[0] names span", Box::new(|p| p.span_events[0].span = 9)),
+        (
+            "span_events[0] names span",
+            Box::new(|p| p.span_events[0].span = 9),
+        ),
         (
             "iterations are out of order",
             Box::new(|p| {
@@ -420,8 +426,14 @@ fn inconsistent_profiles_are_refused_naming_the_rule() {
         let error = Profile::from_json_bytes(profile.to_json().as_bytes(), Path::new("bad.json"))
             .expect_err(rule);
         let message = error.to_string();
-        assert!(matches!(error, ProfileError::Inconsistent { .. }), "{message}");
-        assert!(message.contains("bad.json") && message.contains(rule), "{rule}: {message}");
+        assert!(
+            matches!(error, ProfileError::Inconsistent { .. }),
+            "{message}"
+        );
+        assert!(
+            message.contains("bad.json") && message.contains(rule),
+            "{rule}: {message}"
+        );
     }
 }
 
@@ -434,15 +446,24 @@ fn unknown_fields_load_and_other_schemas_are_refused_naming_both() {
     document["added_by_a_newer_writer"] = Value::from(42);
     document["summary"]["new_figure"] = Value::from("x");
     document["spans"][0]["new_span_field"] = Value::Bool(true);
-    let loaded = Profile::from_json_bytes(&serde_json::to_vec(&document).unwrap(), Path::new("newer.json"))
-        .expect("extra fields of the same schema load");
+    let loaded = Profile::from_json_bytes(
+        &serde_json::to_vec(&document).unwrap(),
+        Path::new("newer.json"),
+    )
+    .expect("extra fields of the same schema load");
     assert_eq!(loaded, rich_profile());
     for other in ["highwater/1", "highwater/3"] {
         document["schema"] = Value::from(other);
-        let message = Profile::from_json_bytes(&serde_json::to_vec(&document).unwrap(), Path::new("other.json"))
-            .unwrap_err()
-            .to_string();
-        assert!(message.contains(other) && message.contains(highwater::SCHEMA), "{message}");
+        let message = Profile::from_json_bytes(
+            &serde_json::to_vec(&document).unwrap(),
+            Path::new("other.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            message.contains(other) && message.contains(highwater::SCHEMA),
+            "{message}"
+        );
     }
 }
 
@@ -461,6 +482,9 @@ fn endless_and_writerless_inputs_end() {
     let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
     // SAFETY: a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
-    assert!(matches!(Profile::load(&fifo), Err(ProfileError::Empty { .. })));
+    assert!(matches!(
+        Profile::load(&fifo),
+        Err(ProfileError::Empty { .. })
+    ));
     assert!(highwater::alloc_log::AllocLog::read(&fifo).is_err());
 }

@@ -99,7 +99,10 @@ fn an_output_under_a_regular_file_is_refused_at_start() {
         let path = dir.path().join("file/sub/profile.json");
         let result = Session::builder().output(&path).start();
         match &result {
-            Err(Error::Setting { setting: "output", reason }) => assert!(
+            Err(Error::Setting {
+                setting: "output",
+                reason,
+            }) => assert!(
                 reason.contains(&*path.to_string_lossy()) && reason.contains("not a directory"),
                 "the error should name the file and the cause: {reason}"
             ),
@@ -214,7 +217,10 @@ fn a_write_that_fails_midway_leaves_no_partial_file() {
             message.contains("too large") || message.contains("File too large"),
             "expected EFBIG: {message}"
         );
-        assert!(message.contains("no copy of the profile could be written"), "{message}");
+        assert!(
+            message.contains("no copy of the profile could be written"),
+            "{message}"
+        );
         // The file-size limit stops the fallback copy too.
         assert_write_error_with(result, &path, false);
         assert_eq!(
@@ -321,9 +327,17 @@ fn a_failed_write_at_drop_or_exit_is_reported_on_stderr() {
     );
     assert_eq!(names(dir.path()), vec!["file"]);
     let copies = names(fallbacks.path());
-    assert_eq!(copies.len(), 2, "one fallback copy per failed write: {copies:?}");
+    assert_eq!(
+        copies.len(),
+        2,
+        "one fallback copy per failed write: {copies:?}"
+    );
     for copy in copies {
         let profile = highwater::Profile::load(fallbacks.path().join(&copy)).unwrap();
-        assert!(profile.summary.alloc_count >= 40, "{copy}: {:?}", profile.summary);
+        assert!(
+            profile.summary.alloc_count >= 40,
+            "{copy}: {:?}",
+            profile.summary
+        );
     }
 }

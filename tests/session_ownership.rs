@@ -88,7 +88,10 @@ fn a_forked_child_s_inherited_session_is_inert_and_it_can_start_its_own() {
             assert!(session.is_recording(), "the parent's session goes on");
             let parent = session.finish().unwrap();
             assert!(parent.summary.peak_bytes >= MIB as u64);
-            assert!(parent.summary.peak_bytes < 3 * MIB as u64, "the child's bytes are not the parent's");
+            assert!(
+                parent.summary.peak_bytes < 3 * MIB as u64,
+                "the child's bytes are not the parent's"
+            );
         },
     );
 }
@@ -182,9 +185,16 @@ fn exit_during_snapshot_or_finish_still_writes_the_profile() {
                 &[("HW_OUT", path.to_str().unwrap()), ("HW_DURING", during)],
                 common::WATCHDOG,
             );
-            assert_eq!(output.status.code(), Some(7), "{during} run {run}: {output:?}");
+            assert_eq!(
+                output.status.code(),
+                Some(7),
+                "{during} run {run}: {output:?}"
+            );
             let profile = Profile::load(&path).unwrap_or_else(|error| {
-                panic!("{during} run {run}: no profile ({error}); stderr:\n{}", output.stderr)
+                panic!(
+                    "{during} run {run}: no profile ({error}); stderr:\n{}",
+                    output.stderr
+                )
             });
             assert!(profile.summary.alloc_count >= 200, "{during} run {run}");
         }
@@ -214,7 +224,12 @@ fn an_op_guard_from_an_earlier_session_does_not_end_the_current_op() {
                 .iter()
                 .find(|row| row.bytes >= 2 * MIB as u64)
                 .expect("the 2 MiB block is live at the peak");
-            assert_eq!(row.op.as_deref(), Some("current"), "{:#?}", profile.peak_breakdown);
+            assert_eq!(
+                row.op.as_deref(),
+                Some("current"),
+                "{:#?}",
+                profile.peak_breakdown
+            );
         },
     );
 }

@@ -296,7 +296,10 @@ fn handlers_chain_to_the_programs_own_and_recording_goes_on() {
                 std::thread::sleep(Duration::from_millis(5));
             };
             assert!(checkpoint.summary.alloc_count > 0);
-            assert!(session.is_recording(), "the session goes on after the signal");
+            assert!(
+                session.is_recording(),
+                "the session goes on after the signal"
+            );
             let save = {
                 let _save = highwater::profile!("checkpoint_save");
                 black_box(vec![1u8; 50 << 20])

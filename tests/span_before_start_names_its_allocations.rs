@@ -28,7 +28,11 @@ fn a_span_opened_before_the_session_names_what_runs_inside_it() {
         .iter()
         .find(|row| row.bytes >= 2 * MIB as u64)
         .unwrap_or_else(|| panic!("no 2 MiB row: {:#?}", profile.peak_breakdown));
-    assert_eq!(row.span_path, "training_loop", "{:#?}", profile.peak_breakdown);
+    assert_eq!(
+        row.span_path, "training_loop",
+        "{:#?}",
+        profile.peak_breakdown
+    );
     assert_eq!(row.category, Category::Activation);
     assert!(
         profile.spans.iter().any(|s| s.name == "training_loop"),

@@ -27,20 +27,30 @@ fn check(profile: &Profile, what: &str) {
         "{what}: {} span nodes",
         profile.spans.len()
     );
-    assert!(profile.spans.iter().any(|s| s.name == FOLDED_SPANS), "{what}");
+    assert!(
+        profile.spans.iter().any(|s| s.name == FOLDED_SPANS),
+        "{what}"
+    );
     assert!(
         profile.warnings.iter().any(|w| w.contains(FOLDED_SPANS)),
         "{what}: the folding is not said: {:?}",
         profile.warnings
     );
     let deepest = profile.span_path(profile.spans.len() as u32 - 1);
-    assert_eq!(deepest.split('/').count(), MAX_SPAN_DEPTH as usize + 1, "{what}");
+    assert_eq!(
+        deepest.split('/').count(),
+        MAX_SPAN_DEPTH as usize + 1,
+        "{what}"
+    );
     // The profile it writes loads again.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("deep.json");
     profile.write(&path).unwrap();
     assert_eq!(&Profile::load(&path).unwrap(), profile);
-    println!("FIGURES {what}: {size} bytes, {} nodes", profile.spans.len());
+    println!(
+        "FIGURES {what}: {size} bytes, {} nodes",
+        profile.spans.len()
+    );
 }
 
 #[test]

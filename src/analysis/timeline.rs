@@ -40,9 +40,8 @@ use rustc_hash::FxHashMap;
 
 use crate::model::{Category, SpanLabel, Step};
 use crate::profile::{
-    FOLDED_SPANS, MAX_SPAN_DEPTH, MAX_SPAN_NODES,
     DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile, SpanEvent,
-    SpanMetrics, Summary, TimelinePoint, SCHEMA,
+    SpanMetrics, Summary, TimelinePoint, FOLDED_SPANS, MAX_SPAN_DEPTH, MAX_SPAN_NODES, SCHEMA,
 };
 
 use super::downsample::{Downsampler, Sample};
@@ -766,7 +765,11 @@ impl Timeline {
                 span: call.node,
                 start_ns: call.start_ns,
                 duration_ns: call.end_ns.saturating_sub(call.start_ns),
-                depth: self.spans.nodes.get(call.node as usize).map_or(0, |n| n.depth),
+                depth: self
+                    .spans
+                    .nodes
+                    .get(call.node as usize)
+                    .map_or(0, |n| n.depth),
             })
             .collect()
     }

@@ -151,11 +151,19 @@ mod tests {
         }
         assert_eq!(table.names.len(), MAX_NAMES);
         assert_eq!(table.intern("step999999"), 0);
-        assert_eq!(table.intern("matmul"), kept, "names kept before still resolve");
+        assert_eq!(
+            table.intern("matmul"),
+            kept,
+            "names kept before still resolve"
+        );
         // Names 1.. fill the table, `matmul` took one slot: the rest of the steps and the last
         // lookup were folded. (Other tests may fold concurrently, hence at least.)
         let expected = (MAX_NAMES + 100 - (MAX_NAMES - 2)) as u64 + 1;
-        assert!(folded() - before >= expected, "{} < {expected}", folded() - before);
+        assert!(
+            folded() - before >= expected,
+            "{} < {expected}",
+            folded() - before
+        );
         let mut big = Table::default();
         let long = "x".repeat(1 << 20);
         for i in 0..20 {

@@ -54,7 +54,10 @@ fn exports_to_dev_null_and_dev_stdout_write_through() {
     let output = highwater(&["export", profile, "-f", "chrome", "-o", "/dev/stdout"]);
     assert!(output.status.success(), "{output:?}");
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(stdout.contains("traceEvents"), "the trace went to stdout: {stdout}");
+    assert!(
+        stdout.contains("traceEvents"),
+        "the trace went to stdout: {stdout}"
+    );
 }
 
 #[test]
@@ -62,7 +65,10 @@ fn endless_and_empty_special_inputs_are_refused_not_read_forever() {
     let output = highwater(&["summary", "/dev/zero"]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("/dev/zero") && stderr.contains("limit"), "{stderr}");
+    assert!(
+        stderr.contains("/dev/zero") && stderr.contains("limit"),
+        "{stderr}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("fifo.json");
@@ -80,12 +86,7 @@ fn endless_and_empty_special_inputs_are_refused_not_read_forever() {
     value["meta"]["alloc_log"] = serde_json::Value::String(log.to_str().unwrap().into());
     let with_log = dir.path().join("with-log.json");
     std::fs::write(&with_log, value.to_string()).unwrap();
-    let output = highwater(&[
-        "simulate",
-        with_log.to_str().unwrap(),
-        "--device",
-        "tpu-v4",
-    ]);
+    let output = highwater(&["simulate", with_log.to_str().unwrap(), "--device", "tpu-v4"]);
     assert_eq!(output.status.code(), Some(2), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("run.alloc"), "{stderr}");

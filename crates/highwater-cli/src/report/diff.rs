@@ -136,11 +136,8 @@ pub fn diff(before: &Profile, after: &Profile) -> ProfileDiff {
     let by_path = |profile: &Profile| {
         let mut map: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
         for (span, path) in profile.spans.iter().zip(profile.span_paths()) {
-            map.entry(path).or_insert((
-                span.peak_bytes,
-                span.residual_bytes,
-                span.bytes_allocated,
-            ));
+            map.entry(path)
+                .or_insert((span.peak_bytes, span.residual_bytes, span.bytes_allocated));
         }
         map
     };
