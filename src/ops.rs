@@ -54,7 +54,9 @@ pub struct Tensor<'a> {
 
 /// An op being recorded on this thread; ends when dropped.
 ///
-/// Heap allocations made on this thread while the guard lives are attributed to the op.
+/// Heap allocations made on this thread while the guard lives are attributed to the op. A guard
+/// belongs to the session that was recording when it began: dropped (or given an output) in a
+/// later session, it does nothing, so it cannot end that session's op.
 #[must_use = "the op ends as soon as the guard is dropped"]
 #[derive(Debug)]
 pub struct OpGuard {
