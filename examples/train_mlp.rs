@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use candle_core::{DType, Device};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use highwater::profile::PeakRow;
 use highwater::units::{format_bytes, format_bytes_delta, format_shape};
-use highwater::{Category, PeakRow, Profile, Session, Step};
+use highwater::{Category, Profile, Session, Step};
 
 #[path = "support/mlp.rs"]
 mod mlp;

@@ -247,15 +247,16 @@ impl Merger {
         {
             let new = now.saturating_sub(*seen);
             *seen = *now;
-            total += new;
             match RawKind::from_byte(kind as u8) {
                 Some(RawKind::Alloc) => stats.dropped_allocs += new,
                 Some(RawKind::Free) => stats.dropped_frees += new,
                 Some(RawKind::ReallocTo) => stats.dropped_reallocs += new,
-                // The first half of a two-event record is counted by its second.
-                Some(head) if head.is_head() => {}
+                // The first half of a two-event record is counted by its second, here and in
+                // the summary's total, so a dropped realloc is one dropped event.
+                Some(head) if head.is_head() => continue,
                 _ => stats.dropped_other += new,
             }
+            total += new;
         }
         if total > 0 {
             self.timeline.note_dropped(total);
@@ -468,17 +469,23 @@ impl Merger {
         let unattributed: [u64; RawKind::COUNT] = std::array::from_fn(|kind| {
             UNATTRIBUTED_DROPS[kind].swap(0, std::sync::atomic::Ordering::Relaxed)
         });
-        let unattributed_total: u64 = unattributed.iter().sum();
+        // Heads of two-event records are counted by their second half (see `charge_drops`).
+        let unattributed_total: u64 = (0..RawKind::COUNT as u8)
+            .filter(|&kind| !RawKind::from_byte(kind).is_some_and(RawKind::is_head))
+            .map(|kind| unattributed[usize::from(kind)])
+            .sum();
         if unattributed_total > 0 {
             self.timeline.note_dropped(unattributed_total);
         }
         let mut profile = self.timeline.finish(end_ns);
         profile.capture = self.capture_stats(unattributed);
         if let Some(Err((path, error))) = self.log.take().map(AllocLogWriter::finish) {
-            profile.warnings.push(format!(
-                "the allocation log {} could not be written ({error}); it is incomplete",
-                path.display()
-            ));
+            profile
+                .warnings
+                .push(crate::profile::Warning::AllocLogIncomplete {
+                    path: path.display().to_string(),
+                    error: error.to_string(),
+                });
         }
         profile.meta.threads = self.threads.len() as u32;
         profile

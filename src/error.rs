@@ -2,10 +2,12 @@
 
 use std::path::PathBuf;
 
+use crate::export::ExportError;
 use crate::profile::{Profile, ProfileError};
 
 /// Why a [`Session`](crate::Session) could not start or finish.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// An environment variable has a value highwater does not understand.
     #[error("invalid {var}={value:?}: expected {expected}")]
@@ -37,6 +39,9 @@ pub enum Error {
     /// Writing a profile (a checkpoint on a signal) failed.
     #[error(transparent)]
     Profile(#[from] ProfileError),
+    /// Writing the HTML report next to the profile failed (the profile itself was written).
+    #[error(transparent)]
+    Export(#[from] ExportError),
     /// The session finished but its profile (or the report next to it) could not be written.
     /// The run is not lost: the profile is here, and a copy went to `fallback` if that worked.
     #[error("{source}; {}", fallback_note(.fallback))]

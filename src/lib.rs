@@ -53,6 +53,10 @@
 // Under loom only the ring and the registry are built, so much of capture is unused there.
 #![cfg_attr(loom, allow(dead_code))]
 
+// Test support shared with the integration tests names the crate `highwater`.
+#[cfg(test)]
+extern crate self as highwater;
+
 pub mod analysis;
 mod capture;
 #[cfg(not(loom))]
@@ -90,13 +94,8 @@ mod tracing_layer;
 pub use alloc::Alloc;
 #[cfg(not(loom))]
 pub use error::Error;
-pub use model::{Category, SpanLabel, Step};
-pub use profile::{
-    CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile,
-    ProfileError, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint,
-    FOLDED_SPANS, MAX_ITERATIONS, MAX_PROFILE_BYTES, MAX_SPAN_DEPTH, MAX_SPAN_EVENTS,
-    MAX_SPAN_NODES, SCHEMA,
-};
+pub use model::{Category, ParseLabelError, SpanLabel, Step};
+pub use profile::Profile;
 #[cfg(not(loom))]
 pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};
 #[cfg(not(loom))]

@@ -1,6 +1,7 @@
 //! The vocabulary every stage shares: training steps, memory categories and devices.
 
 use std::fmt;
+use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
@@ -41,7 +42,24 @@ impl Step {
 
 impl fmt::Display for Step {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        // `pad`, so width and alignment (`{:<11}`) apply as they do to a string.
+        f.pad(self.as_str())
+    }
+}
+
+impl FromStr for Step {
+    type Err = ParseLabelError;
+
+    /// Parses a step's lower-case name, ignoring ASCII case (`"forward"`, `"Backward"`).
+    fn from_str(text: &str) -> Result<Step, ParseLabelError> {
+        [Step::Forward, Step::Backward, Step::Optimizer]
+            .into_iter()
+            .find(|step| step.as_str().eq_ignore_ascii_case(text))
+            .ok_or_else(|| ParseLabelError {
+                what: "step",
+                value: text.to_string(),
+                expected: "forward, backward or optimizer",
+            })
     }
 }
 
@@ -107,8 +125,40 @@ impl Category {
 
 impl fmt::Display for Category {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        // `pad`, so width and alignment (`{:<11}`) apply as they do to a string.
+        f.pad(self.as_str())
     }
+}
+
+impl FromStr for Category {
+    type Err = ParseLabelError;
+
+    /// Parses a category's lower-case name ([`Category::as_str`]), ignoring ASCII case.
+    ///
+    /// ```
+    /// use highwater::Category;
+    /// assert_eq!("gradient".parse(), Ok(Category::Gradient));
+    /// assert!("weights".parse::<Category>().is_err());
+    /// ```
+    fn from_str(text: &str) -> Result<Category, ParseLabelError> {
+        Category::ALL
+            .into_iter()
+            .find(|category| category.as_str().eq_ignore_ascii_case(text))
+            .ok_or_else(|| ParseLabelError {
+                what: "category",
+                value: text.to_string(),
+                expected: "parameter, activation, gradient, optimizer or other",
+            })
+    }
+}
+
+/// A name that is not a [`Step`] or [`Category`] (from their `FromStr`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} {value:?}: expected {expected}")]
+pub struct ParseLabelError {
+    what: &'static str,
+    value: String,
+    expected: &'static str,
 }
 
 /// What a span says about the memory allocated inside it.
@@ -217,6 +267,41 @@ mod tests {
             .enter(SpanLabel::Step(Step::Backward));
         assert_eq!(scope.category(), Category::Gradient);
         assert_eq!(CategoryScope::default().category(), Category::Other);
+    }
+
+    #[test]
+    fn names_parse_back_ignoring_case() {
+        for category in Category::ALL {
+            assert_eq!(category.as_str().parse(), Ok(category));
+            assert_eq!(category.as_str().to_uppercase().parse(), Ok(category));
+        }
+        for step in [Step::Forward, Step::Backward, Step::Optimizer] {
+            assert_eq!(step.as_str().parse(), Ok(step));
+        }
+        let error = "weights".parse::<Category>().unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "unknown category \"weights\": expected parameter, activation, gradient, optimizer or other"
+        );
+        assert!("sideways".parse::<Step>().is_err());
+    }
+
+    #[test]
+    fn names_display_padded_like_strings() {
+        assert_eq!(format!("{:<10}|", Category::Gradient), "gradient  |");
+        assert_eq!(format!("{:>9}", Step::Forward), "  forward");
+    }
+
+    #[test]
+    fn category_maps_serialise_with_lower_case_keys() {
+        let map: std::collections::BTreeMap<Category, u64> =
+            [(Category::Activation, 3), (Category::Other, 1)].into();
+        let json = serde_json::to_string(&map).unwrap();
+        assert_eq!(json, r#"{"activation":3,"other":1}"#);
+        assert_eq!(
+            serde_json::from_str::<std::collections::BTreeMap<Category, u64>>(&json).unwrap(),
+            map
+        );
     }
 
     #[test]

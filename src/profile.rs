@@ -16,8 +16,10 @@ use crate::fileio::{self, ReadError};
 use crate::model::{Category, Step};
 
 mod tree;
+mod warning;
 
 pub use tree::{span_tree, TreeRow};
+pub use warning::Warning;
 
 /// The value of [`Profile::schema`] this version writes and reads.
 ///
@@ -86,9 +88,11 @@ pub struct Profile {
     /// How capture went: events per thread and what was dropped.
     #[serde(default)]
     pub capture: CaptureStats,
-    /// Things the reader should know, in plain words (dropped events, growing residuals, …).
-    #[serde(default)]
-    pub warnings: Vec<String>,
+    /// Things the reader should know (dropped events, growing residuals, …), each once, as
+    /// data; `Display` words them. Plain sentences in older profiles load as
+    /// [`Warning::Note`].
+    #[serde(default, deserialize_with = "warning::deserialize_list")]
+    pub warnings: Vec<Warning>,
     /// Individual span instances with their times, for trace viewers, at most
     /// [`MAX_SPAN_EVENTS`]; when a run has more, the analysis keeps an even sample across the run
     /// (whole iterations, so a kept span's children are kept too) and says so in
@@ -149,8 +153,9 @@ pub struct Summary {
     pub peak_timestamp_ns: u64,
     /// Device on which the peak was reached (`"cpu"` for the heap).
     pub peak_device: String,
-    /// Live bytes at the peak by category, keyed by lower-case category name.
-    pub peak_by_category: BTreeMap<String, u64>,
+    /// Live bytes at the peak by category (zero categories omitted; written with lower-case
+    /// category names as keys).
+    pub peak_by_category: BTreeMap<Category, u64>,
     /// Allocations recorded (reallocs counted separately).
     pub alloc_count: u64,
     /// Frees recorded (reallocs counted separately).
@@ -184,8 +189,8 @@ pub struct TimelinePoint {
     pub device: String,
     /// Live bytes on the device.
     pub live_bytes: u64,
-    /// Live bytes by category (lower-case names; zero categories omitted).
-    pub by_category: BTreeMap<String, u64>,
+    /// Live bytes by category (zero categories omitted).
+    pub by_category: BTreeMap<Category, u64>,
 }
 
 /// Live-at-peak bytes of one (span path, op, category, device) group.
@@ -283,8 +288,8 @@ pub struct DeviceStats {
     pub peak_bytes: u64,
     /// When that was reached.
     pub peak_timestamp_ns: u64,
-    /// Live bytes by category at the device's own peak.
-    pub peak_by_category: BTreeMap<String, u64>,
+    /// Live bytes by category at the device's own peak (zero categories omitted).
+    pub peak_by_category: BTreeMap<Category, u64>,
     /// Allocations on the device.
     pub alloc_count: u64,
     /// Frees on the device.
@@ -357,6 +362,7 @@ pub struct ThreadCapture {
 
 /// Why a profile could not be read or written.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProfileError {
     /// The file could not be opened or read.
     #[error("cannot read profile {path}: {source}")]
@@ -409,7 +415,8 @@ pub enum ProfileError {
         /// [`SCHEMA`].
         expected: &'static str,
     },
-    /// Writing failed; no partial file was left behind.
+    /// Writing the profile failed; no partial file was left behind. (The other outputs fail
+    /// with [`ExportError`](crate::export::ExportError).)
     #[error("cannot write profile {path}: {source}")]
     Write {
         /// The destination.
@@ -537,7 +544,7 @@ impl Profile {
     /// A sentence naming the first broken rule.
     pub fn check_invariants(&self) -> Result<(), String> {
         let peak = self.summary.peak_bytes;
-        let sum = |map: &BTreeMap<String, u64>| {
+        let sum = |map: &BTreeMap<Category, u64>| {
             map.values()
                 .fold(0u128, |total, bytes| total + u128::from(*bytes))
         };
@@ -630,7 +637,11 @@ impl Profile {
     /// [`ProfileError::Write`] when any step fails; the temporary file is removed and `path`
     /// keeps whatever it held before.
     pub fn write(&self, path: impl AsRef<Path>) -> Result<(), ProfileError> {
-        write_atomically(path.as_ref(), self.to_json().as_bytes())
+        let path = path.as_ref();
+        write_atomically(path, self.to_json().as_bytes()).map_err(|source| ProfileError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
     }
 }
 
@@ -648,13 +659,11 @@ pub(crate) fn span_paths(spans: &[SpanMetrics]) -> Vec<String> {
 }
 
 /// Writes `contents` to `path`: a regular file is replaced atomically (readers never see a
-/// half-written file), a device, FIFO or `/dev/stdout` is written through, a symlink's target is
-/// written (see [`crate::fileio`]). Shared by every output writer.
-pub(crate) fn write_atomically(path: &Path, contents: &[u8]) -> Result<(), ProfileError> {
-    fileio::write_file(path, contents).map_err(|source| ProfileError::Write {
-        path: path.to_path_buf(),
-        source,
-    })
+/// half-written file; missing parent directories are created), a device, FIFO or `/dev/stdout`
+/// is written through, a symlink's target is written (see [`crate::fileio`]). Shared by every
+/// output writer, each of which names its own failure.
+pub(crate) fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
+    fileio::write_file(path, contents)
 }
 
 #[cfg(test)]
@@ -670,7 +679,7 @@ mod tests {
         profile
             .summary
             .peak_by_category
-            .insert("activation".into(), 8 << 20);
+            .insert(Category::Activation, 8 << 20);
         profile.write(&path).unwrap();
         assert_eq!(Profile::load(&path).unwrap(), profile);
         let leftovers: Vec<_> = fs::read_dir(path.parent().unwrap())

@@ -26,7 +26,7 @@ use crate::collector::{self, CollectorConfig, Control};
 use crate::config::{check_ring_events, EnvConfig, Requested, Settings};
 use crate::error::Error;
 use crate::export::html;
-use crate::profile::{Profile, RunMeta};
+use crate::profile::{Profile, RunMeta, Warning};
 
 pub use crate::config::DEFAULT_OUTPUT;
 
@@ -363,16 +363,16 @@ impl Session {
     /// # Errors
     ///
     /// [`Error::Write`] when the profile cannot be written: it carries the profile, and where a
-    /// fallback copy went (no partial file is left at the output); [`Error::CollectorLost`] if
-    /// the collector thread died; [`Error::Ended`] if the session already ended;
-    /// [`Error::ForkedChild`] in a forked child (the parent's session goes on there).
+    /// fallback copy went (no partial file is left at the output); [`Error::Export`] when the
+    /// HTML report asked for beside it cannot be written (the profile was);
+    /// [`Error::CollectorLost`] if the collector thread died; [`Error::Ended`] if the session
+    /// already ended; [`Error::ForkedChild`] in a forked child (the parent's session goes on
+    /// there).
     pub fn finish(mut self) -> Result<Profile, Error> {
         let recording = std::mem::replace(&mut self.recording, false);
         if !recording {
             let mut profile = Profile::empty();
-            profile
-                .warnings
-                .push("recording was disabled (HIGHWATER=off); nothing was recorded".into());
+            profile.warnings.push(Warning::RecordingDisabled);
             return Ok(profile);
         }
         if let Some(error) = self.not_mine() {
@@ -445,7 +445,7 @@ fn finish_active(generation: Option<u64>) -> Option<Result<Profile, Error>> {
 /// Finishes the session for a SIGINT/SIGTERM that would have ended the process (called by the
 /// signal watcher thread); waits for a finish already under way on another thread.
 #[cfg(target_os = "linux")]
-pub(crate) fn finish_for_signal() {
+fn finish_for_signal() {
     if let Some(Err(error)) = capture::paused(|| finish_active(None)) {
         eprintln!("highwater: {error}");
     }
@@ -454,7 +454,7 @@ pub(crate) fn finish_for_signal() {
 /// Writes the profile so far to the output, for a signal the program handles itself (called by
 /// the signal watcher thread). The session keeps recording; a finish that got there first wins.
 #[cfg(target_os = "linux")]
-pub(crate) fn checkpoint_for_signal() {
+fn checkpoint_for_signal() {
     let result = capture::paused(|| {
         let _finishing = FINISHING.lock();
         let (generation, output, write) = {
@@ -468,11 +468,7 @@ pub(crate) fn checkpoint_for_signal() {
             return Ok(());
         }
         let mut profile = snapshot_of(generation)?;
-        profile.warnings.push(
-            "checkpoint written on a signal the program handles; the session was still \
-             recording"
-                .into(),
-        );
+        profile.warnings.push(Warning::Checkpoint);
         profile.write(&output).map_err(Error::from)
     });
     if let Err(error) = result {
@@ -483,7 +479,11 @@ pub(crate) fn checkpoint_for_signal() {
 /// Installs the SIGINT/SIGTERM handlers of [`SessionBuilder::write_on_signal`].
 fn arm_signals() -> Result<(), Error> {
     #[cfg(target_os = "linux")]
-    let armed = crate::signal::arm().map_err(|error| error.to_string());
+    let armed = crate::signal::arm(crate::signal::Handlers {
+        finish: finish_for_signal,
+        checkpoint: checkpoint_for_signal,
+    })
+    .map_err(|error| error.to_string());
     #[cfg(not(target_os = "linux"))]
     let armed = Err("writing the profile on a signal is supported on Linux only".to_string());
     armed.map_err(|reason| Error::Setting {
@@ -514,44 +514,42 @@ fn finish_running(running: Running) -> Result<Profile, Error> {
     };
     let folded = names::folded().saturating_sub(running.folded_names_before);
     if folded > 0 {
-        profile.warnings.push(format!(
-            "{folded} op or dtype names arrived after the name table was full ({} names); \
-             they are shown as `{}`",
-            names::MAX_NAMES,
-            names::FOLDED_NAME
-        ));
+        profile.warnings.push(Warning::NamesFolded {
+            names: folded,
+            max_names: names::MAX_NAMES as u64,
+            shown_as: names::FOLDED_NAME.to_string(),
+        });
     }
     let written = if running.write {
-        write_outputs(&profile, &running.output, running.html)
+        write_outputs(profile, &running.output, running.html, running.generation)
     } else {
-        Ok(())
+        Ok(profile)
     };
     // After the write, so a signal during it still waits for the profile.
     disarm_signals();
-    match written {
-        Ok(()) => Ok(profile),
-        Err(source) => {
-            let fallback = write_fallback(&profile, running.generation);
-            Err(Error::Write {
-                source,
-                profile: Box::new(profile),
-                fallback,
-            })
-        }
-    }
+    written
 }
 
-/// Writes the profile and, when asked, the HTML report beside it.
+/// Writes the profile and, when asked, the HTML report beside it. A profile that cannot be
+/// written is handed back in [`Error::Write`], with a fallback copy when one can be made.
 fn write_outputs(
-    profile: &Profile,
+    profile: Profile,
     output: &Path,
     with_html: bool,
-) -> Result<(), crate::ProfileError> {
-    profile.write(output)?;
-    if with_html {
-        html::write(profile, html::path_beside(output))?;
+    generation: u64,
+) -> Result<Profile, Error> {
+    if let Err(source) = profile.write(output) {
+        let fallback = write_fallback(&profile, generation);
+        return Err(Error::Write {
+            source,
+            profile: Box::new(profile),
+            fallback,
+        });
     }
-    Ok(())
+    if with_html {
+        html::write(&profile, html::path_beside(output))?;
+    }
+    Ok(profile)
 }
 
 /// Writes a copy of a profile whose output failed into the temporary directory; its path, if

@@ -10,21 +10,23 @@
 //! holding a lock, so it may not allocate, lock or do anything that is not async-signal-safe.
 //!
 //! So the handler only notes which signal came and writes one byte to a pipe. A watcher thread
-//! (marked internal: it records nothing) sleeps on the other end of the pipe. What it does then
-//! depends on what the signal would have done without highwater:
+//! (marked internal: it records nothing) sleeps on the other end of the pipe and calls the
+//! functions [`arm`] was given (this module knows nothing of sessions). What it does depends on
+//! what the signal would have done without highwater:
 //!
-//! - **It would have ended the process** (default disposition): the watcher finishes the
-//!   session as [`Session::finish`](crate::Session::finish) would — stopping the collector and
-//!   writing the profile — then puts back the default disposition and raises the signal again.
-//!   The process then ends the way it would have without highwater (its exit status says
-//!   "killed by SIGINT").
+//! - **It would have ended the process** (default disposition): the watcher calls
+//!   [`Handlers::finish`] — the session finishes as [`Session::finish`](crate::Session::finish)
+//!   would, stopping the collector and writing the profile — then puts back the default
+//!   disposition and raises the signal again. The process then ends the way it would have
+//!   without highwater (its exit status says "killed by SIGINT").
 //! - **The program handles it** (a handler was installed before the session started): the
 //!   handler calls the program's handler at once, in signal context with the original
-//!   arguments, as the kernel would have, and the session keeps recording. The watcher writes
-//!   a checkpoint of the profile so far to the output, so a program whose handler later ends
-//!   the process abruptly still leaves a profile; the program's own `finish`, drop or `exit`
-//!   writes the whole run over it. (The program handler's own `sa_mask` and `SA_NODEFER` /
-//!   `SA_RESETHAND` flags are not reproduced: it runs under highwater's mask.)
+//!   arguments, as the kernel would have, and the session keeps recording. The watcher calls
+//!   [`Handlers::checkpoint`], which writes the profile so far to the output, so a program
+//!   whose handler later ends the process abruptly still leaves a profile; the program's own
+//!   `finish`, drop or `exit` writes the whole run over it. (The program handler's own
+//!   `sa_mask` and `SA_NODEFER` / `SA_RESETHAND` flags are not reproduced: it runs under
+//!   highwater's mask.)
 //!
 //! # Escape hatches
 //!
@@ -66,9 +68,22 @@ static INSTALLED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
 /// Serialises [`arm`] and [`disarm`]; holds the process whose pipe and watcher exist (`0`:
 /// none yet; a forked child sees its parent's and makes its own).
 static STATE: Mutex<libc::pid_t> = Mutex::new(0);
+/// What the watcher calls when a signal comes: the functions [`arm`] was given.
+static ON_SIGNAL: Mutex<Option<Handlers>> = Mutex::new(None);
 
-/// Set in the pipe's byte when the program has its own handler: write a checkpoint, do not end.
+/// Set in the pipe's byte when the program has its own handler: checkpoint, do not end.
 const CHAINED: u8 = 0x80;
+
+/// What the watcher thread calls for a signal (neither may call [`arm`]; both may call
+/// [`disarm`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Handlers {
+    /// The signal would have ended the process: finish and write the profile. The watcher then
+    /// steps aside and re-raises the signal.
+    pub(crate) finish: fn(),
+    /// The program handles the signal and goes on: write what there is so far.
+    pub(crate) checkpoint: fn(),
+}
 
 /// The dispositions [`SIGNALS`] had before highwater's handler, to put back.
 struct Previous(UnsafeCell<[libc::sigaction; 2]>);
@@ -85,9 +100,11 @@ static PREVIOUS: Previous = Previous(UnsafeCell::new(
 ));
 
 /// Installs the SIGINT and SIGTERM handlers (and, the first time, the pipe and the watcher
-/// thread). Idempotent.
-pub(crate) fn arm() -> io::Result<()> {
+/// thread). When one of the signals comes, the watcher thread calls one of `handlers` (see
+/// [`Handlers`]). Idempotent; the latest `handlers` are the ones called.
+pub(crate) fn arm(handlers: Handlers) -> io::Result<()> {
     let mut watcher_pid = STATE.lock();
+    *ON_SIGNAL.lock() = Some(handlers);
     // SAFETY: getpid has no preconditions.
     let pid = unsafe { libc::getpid() };
     if *watcher_pid != pid {
@@ -211,13 +228,19 @@ fn watch(read_end: libc::c_int) {
         if signal == 0 {
             continue;
         }
+        // Copied out first: a handler may take `STATE` (through `disarm`).
+        let handlers = *ON_SIGNAL.lock();
         if byte & CHAINED != 0 {
             // The program handles the signal and goes on: so does recording.
-            crate::session::checkpoint_for_signal();
+            if let Some(handlers) = handlers {
+                (handlers.checkpoint)();
+            }
             PENDING.store(0, Ordering::SeqCst);
             continue;
         }
-        crate::session::finish_for_signal();
+        if let Some(handlers) = handlers {
+            (handlers.finish)();
+        }
         disarm();
         // SAFETY: kill with our own pid and a valid signal number has no preconditions. With
         // the previous disposition back, the process now ends (or runs its own handler) as it

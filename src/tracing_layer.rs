@@ -126,15 +126,11 @@ impl fmt::Write for Word {
 }
 
 fn parse_step(value: &str) -> Option<Step> {
-    [Step::Forward, Step::Backward, Step::Optimizer]
-        .into_iter()
-        .find(|step| step.as_str().eq_ignore_ascii_case(value))
+    value.parse().ok()
 }
 
 fn parse_category(value: &str) -> Option<Category> {
-    Category::ALL
-        .into_iter()
-        .find(|category| category.as_str().eq_ignore_ascii_case(value))
+    value.parse().ok()
 }
 
 thread_local! {

@@ -121,7 +121,7 @@ fn at_peak(profile: &Profile, category: Category) -> u64 {
     profile
         .summary
         .peak_by_category
-        .get(category.as_str())
+        .get(&category)
         .copied()
         .unwrap_or(0)
 }

@@ -9,9 +9,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use highwater::export::html;
-use highwater::export::sample::{sample_profile, sample_profile_with_drops};
 use highwater::units::format_bytes;
 use highwater::Profile;
+use sample::{sample_profile, sample_profile_with_drops};
+
+#[path = "support/sample.rs"]
+mod sample;
 
 /// The browser to drive, or `None` when browser tests are explicitly skipped.
 fn browser() -> Option<String> {
@@ -320,7 +323,9 @@ fn empty_and_extreme_profiles_still_render_to_the_end() {
     extreme.summary.peak_bytes = u64::MAX;
     extreme.summary.duration_ns = u64::MAX;
     extreme.timeline[5].live_bytes = u64::MAX;
-    extreme.timeline[5].by_category = [("gradient".to_string(), u64::MAX)].into_iter().collect();
+    extreme.timeline[5].by_category = [(highwater::Category::Gradient, u64::MAX)]
+        .into_iter()
+        .collect();
     extreme.timeline[7].timestamp_ns = u64::MAX;
     extreme.iterations[3].delta_bytes = i64::MIN;
     extreme.pool_timeline[2].fragmentation = f64::MAX;

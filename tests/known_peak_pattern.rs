@@ -5,7 +5,7 @@
 
 use std::alloc::{alloc_zeroed, dealloc, realloc, Layout};
 
-use highwater::{Alloc, Session, Step};
+use highwater::{Alloc, Category, Session, Step};
 
 #[global_allocator]
 static ALLOC: Alloc = Alloc::system();
@@ -54,10 +54,16 @@ fn forward_then_backward_peaks_at_twelve_mib() {
         summary.peak_bytes
     );
     assert_eq!(summary.peak_device, "cpu");
-    let at_peak = |category: &str| summary.peak_by_category.get(category).copied().unwrap_or(0);
-    assert_eq!(at_peak("activation"), 8 * MIB);
-    assert_eq!(at_peak("gradient"), 4 * MIB);
-    assert!(at_peak("other") < SLACK);
+    let at_peak = |category| {
+        summary
+            .peak_by_category
+            .get(&category)
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!(at_peak(Category::Activation), 8 * MIB);
+    assert_eq!(at_peak(Category::Gradient), 4 * MIB);
+    assert!(at_peak(Category::Other) < SLACK);
     assert_eq!(summary.autograd_retained_bytes, 8 * MIB);
     assert!(summary.realloc_count >= 1);
     assert!(summary.total_alloc_bytes >= 12 * MIB);

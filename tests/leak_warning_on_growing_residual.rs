@@ -1,6 +1,7 @@
 //! A loop that keeps something every iteration gets a leak warning naming its top-level span,
 //! and per-iteration residuals that grow by what it keeps.
 
+use highwater::profile::Warning;
 use highwater::{Session, Step};
 
 #[global_allocator]
@@ -41,10 +42,25 @@ fn growing_residual_warns_and_names_the_iteration_span() {
             profile.iterations
         );
     }
-    let warning = profile
+    let leak = profile
         .warnings
         .iter()
-        .find(|w| w.contains("grows across iterations"))
+        .find_map(|w| match w {
+            Warning::GrowingResidual {
+                span,
+                window,
+                grew,
+                total_bytes,
+                ..
+            } => Some((span.as_str(), *window, *grew, *total_bytes)),
+            _ => None,
+        })
         .unwrap_or_else(|| panic!("no leak warning in {:#?}", profile.warnings));
-    assert!(warning.contains("`train_step`"), "{warning}");
+    // The rule looks at the last 16 iterations; every one of them kept an activation.
+    let (span, window, grew, total_bytes) = leak;
+    assert_eq!((span, window, grew), ("train_step", 16, 16));
+    assert!(
+        (16 * KEPT as i64..16 * (KEPT as i64 + 1024)).contains(&total_bytes),
+        "{leak:?}"
+    );
 }

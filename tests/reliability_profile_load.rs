@@ -11,18 +11,19 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use highwater::{
-    CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile,
-    ProfileError, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint,
+use highwater::profile::{
+    CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, ProfileError,
+    RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint, Warning,
 };
+use highwater::{Category, Profile};
 use proptest::prelude::*;
 use serde_json::Value;
 
 /// A profile with every list non-empty and every optional field set.
 fn rich_profile() -> Profile {
-    let categories: BTreeMap<String, u64> = [
-        ("activation".to_string(), 3 << 20),
-        ("gradient".to_string(), 1 << 20),
+    let categories: BTreeMap<Category, u64> = [
+        (Category::Activation, 3 << 20),
+        (Category::Gradient, 1 << 20),
     ]
     .into();
     Profile {
@@ -65,7 +66,7 @@ fn rich_profile() -> Profile {
             op: Some("matmul".into()),
             shape: Some(vec![32, 1024]),
             dtype: Some("f32".into()),
-            category: highwater::Category::Activation,
+            category: Category::Activation,
             device: "cuda:0".into(),
             bytes: 3 << 20,
             count: 2,
@@ -113,7 +114,7 @@ fn rich_profile() -> Profile {
             capacity_bytes: Some(16 << 30),
             peak_bytes: 3 << 20,
             peak_timestamp_ns: 1_500,
-            peak_by_category: [("activation".to_string(), 3 << 20)].into(),
+            peak_by_category: [(highwater::Category::Activation, 3 << 20)].into(),
             alloc_count: 2,
             free_count: 2,
             final_live_bytes: 0,
@@ -146,7 +147,12 @@ fn rich_profile() -> Profile {
                 dropped_other: 0,
             }],
         },
-        warnings: vec!["2 events were dropped".into()],
+        warnings: vec![
+            Warning::DroppedEvents { events: 2 },
+            Warning::Note {
+                text: "a sentence from an older profile".into(),
+            },
+        ],
         span_events: vec![SpanEvent {
             thread: 0,
             span: 1,
@@ -296,7 +302,7 @@ proptest! {
     fn random_documents_never_panic(value in json_value(), schema in any::<bool>()) {
         let mut value = value;
         if let (true, Value::Object(map)) = (schema, &mut value) {
-            map.insert("schema".into(), Value::from(highwater::SCHEMA));
+            map.insert("schema".into(), Value::from(highwater::profile::SCHEMA));
         }
         parses_or_errs(&serde_json::to_vec(&value).unwrap());
     }
@@ -329,7 +335,7 @@ fn deep_nesting_is_an_error_not_a_stack_overflow() {
             assert!(result.is_err(), "{depth}-deep {open} nesting loaded");
             let inside = format!(
                 "{{\"schema\":\"{}\",\"warnings\":{}}}",
-                highwater::SCHEMA,
+                highwater::profile::SCHEMA,
                 text.replace("\"a\":", "")
             );
             let result = Profile::from_json_bytes(inside.as_bytes(), Path::new("deep.json"));
@@ -356,7 +362,7 @@ fn huge_arrays_load_or_fail_without_panicking() {
     assert!(Profile::from_json_bytes(unterminated, Path::new("cut.json")).is_err());
     let wrong = format!(
         "{{\"schema\":\"{}\",\"timeline\":[{}]}}",
-        highwater::SCHEMA,
+        highwater::profile::SCHEMA,
         vec!["7"; 50_000].join(",")
     );
     assert!(Profile::from_json_bytes(wrong.as_bytes(), Path::new("wrong.json")).is_err());
@@ -368,10 +374,11 @@ fn a_file_over_the_size_limit_is_refused_before_it_is_read() {
     let path = dir.path().join("sparse.json");
     let file = std::fs::File::create(&path).unwrap();
     // Sparse: no disk space is used, and `load` must not read it.
-    file.set_len(highwater::MAX_PROFILE_BYTES + 1).unwrap();
+    file.set_len(highwater::profile::MAX_PROFILE_BYTES + 1)
+        .unwrap();
     match Profile::load(&path) {
         Err(ProfileError::TooLarge { size, .. }) => {
-            assert_eq!(size, highwater::MAX_PROFILE_BYTES + 1)
+            assert_eq!(size, highwater::profile::MAX_PROFILE_BYTES + 1)
         }
         other => panic!("expected TooLarge, got {other:?}"),
     }
@@ -388,7 +395,7 @@ fn inconsistent_profiles_are_refused_naming_the_rule() {
             Box::new(|p| {
                 p.summary
                     .peak_by_category
-                    .insert("optimizer".into(), 8 << 20);
+                    .insert(highwater::Category::Optimizer, 8 << 20);
             }),
         ),
         (
@@ -461,7 +468,7 @@ fn unknown_fields_load_and_other_schemas_are_refused_naming_both() {
         .unwrap_err()
         .to_string();
         assert!(
-            message.contains(other) && message.contains(highwater::SCHEMA),
+            message.contains(other) && message.contains(highwater::profile::SCHEMA),
             "{message}"
         );
     }
@@ -473,7 +480,7 @@ fn unknown_fields_load_and_other_schemas_are_refused_naming_both() {
 fn endless_and_writerless_inputs_end() {
     match Profile::load("/dev/zero") {
         Err(ProfileError::TooLarge { limit, .. }) => {
-            assert_eq!(limit, highwater::MAX_PROFILE_BYTES)
+            assert_eq!(limit, highwater::profile::MAX_PROFILE_BYTES)
         }
         other => panic!("expected TooLarge, got {other:?}"),
     }

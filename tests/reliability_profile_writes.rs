@@ -16,7 +16,8 @@ use std::fs;
 use std::path::Path;
 
 use common::{is_child, isolated, run_child};
-use highwater::{Error, ProfileError, Session, Step};
+use highwater::profile::ProfileError;
+use highwater::{Error, Session, Step};
 
 #[global_allocator]
 static GLOBAL: common::TestAlloc = common::test_alloc();

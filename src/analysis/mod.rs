@@ -13,7 +13,9 @@
 //! - `downsample`: bounded curves that keep their extremes;
 //! - `intern`: the tables behind [`NameId`], [`DeviceId`] and [`ShapeId`];
 //! - `iterations`: the bounded series of a top-level span's exits (the leak signal);
-//! - `reference` (tests only): a brute-force model the property tests compare against.
+//!
+//! `tests/analysis_matches_brute_force.rs` holds the analysis to a brute-force model built from
+//! these public types alone.
 //!
 //! [`Profile`]: crate::Profile
 
@@ -22,8 +24,6 @@ mod event;
 mod intern;
 mod iterations;
 mod live;
-#[cfg(test)]
-mod reference;
 mod span_sample;
 mod spans;
 mod timeline;

@@ -41,7 +41,8 @@ use rustc_hash::FxHashMap;
 use crate::model::{Category, SpanLabel, Step};
 use crate::profile::{
     DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile, SpanEvent,
-    SpanMetrics, Summary, TimelinePoint, FOLDED_SPANS, MAX_SPAN_DEPTH, MAX_SPAN_NODES, SCHEMA,
+    SpanMetrics, Summary, TimelinePoint, Warning, FOLDED_SPANS, MAX_SPAN_DEPTH, MAX_SPAN_NODES,
+    SCHEMA,
 };
 
 use super::downsample::{Downsampler, Sample};
@@ -705,38 +706,32 @@ impl Timeline {
         let iterations = self.iterations();
         let mut warnings = Vec::new();
         if self.dropped > 0 {
-            warnings.push(format!(
-                "{} events were dropped during capture (full rings or exited threads); \
-                 figures may be low",
-                self.dropped
-            ));
+            warnings.push(Warning::DroppedEvents {
+                events: self.dropped,
+            });
         }
         warnings.extend(leak_warning(&iterations));
         if self.spans.folded_deep > 0 {
-            warnings.push(format!(
-                "{} span instances nested deeper than {MAX_SPAN_DEPTH} levels are counted in \
-                 one `{FOLDED_SPANS}` node",
-                self.spans.folded_deep
-            ));
+            warnings.push(Warning::SpansTooDeep {
+                instances: self.spans.folded_deep,
+                max_depth: MAX_SPAN_DEPTH,
+            });
         }
         if self.spans.folded_nodes > 0 {
-            warnings.push(format!(
-                "{} span instances at paths past the first {MAX_SPAN_NODES} are counted in one \
-                 top-level `{FOLDED_SPANS}` node",
-                self.spans.folded_nodes
-            ));
+            warnings.push(Warning::SpansTooMany {
+                instances: self.spans.folded_nodes,
+                max_nodes: MAX_SPAN_NODES as u64,
+            });
         }
         if let Some(last) = iterations
             .last()
             .filter(|l| l.index + 1 > iterations.len() as u64)
         {
-            warnings.push(format!(
-                "{} iterations of span `{}`: the profile lists an even sample of {} of them, \
-                 the last ones included",
-                last.index + 1,
-                last.span,
-                iterations.len()
-            ));
+            warnings.push(Warning::IterationsSampled {
+                span: last.span.clone(),
+                iterations: last.index + 1,
+                listed: iterations.len() as u64,
+            });
         }
         Profile {
             schema: SCHEMA.to_string(),
@@ -1062,12 +1057,12 @@ impl Timeline {
     }
 }
 
-/// Live bytes by category name, zero categories left out.
-fn category_map(by_category: &ByCategory) -> BTreeMap<String, u64> {
+/// Live bytes by category, zero categories left out.
+fn category_map(by_category: &ByCategory) -> BTreeMap<Category, u64> {
     Category::ALL
-        .iter()
+        .into_iter()
         .filter(|c| by_category[c.index()] > 0)
-        .map(|c| (c.as_str().to_string(), by_category[c.index()]))
+        .map(|c| (c, by_category[c.index()]))
         .collect()
 }
 
@@ -1099,7 +1094,7 @@ const LEAK_MIN_ITERATIONS: usize = 8;
 /// The leak signal: over the last [`LEAK_WINDOW`] iteration deltas (at least
 /// [`LEAK_MIN_ITERATIONS`] of them; the first iteration has none), at least 80 % grew and the
 /// total growth is positive.
-fn leak_warning(iterations: &[IterationResidual]) -> Option<String> {
+fn leak_warning(iterations: &[IterationResidual]) -> Option<Warning> {
     let deltas: Vec<i64> = iterations.iter().skip(1).map(|i| i.delta_bytes).collect();
     let window = &deltas[deltas.len().saturating_sub(LEAK_WINDOW)..];
     if window.len() < LEAK_MIN_ITERATIONS {
@@ -1111,13 +1106,13 @@ fn leak_warning(iterations: &[IterationResidual]) -> Option<String> {
         return None;
     }
     let span = iterations.first().map_or("", |i| i.span.as_str());
-    let per_iteration = total / window.len() as i64;
-    Some(format!(
-        "live memory grows across iterations of span `{span}`: +{per_iteration} bytes per \
-         iteration on average, {grew} of the last {} iterations grew ({total} bytes in total); \
-         something allocated each iteration is kept",
-        window.len()
-    ))
+    Some(Warning::GrowingResidual {
+        span: span.to_string(),
+        window: window.len() as u64,
+        grew: grew as u64,
+        total_bytes: total,
+        per_iteration_bytes: total / window.len() as i64,
+    })
 }
 
 #[cfg(test)]
@@ -1216,8 +1211,8 @@ mod tests {
             .unwrap_or_else(|| panic!("no span {path} in {:#?}", profile.spans))
     }
 
-    fn cats(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
-        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    fn cats(pairs: &[(Category, u64)]) -> BTreeMap<Category, u64> {
+        pairs.iter().copied().collect()
     }
 
     #[test]
@@ -1251,7 +1246,10 @@ mod tests {
         assert_eq!(summary.peak_bytes, 12 * MIB);
         assert_eq!(summary.peak_timestamp_ns, peak_ts);
         assert_eq!(summary.peak_device, "cpu");
-        let expected = cats(&[("activation", 8 * MIB), ("gradient", 4 * MIB)]);
+        let expected = cats(&[
+            (Category::Activation, 8 * MIB),
+            (Category::Gradient, 4 * MIB),
+        ]);
         assert_eq!(summary.peak_by_category, expected);
         assert_eq!(summary.autograd_retained_bytes, 8 * MIB);
         assert_eq!(
@@ -1480,10 +1478,13 @@ mod tests {
         let profile = s.finish();
         assert_eq!(
             profile.summary.peak_by_category,
-            cats(&[("parameter", 100), ("other", 10)])
+            cats(&[(Category::Parameter, 100), (Category::Other, 10)])
         );
         let last = profile.timeline.last().expect("points");
-        assert_eq!(last.by_category, cats(&[("parameter", 100), ("other", 10)]));
+        assert_eq!(
+            last.by_category,
+            cats(&[(Category::Parameter, 100), (Category::Other, 10)])
+        );
     }
 
     #[test]
@@ -1502,7 +1503,10 @@ mod tests {
         let profile = s.finish();
         assert_eq!(profile.summary.peak_bytes, 700);
         assert_eq!(profile.summary.peak_device, "cpu");
-        assert_eq!(profile.summary.peak_by_category, cats(&[("other", 700)]));
+        assert_eq!(
+            profile.summary.peak_by_category,
+            cats(&[(Category::Other, 700)])
+        );
         let rows: u64 = profile.peak_breakdown.iter().map(|r| r.bytes).sum();
         assert_eq!(rows, 1200, "cpu 700 and the gpu's 500 live at that instant");
         let gpu_stats = &profile.devices[1];
@@ -1582,10 +1586,7 @@ mod tests {
         s.timeline.note_dropped(2);
         let profile = s.finish();
         assert_eq!(profile.summary.dropped_events, 7);
-        assert!(profile
-            .warnings
-            .iter()
-            .any(|w| w.contains("7 events were dropped")));
+        assert_eq!(profile.warnings, [Warning::DroppedEvents { events: 7 }]);
     }
 
     #[test]
@@ -1619,12 +1620,15 @@ mod tests {
             .all(|i| i.delta_bytes == 1024));
         assert_eq!(leak.iterations[9].live_bytes, 10 * 1024);
         assert_eq!(leak.iterations[9].span, "step");
-        assert!(
-            leak.warnings
-                .iter()
-                .any(|w| w.contains("`step`") && w.contains("+1024 bytes")),
-            "{:?}",
-            leak.warnings
+        assert_eq!(
+            leak.warnings,
+            [Warning::GrowingResidual {
+                span: "step".into(),
+                window: 9,
+                grew: 9,
+                total_bytes: 9 * 1024,
+                per_iteration_bytes: 1024,
+            }]
         );
         let fine = steady.finish();
         assert_eq!(fine.iterations.len(), 10);
@@ -1735,13 +1739,17 @@ mod tests {
         assert_eq!(last.index, 199_999);
         assert_eq!(last.delta_bytes, 16);
         assert_eq!(last.live_bytes, 3_200_000);
-        assert!(profile
-            .warnings
-            .iter()
-            .any(|w| w.contains("200000 iterations")));
-        assert!(profile
-            .warnings
-            .iter()
-            .any(|w| w.contains("live memory grows")));
+        assert!(profile.warnings.contains(&Warning::IterationsSampled {
+            span: "step".into(),
+            iterations: 200_000,
+            listed: profile.iterations.len() as u64,
+        }));
+        assert!(profile.warnings.contains(&Warning::GrowingResidual {
+            span: "step".into(),
+            window: 16,
+            grew: 16,
+            total_bytes: 16 * 16,
+            per_iteration_bytes: 16,
+        }));
     }
 }

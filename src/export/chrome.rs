@@ -22,9 +22,10 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::profile::write_atomically;
+use super::{write_output, ExportError, Output};
+use crate::profile::TimelinePoint;
 use crate::units::format_bytes;
-use crate::{Profile, ProfileError, TimelinePoint};
+use crate::{Category, Profile};
 
 /// Process id of the profiled program's threads.
 const PROGRAM_PID: u32 = 1;
@@ -44,14 +45,13 @@ struct CategoryBytes {
 impl CategoryBytes {
     fn from_point(point: &TimelinePoint) -> CategoryBytes {
         let mut bytes = CategoryBytes::default();
-        for (name, &value) in &point.by_category {
-            let slot = match name.as_str() {
-                "parameter" => &mut bytes.parameter,
-                "activation" => &mut bytes.activation,
-                "gradient" => &mut bytes.gradient,
-                "optimizer" => &mut bytes.optimizer,
-                // A category this version does not know still counts.
-                _ => &mut bytes.other,
+        for (category, &value) in &point.by_category {
+            let slot = match category {
+                Category::Parameter => &mut bytes.parameter,
+                Category::Activation => &mut bytes.activation,
+                Category::Gradient => &mut bytes.gradient,
+                Category::Optimizer => &mut bytes.optimizer,
+                Category::Other => &mut bytes.other,
             };
             *slot = slot.saturating_add(value);
         }
@@ -313,10 +313,9 @@ pub fn render(profile: &Profile) -> String {
         });
     }
 
-    let mut warnings = Vec::new();
-    if let Some(warning) = super::dropped_events_warning(summary) {
-        warnings.push(warning);
-    }
+    // The profile's warnings, each worded once by `Warning`'s `Display`, then what only the
+    // trace needs to say.
+    let mut warnings: Vec<String> = profile.warnings.iter().map(ToString::to_string).collect();
     if profile.span_events.is_empty() && !profile.spans.is_empty() {
         warnings.push(
             "this profile holds no span instances (written before span_events existed), \
@@ -324,7 +323,6 @@ pub fn render(profile: &Profile) -> String {
                 .to_string(),
         );
     }
-    warnings.extend(profile.warnings.iter().cloned());
     let trace = Trace {
         trace_events: events,
         display_time_unit: "ms",
@@ -356,9 +354,13 @@ pub fn path_beside(profile_path: &Path) -> std::path::PathBuf {
 ///
 /// # Errors
 ///
-/// [`ProfileError::Write`] when the file cannot be written; `path` keeps what it held before.
-pub fn write(profile: &Profile, path: impl AsRef<Path>) -> Result<(), ProfileError> {
-    write_atomically(path.as_ref(), render(profile).as_bytes())
+/// [`ExportError`] naming the file when it cannot be written; `path` keeps what it held before.
+pub fn write(profile: &Profile, path: impl AsRef<Path>) -> Result<(), ExportError> {
+    write_output(
+        Output::ChromeTrace,
+        path.as_ref(),
+        render(profile).as_bytes(),
+    )
 }
 
 #[cfg(test)]
@@ -438,6 +440,15 @@ mod tests {
             .iter()
             .any(|e| e["ph"] == "i" && e["args"]["bytes"] == profile.summary.peak_bytes));
         assert_eq!(trace["otherData"]["dropped_events"], 1234);
+    }
+
+    #[test]
+    fn each_warning_is_in_the_trace_once_in_its_one_wording() {
+        let profile = sample_profile_with_drops();
+        let trace: Value = serde_json::from_str(&render(&profile)).unwrap();
+        let expected: Vec<String> = profile.warnings.iter().map(|w| w.to_string()).collect();
+        assert_eq!(expected.len(), 2);
+        assert_eq!(trace["otherData"]["warnings"], serde_json::json!(expected));
     }
 
     #[test]

@@ -12,22 +12,66 @@
 //! - [`torch`]: PyTorch's CUDA memory snapshot (a pickle for its memory viewer), made from the
 //!   allocation log rather than the profile, since it replays every allocation.
 
+use std::fmt;
+use std::io;
 use std::path::{Path, PathBuf};
 
 pub mod chrome;
 pub mod html;
 mod pickle;
-#[doc(hidden)]
-pub mod sample;
 pub mod torch;
 
-/// The warning every view shows when the profile lost events, or `None` when it lost none.
-pub fn dropped_events_warning(summary: &crate::Summary) -> Option<String> {
-    (summary.dropped_events > 0).then(|| {
-        format!(
-            "{} events were dropped while recording; every figure is a lower bound",
-            summary.dropped_events
-        )
+/// What an export writes, as its errors name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Output {
+    /// The self-contained HTML report ([`html`]).
+    HtmlReport,
+    /// The Chrome/Perfetto trace ([`chrome`]).
+    ChromeTrace,
+    /// PyTorch's memory snapshot ([`torch`]).
+    TorchSnapshot,
+}
+
+impl fmt::Display for Output {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Output::HtmlReport => "HTML report",
+            Output::ChromeTrace => "Chrome trace",
+            Output::TorchSnapshot => "PyTorch memory snapshot",
+        })
+    }
+}
+
+/// Why an export could not be written. Nothing partial is left: the destination keeps what
+/// it held before.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write the {output} {}: {source}", path.display())]
+pub struct ExportError {
+    output: Output,
+    path: PathBuf,
+    #[source]
+    source: io::Error,
+}
+
+impl ExportError {
+    /// What was being written.
+    pub fn output(&self) -> Output {
+        self.output
+    }
+
+    /// Where it was being written.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Writes `contents` to `path` atomically, naming `output` and `path` if that fails.
+fn write_output(output: Output, path: &Path, contents: &[u8]) -> Result<(), ExportError> {
+    crate::profile::write_atomically(path, contents).map_err(|source| ExportError {
+        output,
+        path: path.to_path_buf(),
+        source,
     })
 }
 
@@ -43,9 +87,33 @@ fn beside(profile: &Path, extension: &str) -> PathBuf {
     PathBuf::from(name)
 }
 
+/// The hand-built profile the outputs' unit tests share with the integration tests.
+#[cfg(test)]
+#[path = "../../tests/support/sample.rs"]
+pub(crate) mod sample;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_export_names_what_and_where() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where the file should go makes the final rename fail.
+        let taken = dir.path().join("report.html");
+        std::fs::create_dir(&taken).unwrap();
+        let error = write_output(Output::HtmlReport, &taken, b"x").unwrap_err();
+        assert_eq!(error.output(), Output::HtmlReport);
+        assert_eq!(error.path(), taken);
+        let message = error.to_string();
+        assert!(
+            message.starts_with(&format!(
+                "cannot write the HTML report {}: ",
+                taken.display()
+            )),
+            "{message}"
+        );
+    }
 
     #[test]
     fn outputs_go_beside_the_profile_with_its_json_extension_replaced() {

@@ -17,8 +17,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::pickle::{dumps, Value};
+use super::{write_output, ExportError, Output};
 use crate::alloc_log::{AllocLog, AllocRecord};
-use crate::profile::{write_atomically, ProfileError};
 
 /// Default for the per-device event window.
 pub const DEFAULT_MAX_EVENTS: usize = 100_000;
@@ -48,13 +48,13 @@ pub fn render(log: &AllocLog, max_events: usize) -> Vec<u8> {
 ///
 /// # Errors
 ///
-/// [`ProfileError::Write`] when the file cannot be written; nothing partial is left.
-pub fn write(
-    log: &AllocLog,
-    max_events: usize,
-    path: impl AsRef<Path>,
-) -> Result<(), ProfileError> {
-    write_atomically(path.as_ref(), &render(log, max_events))
+/// [`ExportError`] naming the file when it cannot be written; nothing partial is left.
+pub fn write(log: &AllocLog, max_events: usize, path: impl AsRef<Path>) -> Result<(), ExportError> {
+    write_output(
+        Output::TorchSnapshot,
+        path.as_ref(),
+        &render(log, max_events),
+    )
 }
 
 /// The range of at most `max` records that ends at the records' peak of live bytes.

@@ -438,7 +438,9 @@ pub fn unattributed(profile: &Profile) -> (Kinds, u64) {
             .unwrap_or(0)
     };
     let threads = &profile.capture.threads;
-    let sum = |field: fn(&highwater::ThreadCapture) -> u64| threads.iter().map(field).sum::<u64>();
+    let sum = |field: fn(&highwater::profile::ThreadCapture) -> u64| {
+        threads.iter().map(field).sum::<u64>()
+    };
     let kinds = [
         by_kind("alloc") - sum(|t| t.dropped_allocs),
         by_kind("free") - sum(|t| t.dropped_frees),

@@ -11,6 +11,9 @@ use clap::Parser;
 
 mod cli;
 mod report;
+#[cfg(test)]
+#[path = "../../../tests/support/sample.rs"]
+mod sample;
 
 /// The error and its causes on one line, each cause once (a cause whose text the message
 /// already quotes is not repeated) and control characters blanked.

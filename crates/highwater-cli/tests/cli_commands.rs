@@ -4,9 +4,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use highwater::export::sample::{sample_profile, sample_profile_with_drops};
+#[path = "../../../tests/support/sample.rs"]
+mod sample;
+
+use highwater::profile::Warning;
 use highwater::units::format_bytes;
-use highwater::Profile;
+use highwater::{Category, Profile};
+use sample::{sample_profile, sample_profile_with_drops};
 use serde_json::Value;
 
 fn highwater(args: &[&str]) -> Output {
@@ -64,7 +68,14 @@ fn summary_warns_about_dropped_events() {
     ])))
     .unwrap();
     assert_eq!(json["summary"]["dropped_events"], 1234);
-    assert!(json["warnings"][0].as_str().unwrap().contains("dropped"));
+    assert_eq!(json["warnings"][0]["code"], "dropped_events");
+    assert_eq!(json["warnings"][0]["events"], 1234);
+    assert_eq!(
+        json["warnings"][0]["message"],
+        Warning::DroppedEvents { events: 1234 }.to_string()
+    );
+    assert_eq!(json["warnings"][1]["code"], "growing_residual");
+    assert_eq!(json["warnings"].as_array().unwrap().len(), 2);
 }
 
 #[test]
@@ -136,7 +147,7 @@ fn diff_reports_what_grew_and_what_shrank() {
     *bigger
         .summary
         .peak_by_category
-        .get_mut("activation")
+        .get_mut(&Category::Activation)
         .unwrap() += 512 << 20;
     let forward_id = (0..bigger.spans.len() as u32)
         .find(|&id| bigger.span_path(id) == "step/forward")
@@ -258,15 +269,17 @@ fn a_hostile_but_valid_profile_is_shown_without_panics() {
     for v in profile.summary.peak_by_category.values_mut() {
         *v = 0;
     }
+    // (A category this version does not know cannot be in a profile it loads:
+    // `tests/data/bad/unknown_category.json` is refused with exit code 2.)
     profile
         .summary
         .peak_by_category
-        .insert("unheard-of".into(), u64::MAX);
+        .insert(Category::Other, u64::MAX);
     profile.spans[4].name = "evil\u{1b}[2J\nname".into();
     profile.iterations[0].delta_bytes = i64::MIN;
     profile.timeline[0].timestamp_ns = u64::MAX;
     profile.timeline[1].live_bytes = u64::MAX;
-    profile.timeline[1].by_category = [("other".to_string(), u64::MAX); 1].into_iter().collect();
+    profile.timeline[1].by_category = [(Category::Other, u64::MAX); 1].into_iter().collect();
     profile.pool_timeline[0].fragmentation = -7.5;
     let a = write_profile(dir.path(), "a.json", &profile);
     let a = a.to_str().unwrap();

@@ -24,13 +24,13 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::dropped_events_warning;
+use super::{write_output, ExportError, Output};
 use crate::profile::span_tree;
-use crate::profile::write_atomically;
+use crate::profile::{TimelinePoint, Warning};
 use crate::units::{
     format_bytes, format_bytes_delta, format_count, format_duration_ns, format_shape,
 };
-use crate::{Category, Profile, ProfileError, TimelinePoint};
+use crate::{Category, Profile};
 
 /// Most points drawn per curve; longer curves keep each bucket's highest point.
 pub const MAX_CHART_POINTS: usize = 4_000;
@@ -137,16 +137,6 @@ fn downsample(values: &[u64], max: usize, must: Option<usize>) -> Vec<usize> {
     keep
 }
 
-fn category_slot(name: &str) -> usize {
-    match name {
-        "parameter" => Category::Parameter.index(),
-        "activation" => Category::Activation.index(),
-        "gradient" => Category::Gradient.index(),
-        "optimizer" => Category::Optimizer.index(),
-        _ => Category::Other.index(),
-    }
-}
-
 /// Device names in order: the devices table first, then any only the curves mention.
 fn device_order(profile: &Profile) -> Vec<String> {
     let mut names: Vec<String> = Vec::new();
@@ -192,7 +182,7 @@ fn chart_data(profile: &Profile) -> ChartData {
             for &i in &keep {
                 let mut slots = [0u64; Category::COUNT];
                 for (category, &bytes) in &points[i].by_category {
-                    let slot = &mut slots[category_slot(category)];
+                    let slot = &mut slots[category.index()];
                     *slot = slot.saturating_add(bytes);
                 }
                 for (column, value) in series.iter_mut().zip(slots) {
@@ -325,7 +315,7 @@ fn summary_section(out: &mut String, profile: &Profile) {
     let mut categories: Vec<(usize, u64)> = s
         .peak_by_category
         .iter()
-        .map(|(name, &bytes)| (category_slot(name), bytes))
+        .map(|(category, &bytes)| (category.index(), bytes))
         .collect();
     categories.sort_by_key(|c| c.0);
     out.push_str("<h3>At the peak, by category</h3><div class=\"catbar\">");
@@ -635,17 +625,27 @@ pub fn render(profile: &Profile) -> String {
         escape_html(&meta.clock),
         format_unix_ms(meta.started_unix_ms)
     );
-    if let Some(warning) = dropped_events_warning(&profile.summary) {
+    // Lost events put every figure in doubt: that notice stands out above the rest.
+    let (dropped, others): (Vec<&Warning>, Vec<&Warning>) = profile
+        .warnings
+        .iter()
+        .partition(|w| matches!(w, Warning::DroppedEvents { .. }));
+    for warning in dropped {
         let _ = write!(
             out,
             "<div class=\"alert\" id=\"dropped-warning\" role=\"alert\">⚠ {}</div>",
-            escape_html(&warning)
+            escape_html(&warning.to_string())
         );
     }
-    if !profile.warnings.is_empty() {
+    if !others.is_empty() {
         out.push_str("<ul class=\"warnings\" id=\"warnings\">");
-        for warning in profile.warnings.iter().take(MAX_TABLE_ROWS) {
-            let _ = write!(out, "<li>{}</li>", escape_html(warning));
+        for warning in others.into_iter().take(MAX_TABLE_ROWS) {
+            let _ = write!(
+                out,
+                "<li data-code=\"{}\">{}</li>",
+                warning.code(),
+                escape_html(&warning.to_string())
+            );
         }
         out.push_str("</ul>");
     }
@@ -682,9 +682,13 @@ pub fn path_beside(profile_path: &Path) -> std::path::PathBuf {
 ///
 /// # Errors
 ///
-/// [`ProfileError::Write`] when the file cannot be written; `path` keeps what it held before.
-pub fn write(profile: &Profile, path: impl AsRef<Path>) -> Result<(), ProfileError> {
-    write_atomically(path.as_ref(), render(profile).as_bytes())
+/// [`ExportError`] naming the file when it cannot be written; `path` keeps what it held before.
+pub fn write(profile: &Profile, path: impl AsRef<Path>) -> Result<(), ExportError> {
+    write_output(
+        Output::HtmlReport,
+        path.as_ref(),
+        render(profile).as_bytes(),
+    )
 }
 
 #[cfg(test)]
@@ -702,7 +706,9 @@ mod tests {
         profile.peak_breakdown[0].span_path = format!("a/{HOSTILE}");
         profile.peak_breakdown[0].op = Some("</script><img src=x onerror=alert(1)>".into());
         profile.timeline[0].device = HOSTILE.into();
-        profile.warnings.push(HOSTILE.into());
+        profile.warnings.push(Warning::Note {
+            text: HOSTILE.into(),
+        });
         let page = render(&profile);
         assert!(!page.contains(HOSTILE), "raw hostile string in page");
         assert!(!page.contains("<img"));
@@ -733,6 +739,11 @@ mod tests {
         assert!(!page.contains("dropped-warning"));
         let page = render(&sample_profile_with_drops());
         assert!(page.contains("id=\"dropped-warning\""));
+        // Each notice once, in its one wording: the drop notice as the alert, the rest listed.
+        let notice = escape_html(&Warning::DroppedEvents { events: 1_234 }.to_string());
+        assert_eq!(page.matches(&notice).count(), 1);
+        assert_eq!(page.matches("data-code=\"growing_residual\"").count(), 1);
+        assert_eq!(page.matches("data-code=\"dropped_events\"").count(), 0);
     }
 
     #[test]
@@ -744,7 +755,7 @@ mod tests {
                 timestamp_ns: i,
                 device: "cpu".into(),
                 live_bytes: if i == 31_337 { 1 << 40 } else { i % 1000 },
-                by_category: [("other".to_string(), i % 1000)].into_iter().collect(),
+                by_category: [(Category::Other, i % 1000)].into_iter().collect(),
             })
             .collect();
         let data = chart_data(&profile);

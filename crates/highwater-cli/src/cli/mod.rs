@@ -12,7 +12,8 @@ mod top;
 use std::io::{self, Write};
 use std::path::Path;
 
-use highwater::{Profile, ProfileError};
+use highwater::profile::ProfileError;
+use highwater::Profile;
 
 pub(crate) use args::Cli;
 use args::Command;

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use crate::report::{top_rows, top_text};
-use highwater::PeakRow;
+use highwater::profile::PeakRow;
 use serde::Serialize;
 
 /// What `top --json` prints.

@@ -4,9 +4,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use highwater::Profile;
 #[cfg(test)]
-use highwater::SpanMetrics;
+use highwater::profile::SpanMetrics;
+use highwater::{Category, Profile};
 
 /// The difference `after - before` as an `i64`, saturating at the ends of its range.
 fn signed_delta(before: u64, after: u64) -> i64 {
@@ -39,8 +39,8 @@ impl Delta {
 /// How live-at-peak bytes of one category changed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CategoryDelta {
-    /// Lower-case category name.
-    pub category: String,
+    /// The category (written as its lower-case name).
+    pub category: Category,
     /// Bytes of the category live at each profile's peak.
     pub bytes: Delta,
 }
@@ -99,27 +99,28 @@ pub struct ProfileDiff {
 /// by path; a span in only one profile compares with zeros and says which side it is on. When a
 /// damaged profile repeats a path, its first node counts.
 pub fn diff(before: &Profile, after: &Profile) -> ProfileDiff {
-    let names: BTreeSet<&String> = before
+    let names: BTreeSet<Category> = before
         .summary
         .peak_by_category
         .keys()
         .chain(after.summary.peak_by_category.keys())
+        .copied()
         .collect();
     let mut categories: Vec<CategoryDelta> = names
         .into_iter()
         .map(|name| CategoryDelta {
-            category: name.clone(),
+            category: name,
             bytes: Delta::new(
                 before
                     .summary
                     .peak_by_category
-                    .get(name)
+                    .get(&name)
                     .copied()
                     .unwrap_or(0),
                 after
                     .summary
                     .peak_by_category
-                    .get(name)
+                    .get(&name)
                     .copied()
                     .unwrap_or(0),
             ),
@@ -130,7 +131,7 @@ pub fn diff(before: &Profile, after: &Profile) -> ProfileDiff {
             .delta
             .unsigned_abs()
             .cmp(&a.bytes.delta.unsigned_abs())
-            .then_with(|| a.category.cmp(&b.category))
+            .then_with(|| a.category.as_str().cmp(b.category.as_str()))
     });
 
     let by_path = |profile: &Profile| {
@@ -206,8 +207,8 @@ mod tests {
     fn spans_are_matched_by_path_and_sorted_by_largest_change() {
         let mut a = Profile::empty();
         a.summary.peak_bytes = 100;
-        a.summary.peak_by_category.insert("activation".into(), 60);
-        a.summary.peak_by_category.insert("parameter".into(), 40);
+        a.summary.peak_by_category.insert(Category::Activation, 60);
+        a.summary.peak_by_category.insert(Category::Parameter, 40);
         a.spans = vec![
             span(0, "step", 100, 0, 500),
             span(1, "step/forward", 80, 10, 300),
@@ -215,8 +216,8 @@ mod tests {
         ];
         let mut b = a.clone();
         b.summary.peak_bytes = 70;
-        b.summary.peak_by_category.insert("activation".into(), 30);
-        b.summary.peak_by_category.insert("gradient".into(), 5);
+        b.summary.peak_by_category.insert(Category::Activation, 30);
+        b.summary.peak_by_category.insert(Category::Gradient, 5);
         b.spans = vec![
             span(0, "step", 100, 0, 500),
             span(1, "step/forward", 50, 10, 300),

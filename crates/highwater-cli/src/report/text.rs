@@ -6,10 +6,10 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::diff::{Delta, ProfileDiff};
-use highwater::export::dropped_events_warning;
 use highwater::profile::span_tree;
+use highwater::profile::{DeviceStats, PeakRow, RunMeta, SpanMetrics, Summary, Warning};
 use highwater::units::{format_bytes, format_bytes_delta, format_duration_ns, format_shape};
-use highwater::{DeviceStats, PeakRow, Profile, RunMeta, SpanMetrics, Summary};
+use highwater::{Category, Profile};
 
 /// Replaces control characters (newlines, escape sequences) in profile strings, which are user
 /// data, so they cannot move the cursor or forge lines in a terminal.
@@ -103,8 +103,13 @@ pub fn summary_text(profile: &Profile) -> String {
         m.threads,
         clean(&m.clock)
     );
-    if let Some(warning) = dropped_events_warning(s) {
-        let _ = writeln!(out, "WARNING: {warning}");
+    // Lost events put every figure in doubt: that notice comes first, the others last.
+    let (dropped, others): (Vec<&Warning>, Vec<&Warning>) = profile
+        .warnings
+        .iter()
+        .partition(|w| matches!(w, Warning::DroppedEvents { .. }));
+    for warning in dropped {
+        let _ = writeln!(out, "WARNING: {}", clean(&warning.to_string()));
     }
     let _ = writeln!(
         out,
@@ -114,12 +119,12 @@ pub fn summary_text(profile: &Profile) -> String {
         format_duration_ns(s.peak_timestamp_ns),
         format_duration_ns(s.duration_ns)
     );
-    let mut categories: Vec<(&String, &u64)> = s.peak_by_category.iter().collect();
-    categories.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.cmp(b.0)));
+    let mut categories: Vec<(&Category, &u64)> = s.peak_by_category.iter().collect();
+    categories.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.as_str().cmp(b.0.as_str())));
     let mut table = Table::new(&[("CATEGORY", false), ("AT PEAK", true), ("SHARE", true)]);
     for (name, bytes) in categories {
         table.push(vec![
-            clean(name).into_owned(),
+            name.to_string(),
             format_bytes(*bytes),
             percent(*bytes, s.peak_bytes),
         ]);
@@ -148,10 +153,10 @@ pub fn summary_text(profile: &Profile) -> String {
         out.push_str("devices:\n");
         devices_table(&profile.devices).render(&mut out, "  ");
     }
-    if !profile.warnings.is_empty() {
+    if !others.is_empty() {
         out.push_str("warnings:\n");
-        for warning in &profile.warnings {
-            let _ = writeln!(out, "  - {}", clean(warning));
+        for warning in others {
+            let _ = writeln!(out, "  - {}", clean(&warning.to_string()));
         }
     }
     out
@@ -328,7 +333,7 @@ pub fn diff_text(diff: &ProfileDiff, limit: usize) -> String {
     ]);
     for c in &diff.categories {
         let [before, after, delta] = delta_cells(&c.bytes);
-        table.push(vec![clean(&c.category).into_owned(), before, after, delta]);
+        table.push(vec![c.category.to_string(), before, after, delta]);
     }
     table.render(&mut out, "  ");
     if diff.spans.is_empty() {
@@ -373,31 +378,42 @@ pub struct SummaryJson<'a> {
     pub summary: &'a Summary,
     /// Per-device figures.
     pub devices: &'a [DeviceStats],
-    /// Warnings, the dropped-events one included when events were dropped.
-    pub warnings: Vec<String>,
+    /// The profile's warnings, each with its code, its figures and its sentence.
+    pub warnings: Vec<WarningJson<'a>>,
+}
+
+/// One warning in `summary --json`: as the profile stores it (`code` and figures) plus the
+/// sentence every view shows.
+#[derive(Debug, Serialize)]
+pub struct WarningJson<'a> {
+    /// The warning as stored.
+    #[serde(flatten)]
+    pub warning: &'a Warning,
+    /// Its sentence.
+    pub message: String,
 }
 
 /// The `summary --json` document of `profile`.
 pub fn summary_json(profile: &Profile) -> SummaryJson<'_> {
-    let mut warnings = Vec::new();
-    if let Some(w) = dropped_events_warning(&profile.summary) {
-        if !profile.warnings.iter().any(|x| x.contains("dropped")) {
-            warnings.push(w);
-        }
-    }
-    warnings.extend(profile.warnings.iter().cloned());
     SummaryJson {
         meta: &profile.meta,
         summary: &profile.summary,
         devices: &profile.devices,
-        warnings,
+        warnings: profile
+            .warnings
+            .iter()
+            .map(|warning| WarningJson {
+                warning,
+                message: warning.to_string(),
+            })
+            .collect(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use highwater::export::sample::{sample_profile, sample_profile_with_drops};
+    use crate::sample::{sample_profile, sample_profile_with_drops};
 
     #[test]
     fn summary_names_peak_device_and_categories() {
@@ -412,11 +428,17 @@ mod tests {
 
     #[test]
     fn summary_warns_when_events_were_dropped() {
-        let text = summary_text(&sample_profile_with_drops());
-        assert!(
-            text.contains("WARNING:") && text.contains("dropped"),
-            "{text}"
+        let profile = sample_profile_with_drops();
+        let text = summary_text(&profile);
+        let notice = Warning::DroppedEvents { events: 1_234 }.to_string();
+        assert!(text.starts_with("highwater profile of"), "{text}");
+        assert_eq!(
+            text.lines().nth(1),
+            Some(format!("WARNING: {notice}").as_str())
         );
+        // Shown once: not repeated in the list of other warnings.
+        assert_eq!(text.matches(&notice).count(), 1, "{text}");
+        assert!(text.contains("warnings:\n  - live memory grows"), "{text}");
     }
 
     #[test]

@@ -1,4 +1,9 @@
-//! A realistic hand-built profile for tests, examples and trying the outputs without a run.
+//! A realistic hand-built profile for tests: the outputs' unit tests, the HTML report's browser
+//! tests and the command's tests all read it.
+//!
+//! It is test support, not part of the library: each user includes this file with
+//! `#[path = ".../tests/support/sample.rs"] mod sample;` (the library's own unit tests too,
+//! through `extern crate self as highwater`), and it names only public types.
 //!
 //! It describes eight training steps of a small transformer on two GPUs with a CPU heap: four
 //! categories with the classic shape (activations climb through forward and fall through
@@ -6,12 +11,16 @@
 //! span tree `step → forward/backward/optimizer → layers`, live-at-peak rows with ops and
 //! shapes, a slow CPU leak visible in the per-iteration residuals, and device pools.
 
+// Each including test uses only some of these.
+#![allow(dead_code, unreachable_pub)]
+
 use std::collections::BTreeMap;
 
-use crate::{
-    CaptureStats, Category, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint,
-    Profile, RunMeta, SpanEvent, SpanMetrics, Step, Summary, TimelinePoint, SCHEMA,
+use highwater::profile::{
+    CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, RunMeta,
+    SpanEvent, SpanMetrics, Summary, TimelinePoint, Warning, SCHEMA,
 };
+use highwater::{Category, Profile, Step};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -104,12 +113,11 @@ fn live_at(device: &DeviceModel, iteration: u64, frac: f64) -> [u64; Category::C
     [device.parameter, activation, gradient, optimizer, other]
 }
 
-fn by_category(values: [u64; Category::COUNT]) -> BTreeMap<String, u64> {
+fn by_category(values: [u64; Category::COUNT]) -> BTreeMap<Category, u64> {
     Category::ALL
-        .iter()
+        .into_iter()
         .zip(values)
         .filter(|(_, v)| *v > 0)
-        .map(|(c, v)| (c.as_str().to_string(), v))
         .collect()
 }
 
@@ -296,11 +304,13 @@ pub fn sample_profile() -> Profile {
         iterations,
         devices,
         pool_timeline,
-        warnings: vec![format!(
-            "live bytes after `step` grew in each of the last 7 iterations, by {} per iteration \
-             on average: a leak?",
-            crate::units::format_bytes(LEAK_PER_ITERATION)
-        )],
+        warnings: vec![Warning::GrowingResidual {
+            span: "step".into(),
+            window: ITERATIONS - 1,
+            grew: ITERATIONS - 1,
+            total_bytes: ((ITERATIONS - 1) * LEAK_PER_ITERATION) as i64,
+            per_iteration_bytes: LEAK_PER_ITERATION as i64,
+        }],
         span_events,
     }
 }
@@ -310,16 +320,15 @@ pub fn sample_profile_with_drops() -> Profile {
     let mut profile = sample_profile();
     profile.summary.dropped_events = 1_234;
     profile.summary.unknown_frees = 87;
-    profile.warnings.insert(
-        0,
-        "1234 events were dropped (a thread's ring was full); figures are lower bounds".to_string(),
-    );
+    profile
+        .warnings
+        .insert(0, Warning::DroppedEvents { events: 1_234 });
     profile
 }
 
 /// Live-at-peak rows on `device` whose bytes add up to `by_category` exactly.
-fn peak_rows(by_category: &BTreeMap<String, u64>, device: &str) -> Vec<PeakRow> {
-    let get = |c: Category| by_category.get(c.as_str()).copied().unwrap_or(0);
+fn peak_rows(by_category: &BTreeMap<Category, u64>, device: &str) -> Vec<PeakRow> {
+    let get = |c: Category| by_category.get(&c).copied().unwrap_or(0);
     let row = |path: String, op: &str, shape: &[u64], category, bytes: u64, count| PeakRow {
         span_path: path,
         op: Some(op.to_string()),
@@ -567,10 +576,12 @@ fn span_tree_and_events() -> (Vec<SpanMetrics>, Vec<SpanEvent>) {
     let _ = init;
 
     // Instances: step and its children on thread 1, data loading on thread 2.
-    let ids: std::collections::HashMap<String, u32> = crate::profile::span_paths(&spans)
-        .into_iter()
-        .zip(0..)
-        .collect();
+    let tree = Profile {
+        spans: spans.clone(),
+        ..Profile::default()
+    };
+    let ids: std::collections::HashMap<String, u32> =
+        tree.span_paths().into_iter().zip(0..).collect();
     let mut push = |thread, _name: &str, path: String, start_ns, duration_ns, depth| {
         events.push(SpanEvent {
             thread,

@@ -2,18 +2,17 @@
 //!
 //! The model does everything the slow, obvious way: a vector of live blocks scanned linearly, a
 //! full copy of the live set at every new peak, every open span updated after every event, and
-//! ancestors walked for every allocation and at every exit. It shares no code with the
-//! streaming analysis beyond the event and profile types.
+//! ancestors walked for every allocation and at every exit. It is a test of the crate from
+//! outside: it sees only the public event and profile types, so it cannot share code with the
+//! streaming analysis.
 
 use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
-use crate::model::{Category, SpanLabel, Step};
-use crate::profile::Profile;
-
-use super::event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq};
-use super::{Timeline, TimelineConfig};
+use highwater::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq};
+use highwater::analysis::{Timeline, TimelineConfig};
+use highwater::{Category, Profile, SpanLabel, Step};
 
 #[derive(Debug, Clone)]
 struct Block {
@@ -40,13 +39,13 @@ struct Instance {
 
 /// Figures of one span node, keyed by its chain of (name, packed label) from the top.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(super) struct NodeFigures {
-    pub(super) calls: u64,
-    pub(super) total_ns: u64,
-    pub(super) bytes_allocated: u64,
-    pub(super) alloc_count: u64,
-    pub(super) peak_bytes: u64,
-    pub(super) residual_bytes: u64,
+struct NodeFigures {
+    calls: u64,
+    total_ns: u64,
+    bytes_allocated: u64,
+    alloc_count: u64,
+    peak_bytes: u64,
+    residual_bytes: u64,
 }
 
 /// A span node as the profile shows it: (name, step, category) from the top.
@@ -54,7 +53,7 @@ type NamedChain = Vec<(String, Option<Step>, Option<Category>)>;
 
 /// The naive replay.
 #[derive(Debug, Default)]
-pub(super) struct Model {
+struct Model {
     names: Vec<String>,
     devices: Vec<String>,
     live: Vec<Block>,
@@ -62,17 +61,17 @@ pub(super) struct Model {
     ops: BTreeMap<u32, Vec<u32>>,
     device_live: BTreeMap<u16, u64>,
     device_peak: BTreeMap<u16, (u64, u64)>,
-    pub(super) peak: (u64, u64, Option<u16>),
+    peak: (u64, u64, Option<u16>),
     peak_snapshot: Vec<Block>,
-    pub(super) nodes: BTreeMap<Vec<(u32, u8)>, NodeFigures>,
-    pub(super) counts: [u64; 6],
+    nodes: BTreeMap<Vec<(u32, u8)>, NodeFigures>,
+    counts: [u64; 6],
     autograd: Option<u64>,
     top_exits: BTreeMap<u32, Vec<(u64, u64)>>,
     events: u64,
 }
 
 impl Model {
-    pub(super) fn new(names: &[&str], devices: &[&str]) -> Model {
+    fn new(names: &[&str], devices: &[&str]) -> Model {
         Model {
             names: names.iter().map(|s| s.to_string()).collect(),
             devices: devices.iter().map(|s| s.to_string()).collect(),
@@ -174,7 +173,7 @@ impl Model {
         }
     }
 
-    pub(super) fn apply(&mut self, event: &Event) {
+    fn apply(&mut self, event: &Event) {
         self.events += 1;
         let ts = event.ts_ns;
         match event.kind {
@@ -248,7 +247,7 @@ impl Model {
                 }
                 let parent = self.open_instance(event.thread, event.span);
                 let mut chain = parent.map_or(Vec::new(), |p| self.instances[p].chain.clone());
-                chain.push((name.0, label.to_byte()));
+                chain.push((name.0, label_key(label)));
                 self.nodes.entry(chain.clone()).or_default().calls += 1;
                 let measure = self.measure();
                 self.instances.push(Instance {
@@ -305,7 +304,7 @@ impl Model {
     }
 
     /// Closes open spans innermost first, as the timeline's `finish` reports them.
-    pub(super) fn finish(&mut self, end_ns: u64) {
+    fn finish(&mut self, end_ns: u64) {
         let mut open: Vec<usize> = (0..self.instances.len())
             .filter(|&i| self.instances[i].open)
             .collect();
@@ -330,7 +329,7 @@ impl Model {
     }
 
     /// Compares everything the model computes with `profile`; panics naming the difference.
-    pub(super) fn check(&self, profile: &Profile, top_allocations: usize) {
+    fn check(&self, profile: &Profile, top_allocations: usize) {
         let s = &profile.summary;
         assert_eq!(s.peak_bytes, self.peak.0, "peak bytes");
         assert_eq!(s.peak_timestamp_ns, self.peak.1, "peak ts");
@@ -340,13 +339,13 @@ impl Model {
             .map(|d| self.devices[d as usize].clone())
             .unwrap_or_default();
         assert_eq!(s.peak_device, device, "peak device");
-        let mut by_cat: BTreeMap<String, u64> = BTreeMap::new();
+        let mut by_cat: BTreeMap<Category, u64> = BTreeMap::new();
         for b in self
             .peak_snapshot
             .iter()
             .filter(|b| Some(b.device) == self.peak.2)
         {
-            *by_cat.entry(b.category.as_str().to_string()).or_default() += b.size;
+            *by_cat.entry(b.category).or_default() += b.size;
         }
         by_cat.retain(|_, v| *v > 0);
         assert_eq!(s.peak_by_category, by_cat, "peak by category");
@@ -459,7 +458,7 @@ impl Model {
                 let key = chain
                     .iter()
                     .map(|(n, label)| {
-                        let (step, cat) = match SpanLabel::from_byte(*label) {
+                        let (step, cat) = match label_of(*label) {
                             SpanLabel::Plain => (None, None),
                             SpanLabel::Step(s) => (Some(s), None),
                             SpanLabel::Category(c) => (None, Some(c)),
@@ -677,6 +676,28 @@ fn build_stream(steps: &[(u8, u8, u64, u64)]) -> Vec<Event> {
         });
     }
     events
+}
+
+/// A span label as part of an ordered node key (the model's own numbering).
+fn label_key(label: SpanLabel) -> u8 {
+    match label {
+        SpanLabel::Plain => 0,
+        SpanLabel::Step(Step::Forward) => 1,
+        SpanLabel::Step(Step::Backward) => 2,
+        SpanLabel::Step(Step::Optimizer) => 3,
+        SpanLabel::Category(category) => 10 + category.index() as u8,
+    }
+}
+
+/// Inverse of [`label_key`].
+fn label_of(key: u8) -> SpanLabel {
+    match key {
+        0 => SpanLabel::Plain,
+        1 => SpanLabel::Step(Step::Forward),
+        2 => SpanLabel::Step(Step::Backward),
+        3 => SpanLabel::Step(Step::Optimizer),
+        _ => SpanLabel::Category(Category::from_index(key - 10)),
+    }
 }
 
 /// A timeline with the generated streams' names interned.

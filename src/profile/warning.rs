@@ -1,0 +1,347 @@
+//! [`Warning`]: what the reader of a profile should know, as data.
+//!
+//! A profile stores each warning as its stable code and its figures (`{"code":
+//! "dropped_events", "events": 7}`), never as a sentence. The sentence is made in one place, the
+//! [`Display`](fmt::Display) impl, so every output (the `highwater` command, the HTML report, the
+//! Chrome trace) words each notice the same way, and a program can match on the variant.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::units::format_bytes_delta;
+
+/// Something the reader of a profile should know: events were lost, memory grows, a series
+/// was sampled.
+///
+/// Serialised with its [`code`](Warning::code) under `"code"` and its figures beside it.
+///
+/// # Examples
+///
+/// ```
+/// use highwater::profile::Warning;
+///
+/// let warning = Warning::DroppedEvents { events: 7 };
+/// assert_eq!(warning.code(), "dropped_events");
+/// assert_eq!(
+///     serde_json::to_string(&warning).unwrap(),
+///     r#"{"code":"dropped_events","events":7}"#
+/// );
+/// assert!(warning.to_string().starts_with("7 events were dropped"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "code", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Warning {
+    /// Events were lost while recording (a ring was full, a thread had exited or no ring was
+    /// free). A lost allocation leaves its bytes out of every figure; a lost free leaves its
+    /// block counted as live until the end. So figures can be too high as well as too low.
+    DroppedEvents {
+        /// Events lost ([`Summary::dropped_events`](super::Summary::dropped_events)).
+        events: u64,
+    },
+    /// Live memory grows across iterations: something allocated each iteration is kept.
+    GrowingResidual {
+        /// The top-level span that marks iterations.
+        span: String,
+        /// Iterations the rule looked at (the last ones).
+        window: u64,
+        /// Of those, how many ended with more live bytes than the one before.
+        grew: u64,
+        /// Growth over the window, in bytes.
+        total_bytes: i64,
+        /// Average growth per iteration over the window, in bytes.
+        per_iteration_bytes: i64,
+    },
+    /// The run had more iterations than a profile lists: [`Profile::iterations`] is an even
+    /// sample, the last ones included.
+    ///
+    /// [`Profile::iterations`]: super::Profile::iterations
+    IterationsSampled {
+        /// The top-level span that marks iterations.
+        span: String,
+        /// Iterations the run had.
+        iterations: u64,
+        /// Iterations the profile lists.
+        listed: u64,
+    },
+    /// The allocation log asked for could not be written in full.
+    AllocLogIncomplete {
+        /// The log's path.
+        path: String,
+        /// What went wrong.
+        error: String,
+    },
+    /// Recording was disabled (`HIGHWATER=off`): the profile is empty.
+    RecordingDisabled,
+    /// Spans nested deeper than [`MAX_SPAN_DEPTH`](super::MAX_SPAN_DEPTH) are counted in one
+    /// [`FOLDED_SPANS`](super::FOLDED_SPANS) node under the deepest kept one.
+    SpansTooDeep {
+        /// Span instances folded.
+        instances: u64,
+        /// The depth limit.
+        max_depth: u32,
+    },
+    /// Spans at paths past the first [`MAX_SPAN_NODES`](super::MAX_SPAN_NODES) are counted in
+    /// one top-level [`FOLDED_SPANS`](super::FOLDED_SPANS) node.
+    SpansTooMany {
+        /// Span instances folded.
+        instances: u64,
+        /// The node limit.
+        max_nodes: u64,
+    },
+    /// Op or dtype names arrived after the process-wide name table was full; they are shown
+    /// under one placeholder name.
+    NamesFolded {
+        /// Names folded during the session.
+        names: u64,
+        /// The table's limit.
+        max_names: u64,
+        /// The placeholder they are shown as.
+        shown_as: String,
+    },
+    /// A checkpoint written on a signal the program handles itself; the session was still
+    /// recording, and its own end writes the whole run.
+    Checkpoint,
+    /// A warning from a profile written before warnings were typed: its sentence, as written.
+    Note {
+        /// The sentence.
+        text: String,
+    },
+}
+
+impl Warning {
+    /// The warning's stable code, as written in profiles (`"dropped_events"`, …).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Warning::DroppedEvents { .. } => "dropped_events",
+            Warning::GrowingResidual { .. } => "growing_residual",
+            Warning::IterationsSampled { .. } => "iterations_sampled",
+            Warning::AllocLogIncomplete { .. } => "alloc_log_incomplete",
+            Warning::RecordingDisabled => "recording_disabled",
+            Warning::SpansTooDeep { .. } => "spans_too_deep",
+            Warning::SpansTooMany { .. } => "spans_too_many",
+            Warning::NamesFolded { .. } => "names_folded",
+            Warning::Checkpoint => "checkpoint",
+            Warning::Note { .. } => "note",
+        }
+    }
+}
+
+impl fmt::Display for Warning {
+    /// The one English rendering of each warning.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Warning::DroppedEvents { events } => write!(
+                f,
+                "{events} events were dropped while recording (full rings or exited threads): \
+                 a dropped allocation is missing from the figures and a dropped free leaves its \
+                 block counted as live, so figures can be too low or too high"
+            ),
+            Warning::GrowingResidual {
+                span,
+                window,
+                grew,
+                total_bytes,
+                per_iteration_bytes,
+            } => write!(
+                f,
+                "live memory grows across iterations of span `{span}`: {} per iteration on \
+                 average, {grew} of the last {window} iterations grew ({} over those \
+                 {window}); something allocated each iteration is kept",
+                format_bytes_delta(*per_iteration_bytes),
+                format_bytes_delta(*total_bytes),
+            ),
+            Warning::IterationsSampled {
+                span,
+                iterations,
+                listed,
+            } => write!(
+                f,
+                "{iterations} iterations of span `{span}`: the profile lists an even sample of \
+                 {listed} of them, the last ones included"
+            ),
+            Warning::AllocLogIncomplete { path, error } => write!(
+                f,
+                "the allocation log {path} could not be written ({error}); it is incomplete"
+            ),
+            Warning::RecordingDisabled => {
+                f.write_str("recording was disabled (HIGHWATER=off); nothing was recorded")
+            }
+            Warning::SpansTooDeep {
+                instances,
+                max_depth,
+            } => write!(
+                f,
+                "{instances} span instances nested deeper than {max_depth} levels are counted \
+                 in one `{}` node",
+                super::FOLDED_SPANS
+            ),
+            Warning::SpansTooMany {
+                instances,
+                max_nodes,
+            } => write!(
+                f,
+                "{instances} span instances at paths past the first {max_nodes} are counted in \
+                 one top-level `{}` node",
+                super::FOLDED_SPANS
+            ),
+            Warning::NamesFolded {
+                names,
+                max_names,
+                shown_as,
+            } => write!(
+                f,
+                "{names} op or dtype names arrived after the name table was full ({max_names} \
+                 names); they are shown as `{shown_as}`"
+            ),
+            Warning::Checkpoint => f.write_str(
+                "checkpoint written on a signal the program handles; the session was still \
+                 recording",
+            ),
+            Warning::Note { text } => f.write_str(text),
+        }
+    }
+}
+
+/// Reads [`Profile::warnings`](super::Profile::warnings): typed warnings, the plain sentences
+/// profiles held before warnings had a type (as [`Warning::Note`]), and — by the compatibility
+/// rule of [`SCHEMA`](super::SCHEMA) — warnings of codes a newer writer added (as a
+/// [`Warning::Note`] that shows the code and its figures).
+pub(super) fn deserialize_list<'de, D>(deserializer: D) -> Result<Vec<Warning>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Stored {
+        Typed(Warning),
+        Sentence(String),
+        Newer(serde_json::Map<String, serde_json::Value>),
+    }
+    let stored = Vec::<Stored>::deserialize(deserializer)?;
+    Ok(stored
+        .into_iter()
+        .map(|warning| match warning {
+            Stored::Typed(warning) => warning,
+            Stored::Sentence(text) => Warning::Note { text },
+            Stored::Newer(mut fields) => {
+                let code = fields
+                    .remove("code")
+                    .and_then(|code| code.as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "unknown".to_string());
+                Warning::Note {
+                    text: format!(
+                        "warning `{code}` from a newer highwater: {}",
+                        serde_json::Value::Object(fields)
+                    ),
+                }
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_warning() -> Vec<Warning> {
+        vec![
+            Warning::DroppedEvents { events: 3 },
+            Warning::GrowingResidual {
+                span: "step".into(),
+                window: 16,
+                grew: 15,
+                total_bytes: 16 << 20,
+                per_iteration_bytes: 1 << 20,
+            },
+            Warning::IterationsSampled {
+                span: "step".into(),
+                iterations: 200_000,
+                listed: 4096,
+            },
+            Warning::AllocLogIncomplete {
+                path: "run.alloc".into(),
+                error: "disk full".into(),
+            },
+            Warning::RecordingDisabled,
+            Warning::SpansTooDeep {
+                instances: 9936,
+                max_depth: 64,
+            },
+            Warning::SpansTooMany {
+                instances: 50,
+                max_nodes: 8192,
+            },
+            Warning::NamesFolded {
+                names: 3,
+                max_names: 65536,
+                shown_as: "(more names)".into(),
+            },
+            Warning::Checkpoint,
+            Warning::Note {
+                text: "an old sentence".into(),
+            },
+        ]
+    }
+
+    #[test]
+    fn each_warning_is_written_with_its_code_and_read_back() {
+        for warning in every_warning() {
+            let json = serde_json::to_value(&warning).unwrap();
+            assert_eq!(json["code"], warning.code(), "{json}");
+            let back: Warning = serde_json::from_value(json).unwrap();
+            assert_eq!(back, warning);
+        }
+    }
+
+    #[test]
+    fn the_leak_sentence_uses_binary_units() {
+        let text = every_warning()[1].to_string();
+        assert_eq!(
+            text,
+            "live memory grows across iterations of span `step`: +1.0 MiB per iteration on \
+             average, 15 of the last 16 iterations grew (+16.0 MiB over those 16); something \
+             allocated each iteration is kept"
+        );
+    }
+
+    #[test]
+    fn the_drop_notice_says_figures_can_be_off_either_way() {
+        let text = Warning::DroppedEvents { events: 1234 }.to_string();
+        assert!(text.starts_with("1234 events were dropped while recording"));
+        assert!(text.contains("too low or too high"), "{text}");
+    }
+
+    #[test]
+    fn sentences_from_older_profiles_load_as_notes() {
+        #[derive(Deserialize)]
+        struct List(#[serde(deserialize_with = "deserialize_list")] Vec<Warning>);
+        let List(list) =
+            serde_json::from_str(r#"["2 events were dropped", {"code": "recording_disabled"}]"#)
+                .unwrap();
+        assert_eq!(
+            list,
+            [
+                Warning::Note {
+                    text: "2 events were dropped".into()
+                },
+                Warning::RecordingDisabled
+            ]
+        );
+        // A newer writer's code, and a field it added to a known one: both load.
+        let List(newer) = serde_json::from_str(
+            r#"[{"code": "from_the_future", "bytes": 5}, {"code": "dropped_events", "events": 2, "added": 1}]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            newer,
+            [
+                Warning::Note {
+                    text: "warning `from_the_future` from a newer highwater: {\"bytes\":5}".into()
+                },
+                Warning::DroppedEvents { events: 2 }
+            ]
+        );
+    }
+}
