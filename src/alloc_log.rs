@@ -235,7 +235,9 @@ impl AllocLogWriter {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir)?;
             }
-            let mut out = BufWriter::with_capacity(1 << 20, File::create(path)?);
+            // Never waits on a FIFO without a reader (that would hang `Session::start`).
+            let file = crate::fileio::create_for_streaming(path)?;
+            let mut out = BufWriter::with_capacity(1 << 20, file);
             out.write_all(MAGIC)?;
             Ok(out)
         })();

@@ -101,6 +101,29 @@ fn write_through(path: &Path, contents: &[u8], append: bool) -> io::Result<()> {
     file.flush()
 }
 
+/// Opens `path` for a stream of writes (the allocation log): created or truncated when it is a
+/// regular file, written through otherwise. Never blocks opening a FIFO: with no reader that
+/// is an error naming the cause.
+pub(crate) fn create_for_streaming(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|error| {
+            if error.raw_os_error() == Some(libc::ENXIO) {
+                io::Error::new(error.kind(), "it is a FIFO that no process is reading")
+            } else {
+                error
+            }
+        })?;
+    set_blocking(&file)?;
+    if file.metadata()?.is_file() {
+        file.set_len(0)?;
+    }
+    Ok(file)
+}
+
 /// Writes `contents` to `path` through a temporary sibling and a rename. Missing parent
 /// directories are created; on any failure the temporary file is removed and `path` keeps what
 /// it held.
@@ -252,6 +275,19 @@ mod tests {
         mkfifo(&fifo);
         // No writer: empty at once, no hang.
         assert_eq!(read_bounded(&fifo, 4096).unwrap(), Vec::<u8>::new());
+    }
+
+    #[test]
+    fn streaming_to_a_fifo_without_a_reader_is_an_error_not_a_hang() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("log");
+        mkfifo(&fifo);
+        let error = create_for_streaming(&fifo).unwrap_err();
+        assert!(error.to_string().contains("FIFO"), "{error}");
+        let file = dir.path().join("file");
+        fs::write(&file, "old contents").unwrap();
+        create_for_streaming(&file).unwrap();
+        assert_eq!(fs::read(&file).unwrap(), b"", "a regular file is truncated");
     }
 
     #[test]

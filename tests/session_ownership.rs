@@ -116,8 +116,10 @@ fn a_fork_during_a_snapshot_and_a_dropped_inherited_session_do_not_hang() {
                         let _ = session.snapshot();
                     }
                 });
-                for _ in 0..5 {
-                    std::thread::sleep(Duration::from_millis(3));
+                // Enough forks that some land while that thread is inside a push (its ring
+                // busy), which used to make the child's own finish wait forever.
+                for _ in 0..20 {
+                    std::thread::sleep(Duration::from_millis(1));
                     // SAFETY: the child uses highwater and calls `_exit`.
                     let pid = unsafe { libc::fork() };
                     if pid == 0 {
@@ -288,4 +290,36 @@ fn a_non_utf8_output_path_is_kept_exactly() {
         .collect();
     assert_eq!(names, vec![file.to_os_string()]);
     assert!(Profile::load(Path::new(&path)).is_ok());
+}
+
+/// An allocation log that is a FIFO nobody reads: `start` does not wait for a reader (it used to
+/// block forever opening it); the profile says the log is incomplete.
+#[test]
+fn an_allocation_log_fifo_without_a_reader_does_not_hang_start() {
+    isolated(
+        "an_allocation_log_fifo_without_a_reader_does_not_hang_start",
+        || {
+            let dir = tempfile::tempdir().unwrap();
+            let fifo = dir.path().join("run.alloc");
+            let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+            // SAFETY: a valid NUL-terminated path.
+            assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+            let session = Session::builder()
+                .write_profile(false)
+                .alloc_log(&fifo)
+                .start()
+                .unwrap();
+            black_box(vec![0u8; 4096]);
+            let profile = session.finish().unwrap();
+            assert!(
+                profile.warnings.iter().any(|w| matches!(
+                    w,
+                    highwater::profile::Warning::AllocLogIncomplete { error, .. }
+                        if error.contains("FIFO")
+                )),
+                "{:?}",
+                profile.warnings
+            );
+        },
+    );
 }

@@ -141,4 +141,9 @@ extern "C" fn on_thread_exit(value: *mut libc::c_void) {
 extern "C" fn in_forked_child() {
     FORKED_CHILD.store(true, Ordering::Relaxed);
     super::hook::RECORDING.store(false, Ordering::SeqCst);
+    // Only the forking thread survives, and it is not inside a push: no ring is busy, whatever
+    // the parent's threads were doing (atomic stores only, async-signal-safe).
+    for slot in super::registry::REGISTRY.slots() {
+        slot.ring.clear_busy_after_fork();
+    }
 }

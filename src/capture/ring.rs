@@ -341,6 +341,15 @@ impl Ring {
         std::array::from_fn(|kind| self.producer.dropped[kind].load(Ordering::Relaxed))
     }
 
+    /// In a forked child: the producer (a thread of the parent) did not survive the fork, so it
+    /// is not between a gate check and its publish, whatever its flag said at the fork. Without
+    /// this, [`Ring::wait_idle`] in the child's own session would wait for it forever. (Its
+    /// unpublished event, if any, was never visible: `head` did not move.)
+    #[cfg(not(loom))]
+    pub(crate) fn clear_busy_after_fork(&self) {
+        self.producer.busy.store(0, Ordering::Relaxed);
+    }
+
     /// Waits until the producer is not between a gate check and its publish. After
     /// [`close_gate`], every event recorded under the open gate is then published. The
     /// producer never blocks inside, so this waits only while it is descheduled.
