@@ -19,6 +19,7 @@
 //! The page is as bounded as the profile: at most [`MAX_CHART_POINTS`] points per curve (the
 //! highest point of each bucket and the peak are kept) and [`MAX_TABLE_ROWS`] rows per table.
 
+#[cfg(not(loom))]
 pub mod fit;
 
 use std::fmt::Write as _;
