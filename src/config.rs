@@ -14,7 +14,8 @@
 //! | `HIGHWATER_OUT` | a path (any bytes, not only UTF-8) | [`output`](crate::SessionBuilder::output) | `highwater-profile.json` |
 //! | `HIGHWATER_ALLOC_LOG` | a path (any bytes) | [`alloc_log`](crate::SessionBuilder::alloc_log) | none |
 //! | `HIGHWATER_HTML` | on/off | [`html`](crate::SessionBuilder::html) | off |
-//! | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | [`ring_events`](crate::SessionBuilder::ring_events) | 262144 |
+//! | `HIGHWATER_CAPTURE` | `lossless`, `drop` | [`capture_mode`](crate::SessionBuilder::capture_mode) | `lossless` |
+//! | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | [`ring_events`](crate::SessionBuilder::ring_events) | 65536 |
 //! | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | — | `tsc` where available |
 //! | `HIGHWATER_SIGNALS` | on/off | [`write_on_signal`](crate::SessionBuilder::write_on_signal) | off |
 //!
@@ -26,6 +27,7 @@ use std::path::PathBuf;
 
 use crate::capture::lifecycle::DEFAULT_RING_EVENTS;
 use crate::error::Error;
+use crate::profile::CaptureMode;
 
 /// Where the profile goes when neither the builder nor `HIGHWATER_OUT` says.
 pub const DEFAULT_OUTPUT: &str = "highwater-profile.json";
@@ -35,6 +37,7 @@ pub const DEFAULT_OUTPUT: &str = "highwater-profile.json";
 pub(crate) struct Requested {
     pub(crate) output: Option<PathBuf>,
     pub(crate) ring_events: Option<usize>,
+    pub(crate) capture_mode: Option<CaptureMode>,
     pub(crate) write: Option<bool>,
     pub(crate) signals: Option<bool>,
     pub(crate) html: Option<bool>,
@@ -49,6 +52,7 @@ pub(crate) struct EnvConfig {
     pub(crate) html: Option<bool>,
     pub(crate) alloc_log: Option<PathBuf>,
     pub(crate) ring_events: Option<usize>,
+    pub(crate) capture_mode: Option<CaptureMode>,
     pub(crate) force_monotonic: Option<bool>,
     pub(crate) signals: Option<bool>,
 }
@@ -63,6 +67,7 @@ pub(crate) struct Settings {
     pub(crate) html: bool,
     pub(crate) alloc_log: Option<PathBuf>,
     pub(crate) ring_events: usize,
+    pub(crate) capture_mode: CaptureMode,
     pub(crate) force_monotonic: bool,
 }
 
@@ -82,6 +87,11 @@ impl Settings {
                 .alloc_log
                 .clone()
                 .or_else(|| requested.alloc_log.clone()),
+            capture_mode: pick(
+                &env.capture_mode,
+                &requested.capture_mode,
+                CaptureMode::default(),
+            ),
             ring_events: pick(
                 &env.ring_events,
                 &requested.ring_events,
@@ -156,7 +166,18 @@ impl EnvConfig {
                 })
                 .transpose()?
         };
+        let capture_mode = {
+            const NAME: &str = "HIGHWATER_CAPTURE";
+            const EXPECTED: &str = "lossless or drop";
+            text(NAME, EXPECTED)?
+                .map(|value| {
+                    CaptureMode::parse(&value)
+                        .ok_or_else(|| invalid(NAME, value.as_ref(), EXPECTED))
+                })
+                .transpose()?
+        };
         Ok(EnvConfig {
+            capture_mode,
             enabled: switch("HIGHWATER")?,
             output: path("HIGHWATER_OUT")?,
             alloc_log: path("HIGHWATER_ALLOC_LOG")?,
@@ -227,6 +248,7 @@ mod tests {
         let requested = Requested {
             output: Some("code.json".into()),
             ring_events: Some(1 << 12),
+            capture_mode: Some(CaptureMode::Lossless),
             write: Some(true),
             signals: Some(false),
             html: Some(false),
@@ -238,6 +260,7 @@ mod tests {
             ("HIGHWATER_SIGNALS", "on"),
             ("HIGHWATER_HTML", "1"),
             ("HIGHWATER_ALLOC_LOG", "env.alloc"),
+            ("HIGHWATER_CAPTURE", "drop"),
         ])
         .unwrap();
         let settings = Settings::resolve(&requested, &env);
@@ -246,6 +269,7 @@ mod tests {
         assert!(settings.signals);
         assert!(settings.html);
         assert_eq!(settings.alloc_log, Some(PathBuf::from("env.alloc")));
+        assert_eq!(settings.capture_mode, CaptureMode::DropWhenFull);
         // An unset variable leaves the builder's choice.
         let settings = Settings::resolve(&requested, &EnvConfig::default());
         assert_eq!(settings.output, PathBuf::from("code.json"));
@@ -276,11 +300,34 @@ mod tests {
             ("HIGHWATER_OUT", " "),
             ("HIGHWATER_SIGNALS", "sometimes"),
             ("HIGHWATER_HTML", "sometimes"),
+            ("HIGHWATER_CAPTURE", "sometimes"),
         ] {
             let message = parse(&[(var, value)]).unwrap_err().to_string();
             assert!(message.contains(var), "{message}");
             assert!(message.contains(value), "{message}");
         }
+    }
+
+    #[test]
+    fn capture_mode_comes_from_the_variable() {
+        assert_eq!(parse(&[]).unwrap().capture_mode, None);
+        for (value, mode) in [
+            ("lossless", CaptureMode::Lossless),
+            ("drop", CaptureMode::DropWhenFull),
+            (" Drop ", CaptureMode::DropWhenFull),
+            ("drop_when_full", CaptureMode::DropWhenFull),
+        ] {
+            let config = parse(&[("HIGHWATER_CAPTURE", value)]).unwrap();
+            assert_eq!(config.capture_mode, Some(mode), "{value}");
+        }
+    }
+
+    #[test]
+    fn capture_mode_is_written_as_the_issue_names_it() {
+        let name = |mode| serde_json::to_string(&mode).unwrap();
+        assert_eq!(name(CaptureMode::Lossless), "\"lossless\"");
+        assert_eq!(name(CaptureMode::DropWhenFull), "\"drop_when_full\"");
+        assert_eq!(CaptureMode::default(), CaptureMode::Lossless);
     }
 
     #[test]

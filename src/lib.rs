@@ -95,7 +95,7 @@ pub use alloc::Alloc;
 #[cfg(not(loom))]
 pub use error::Error;
 pub use model::{Category, ParseLabelError, SpanLabel, Step};
-pub use profile::Profile;
+pub use profile::{CaptureMode, Profile};
 #[cfg(not(loom))]
 pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};
 #[cfg(not(loom))]

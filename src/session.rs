@@ -21,12 +21,12 @@ use parking_lot::Mutex;
 
 use crate::analysis::TimelineConfig;
 use crate::capture::ring::enable_asymmetric_barrier;
-use crate::capture::{self, clock, lifecycle, names};
+use crate::capture::{self, clock, lifecycle, names, wake};
 use crate::collector::{self, CollectorConfig, Control};
 use crate::config::{check_ring_events, EnvConfig, Requested, Settings};
 use crate::error::Error;
 use crate::export::html;
-use crate::profile::{Profile, RunMeta, Warning};
+use crate::profile::{CaptureMode, Profile, RunMeta, Warning};
 
 pub use crate::config::DEFAULT_OUTPUT;
 
@@ -73,7 +73,8 @@ struct Running {
 /// | `HIGHWATER_OUT` | a path (any bytes) | [`SessionBuilder::output`] | `highwater-profile.json` |
 /// | `HIGHWATER_ALLOC_LOG` | a path (any bytes) | [`SessionBuilder::alloc_log`] | none ([`crate::alloc_log`]) |
 /// | `HIGHWATER_HTML` | `1`/`0` (also `on`/`off`, `true`/`false`) | [`SessionBuilder::html`] | off |
-/// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | [`SessionBuilder::ring_events`] | 262144 |
+/// | `HIGHWATER_CAPTURE` | `lossless`, `drop` | [`SessionBuilder::capture_mode`] | `lossless`: a full ring waits for the collector; `drop` drops and counts ([`CaptureMode`]) |
+/// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | [`SessionBuilder::ring_events`] | 65536 (2 MiB per thread) |
 /// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | — | `tsc` where available |
 /// | `HIGHWATER_SIGNALS` | `on`, `off` (also `1`/`0`, …) | [`SessionBuilder::write_on_signal`] | off |
 ///
@@ -104,10 +105,19 @@ impl SessionBuilder {
         self
     }
 
-    /// Events each thread's ring holds before it drops (a power of two, 1024 to 16 Mi;
-    /// default 256 Ki, 8 MiB of address space per thread; `$HIGHWATER_RING_EVENTS` overrides).
+    /// Events each thread's ring holds (a power of two, 1024 to 16 Mi; default 64 Ki, 2 MiB
+    /// per thread). A full ring waits for the collector or drops, by the [`CaptureMode`]; a
+    /// bigger ring means fewer waits (or drops) under bursts, at 32 bytes per event per thread.
+    /// `HIGHWATER_RING_EVENTS` overrides it.
     pub fn ring_events(mut self, events: usize) -> SessionBuilder {
         self.requested.ring_events = Some(events);
+        self
+    }
+
+    /// What a thread does when its ring is full (default [`CaptureMode::Lossless`]: it waits
+    /// for the collector). `HIGHWATER_CAPTURE` overrides it.
+    pub fn capture_mode(mut self, mode: CaptureMode) -> SessionBuilder {
+        self.requested.capture_mode = Some(mode);
         self
     }
 
@@ -232,6 +242,7 @@ impl SessionBuilder {
         let clock_name = clock::init(settings.force_monotonic);
         lifecycle::set_ring_capacity(settings.ring_events);
         lifecycle::install();
+        capture::begin_session(settings.capture_mode == CaptureMode::Lossless);
         enable_asymmetric_barrier();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));
         let (collector, control) = collector::spawn(CollectorConfig {
@@ -242,6 +253,7 @@ impl SessionBuilder {
             alloc_log: settings.alloc_log.clone(),
         })
         .map_err(|error| {
+            capture::collector_stopped();
             disarm_signals();
             Error::Spawn(error)
         })?;
@@ -419,6 +431,7 @@ fn snapshot_of(generation: u64) -> Result<Profile, Error> {
             .control
             .send(Control::Snapshot(reply))
             .map_err(|_| Error::CollectorLost)?;
+        wake::ring_collector();
         running.meta.clone()
     };
     let mut profile = profile.recv().map_err(|_| Error::CollectorLost)?;
@@ -517,6 +530,7 @@ fn finish_running(running: Running) -> Result<Profile, Error> {
     crate::device::clear_pool_sink();
     let (reply, profile) = crossbeam_channel::bounded(1);
     let sent = running.control.send(Control::Stop(reply)).is_ok();
+    wake::ring_collector();
     let profile = if sent { profile.recv().ok() } else { None };
     let _ = running.collector.join();
     let Some(mut profile) = profile else {

@@ -1106,12 +1106,17 @@ fn leak_warning(iterations: &[IterationResidual]) -> Option<Warning> {
         return None;
     }
     let span = iterations.first().map_or("", |i| i.span.as_str());
+    // What the run kept in all: from the end of the first iteration to the end of the last.
+    let (first, last) = (iterations.first()?, iterations.last()?);
     Some(Warning::GrowingResidual {
         span: span.to_string(),
         window: window.len() as u64,
         grew: grew as u64,
         total_bytes: total,
         per_iteration_bytes: total / window.len() as i64,
+        // The list may be a sample; indices count every iteration.
+        iterations: last.index.saturating_add(1),
+        run_growth_bytes: super::iterations::signed_delta(first.live_bytes, last.live_bytes),
     })
 }
 
@@ -1628,6 +1633,8 @@ mod tests {
                 grew: 9,
                 total_bytes: 9 * 1024,
                 per_iteration_bytes: 1024,
+                iterations: 10,
+                run_growth_bytes: 9 * 1024,
             }]
         );
         let fine = steady.finish();
@@ -1750,6 +1757,8 @@ mod tests {
             grew: 16,
             total_bytes: 16 * 16,
             per_iteration_bytes: 16,
+            iterations: 200_000,
+            run_growth_bytes: 3_200_000 - profile.iterations[0].live_bytes as i64,
         }));
     }
 }

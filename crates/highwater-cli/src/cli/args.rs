@@ -27,6 +27,10 @@ pub(crate) enum Command {
         json: bool,
     },
     /// The largest groups of memory live at the peak.
+    ///
+    /// Rows group live bytes by span path, op, category and device. OUTPUT OF OP names the op
+    /// whose output tensor the row holds, with that tensor's shape; CATEGORY says what the bytes
+    /// are (an op's output in the forward pass is an activation, not the parameter it read).
     Top {
         /// A profile written by highwater.
         profile: PathBuf,
@@ -37,7 +41,13 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// The span tree with calls, time and memory metrics.
+    /// The span tree with calls, time and memory metrics (PEAK and RESIDUAL explained below).
+    ///
+    /// Every path of the span tree, all calls added up. ALLOCATED: bytes allocated inside,
+    /// children included. PEAK: the highest live bytes on the peak's device while the span was
+    /// open. RESIDUAL: bytes the span allocated and still held when it exited, added up over all
+    /// its calls; it can exceed the peak (a span called 200 times that leaves 4 MiB behind each
+    /// time, freed later outside it, shows 800 MiB).
     Spans {
         /// A profile written by highwater.
         profile: PathBuf,
@@ -58,7 +68,12 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Write the profile as a Chrome/Perfetto trace or a self-contained HTML report.
+    /// Write the profile as a self-contained HTML report, a Chrome/Perfetto trace or PyTorch's
+    /// memory snapshot.
+    ///
+    /// html: one file that opens from disk (charts, zoom, tables). chrome: Trace Event JSON for
+    /// ui.perfetto.dev and chrome://tracing. torch: a pickle for pytorch.org/memory_viz, made
+    /// from the run's allocation log (record with HIGHWATER_ALLOC_LOG=path).
     Export {
         /// A profile written by highwater.
         profile: PathBuf,
