@@ -299,9 +299,9 @@ impl Timeline {
     /// An empty timeline that knows only the `cpu` device.
     pub fn new(config: TimelineConfig) -> Timeline {
         Timeline {
+            live: LiveSet::new(config.top_allocations),
             config,
             names: Interner::new(),
-            live: LiveSet::default(),
             devices: Vec::new(),
             spans: Spans::default(),
             threads: FxHashMap::default(),
@@ -391,7 +391,7 @@ impl Timeline {
                     category,
                     is_alloc: true,
                 };
-                self.make_live(event, seq, block);
+                self.make_live(event, block);
                 self.changed(device, ts, seq);
             }
             EventKind::Free { device, addr, .. } => {
@@ -443,7 +443,7 @@ impl Timeline {
                     category,
                     is_alloc: false,
                 };
-                self.make_live(event, seq, block);
+                self.make_live(event, block);
                 self.changed(device, ts, seq);
             }
             EventKind::SetCategory {
@@ -452,7 +452,7 @@ impl Timeline {
                 category,
             } => {
                 self.device(device);
-                if let Some((size, old)) = self.live.set_category(device, addr, category, seq) {
+                if let Some((size, old)) = self.live.set_category(device, addr, category) {
                     let state = self.device(device);
                     state.sub(old, size);
                     state.add(category, size);
@@ -587,7 +587,7 @@ impl Timeline {
 
     /// Inserts a live block for an alloc or the new side of a realloc; a block already live at
     /// the key is ended (as if freed now) and counted as a repair.
-    fn make_live(&mut self, event: &Event, seq: u64, block: NewBlock) {
+    fn make_live(&mut self, event: &Event, block: NewBlock) {
         let NewBlock {
             device,
             addr,
@@ -600,7 +600,6 @@ impl Timeline {
         let entry = LiveEntry {
             size,
             ts: event.ts_ns,
-            seq,
             thread: event.thread,
             owner,
             origin,
@@ -657,7 +656,7 @@ impl Timeline {
                 device: Some(device),
                 by_category,
             };
-            self.live.mark_peak(seq);
+            self.live.mark_peak();
         }
         let measure = if live >= self.measure || self.devices.len() == 1 {
             live
