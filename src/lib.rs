@@ -65,6 +65,7 @@ mod capture;
 #[cfg(not(loom))]
 pub mod device;
 pub mod export;
+mod fileio;
 mod model;
 pub mod profile;
 pub mod units;
@@ -77,6 +78,8 @@ pub mod alloc_log;
 pub mod candle;
 #[cfg(not(loom))]
 mod collector;
+#[cfg(not(loom))]
+mod config;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
