@@ -411,10 +411,11 @@ pub(crate) fn record_free(addr: usize, size: usize) {
 
 /// Records a completed realloc as one unit. `released` was read before the inner realloc
 /// ran, so the old block's half sorts before any reuse of it by another thread; the new
-/// block's half is stamped now, after the inner call returned it.
+/// block's half is stamped `returned`, read just after the inner call returned it.
 #[inline(always)]
 pub(crate) fn record_realloc(
     released: u64,
+    returned: u64,
     old_addr: usize,
     old_size: usize,
     new_addr: usize,
@@ -422,10 +423,15 @@ pub(crate) fn record_realloc(
 ) {
     emit(
         [RawKind::ReallocFrom, RawKind::ReallocTo],
+        // `returned`, read as the inner call came back, not the reading taken once the ring has
+        // room: a thread that waited for room would otherwise stamp the realloc after another
+        // thread's reuse of the old block (freed inside the inner call), and the merge would
+        // apply that reuse first. While it waits, its busy ring holds the merge at its last
+        // stamp, so the earlier stamp is still merged in order.
         |current, ticks| {
             RawEvent::realloc(
                 released,
-                ticks,
+                returned.min(ticks),
                 current.span,
                 current.scope.category(),
                 (old_addr as u64, old_size as u64),
