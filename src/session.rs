@@ -12,7 +12,7 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use crate::analysis::TimelineConfig;
-use crate::capture::ring::enable_asymmetric_barrier;
+use crate::capture::gate::enable_asymmetric_barrier;
 use crate::capture::{self, clock, lifecycle, wake};
 use crate::collector::{self, CollectorConfig, Control};
 use crate::error::Error;
@@ -166,7 +166,7 @@ impl SessionBuilder {
         let ring_events = env
             .ring_events
             .or(self.ring_events)
-            .unwrap_or(lifecycle::DEFAULT_RING_EVENTS);
+            .unwrap_or(capture::DEFAULT_RING_EVENTS);
         let capture_mode = env.capture_mode.or(self.capture_mode).unwrap_or_default();
         check_ring_events(ring_events).map_err(|reason| Error::Setting {
             setting: "ring_events",
@@ -176,12 +176,13 @@ impl SessionBuilder {
         if active.is_some() || capture::recording() {
             return Err(Error::AlreadyRunning);
         }
+        // Before the signal handlers: they ask `lifecycle` whether this is the owner process.
+        capture::install_process_handlers();
         if self.signals.or(env.signals).unwrap_or(false) {
             arm_signals()?;
         }
         let clock_name = clock::init(env.force_monotonic);
-        lifecycle::set_ring_capacity(ring_events);
-        lifecycle::install();
+        capture::set_ring_capacity(ring_events);
         capture::begin_session(capture_mode == CaptureMode::Lossless);
         enable_asymmetric_barrier();
         install_exit_handler();

@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::capture;
+use crate::capture::{self, lifecycle};
 
 /// The signals handled, in the order of [`PREVIOUS`]'s entries.
 const SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
@@ -47,8 +47,6 @@ const SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
 static PENDING: AtomicI32 = AtomicI32::new(0);
 /// The pipe's write end, for the handler (`-1` until created).
 static PIPE_WRITE: AtomicI32 = AtomicI32::new(-1);
-/// The process that installed the handlers; a forked child differs.
-static OWNER_PID: AtomicI32 = AtomicI32::new(0);
 /// Whether highwater's handler is installed for each of [`SIGNALS`]. Written under [`STATE`].
 static INSTALLED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
 
@@ -83,8 +81,6 @@ pub(crate) fn arm(finish: fn()) -> io::Result<()> {
         start_watcher()?;
         *ready = true;
     }
-    // SAFETY: getpid has no preconditions.
-    OWNER_PID.store(unsafe { libc::getpid() }, Ordering::SeqCst);
     for (index, signal) in SIGNALS.into_iter().enumerate() {
         if INSTALLED[index].load(Ordering::SeqCst) {
             continue;
@@ -206,8 +202,9 @@ extern "C" fn on_signal(signal: libc::c_int) {
     // SAFETY: `__errno_location` returns this thread's errno, always valid.
     let errno = unsafe { *libc::__errno_location() };
     let index = SIGNALS.iter().position(|&s| s == signal).unwrap_or(0);
-    // SAFETY: getpid is async-signal-safe.
-    let owner = unsafe { libc::getpid() } == OWNER_PID.load(Ordering::SeqCst);
+    // The session's owner process, as capture knows it (a forked child is not); asking it is
+    // async-signal-safe.
+    let owner = lifecycle::is_owner_process();
     let first = owner
         && PENDING
             .compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst)

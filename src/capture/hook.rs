@@ -9,6 +9,9 @@
 use std::cell::Cell;
 use std::sync::atomic::{compiler_fence, AtomicU64};
 
+use std::sync::atomic::AtomicUsize;
+
+use super::gate::{self, RECORDING};
 use super::raw::{PoolReport, RawEvent, RawKind};
 use super::registry::REGISTRY;
 use super::ring::{Pushed, Ring, WhenFull};
@@ -16,9 +19,24 @@ use super::sync::{AtomicBool, Ordering};
 use super::{clock, lifecycle, wake};
 use crate::model::{Category, CategoryScope, SpanLabel};
 
-/// Open while a session records. Read on every hook call (Relaxed first, then SeqCst inside
-/// the ring's stop protocol); written only by the session.
-pub(crate) static RECORDING: AtomicBool = AtomicBool::new(false);
+/// Default events per ring: 64 Ki events, 2 MiB per recording thread (touched as it fills, and
+/// all of it once the ring has wrapped). Lossless capture waits for the collector when a ring is
+/// full, so a bigger ring buys fewer waits, not fewer losses; see `BENCHMARKS.md`.
+pub(crate) const DEFAULT_RING_EVENTS: usize = 1 << 16;
+
+/// The session's ring size, in events.
+static RING_EVENTS: AtomicUsize = AtomicUsize::new(DEFAULT_RING_EVENTS);
+
+/// Sets the capacity of rings claimed from now on (a power of two).
+pub(crate) fn set_ring_capacity(events: usize) {
+    RING_EVENTS.store(events, Ordering::Relaxed);
+}
+
+/// The session's ring size: what a newly claimed ring (or an empty one kept from an earlier
+/// session) is given.
+pub(crate) fn ring_capacity() -> u64 {
+    RING_EVENTS.load(Ordering::Relaxed) as u64
+}
 
 /// Events dropped without a ring to count them in (no free ring, thread already exiting), by
 /// [`RawKind`]. Rare, so a shared read-modify-write is fine here.
@@ -114,12 +132,6 @@ fn set_state(state: ThreadState) {
     let _ = THREAD.try_with(|thread| thread.state.set(state));
 }
 
-/// Whether a session is recording right now (a cheap first check for callers).
-#[inline(always)]
-pub(crate) fn recording() -> bool {
-    RECORDING.load(Ordering::Relaxed)
-}
-
 /// Counts events lost without a ring to charge them to.
 #[cold]
 fn drop_unattributed(kinds: &[RawKind]) {
@@ -158,7 +170,7 @@ impl WhenFull for SessionPolicy {
     }
 
     fn fit_storage(&self, ring: &Ring) {
-        let wanted = lifecycle::ring_capacity();
+        let wanted = ring_capacity();
         if ring.capacity() != wanted && ring.is_empty() {
             install_storage(ring, wanted);
         }
@@ -267,7 +279,7 @@ fn claim_ring(current: &mut ThreadState) -> Option<usize> {
     let generation = REGISTRY.generation();
     let claimed = REGISTRY.claim().and_then(|index| {
         let ring = &REGISTRY.slots()[index].ring;
-        let capacity = lifecycle::ring_capacity();
+        let capacity = ring_capacity();
         // A ring reused from an earlier session gets this session's size.
         if ring.capacity() != capacity && !install_storage(ring, capacity) && !ring.has_storage() {
             // Without storage the slot is useless to us, and the collector skips slots
@@ -291,8 +303,24 @@ fn claim_ring(current: &mut ThreadState) -> Option<usize> {
     claimed
 }
 
+/// Makes this process the session's owner and has thread exit hand rings back and a fork
+/// stop recording in the child. Called when a session starts.
+pub(crate) fn install_process_handlers() {
+    lifecycle::install(lifecycle::Callbacks {
+        thread_exit: retire_current_thread,
+        forked_child: stop_in_forked_child,
+    });
+}
+
+/// A forked child never records: its collector thread did not survive the fork, so nobody may
+/// wait for one either. Async-signal-safe (atomics only): it runs in an `atfork` handler.
+fn stop_in_forked_child() {
+    gate::close_in_forked_child();
+    collector_stopped();
+}
+
 /// Called at thread exit (from the thread-exit watcher) with the ring the thread claimed.
-pub(crate) fn retire_current_thread(index: usize) {
+fn retire_current_thread(index: usize) {
     if let Some(mut current) = state() {
         current.ring = RETIRED;
         set_state(current);
@@ -477,11 +505,6 @@ pub(crate) fn paused<R>(f: impl FnOnce() -> R) -> R {
         Resume(current.paused)
     });
     f()
-}
-
-/// Opens the recording gate (the session, once everything is ready).
-pub(crate) fn open_gate() {
-    RECORDING.store(true, Ordering::SeqCst);
 }
 
 /// The category the thread's open spans give a new block.
