@@ -154,7 +154,7 @@ impl SessionBuilder {
     /// `write_on_signal` off Linux), [`Error::AlreadyRunning`] if a session is recording,
     /// [`Error::Spawn`] if the collector thread cannot start.
     pub fn start(self) -> Result<Session, Error> {
-        capture::paused(|| self.start_paused())
+        capture::with_recording_paused(|| self.start_paused())
     }
 
     fn start_paused(self) -> Result<Session, Error> {
@@ -270,7 +270,7 @@ impl Session {
         if !self.recording {
             return Ok(Profile::empty());
         }
-        capture::paused(|| {
+        capture::with_recording_paused(|| {
             let (reply, profile) = crossbeam_channel::bounded(1);
             let active = ACTIVE.lock();
             let running = active.as_ref().ok_or(Error::CollectorLost)?;
@@ -302,14 +302,14 @@ impl Session {
             profile.warnings.push(Warning::RecordingDisabled);
             return Ok(profile);
         }
-        capture::paused(finish_active).unwrap_or(Err(Error::CollectorLost))
+        capture::with_recording_paused(finish_active).unwrap_or(Err(Error::CollectorLost))
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
         if self.recording {
-            if let Some(Err(error)) = capture::paused(finish_active) {
+            if let Some(Err(error)) = capture::with_recording_paused(finish_active) {
                 eprintln!("highwater: {error}");
             }
         }
@@ -331,7 +331,7 @@ fn finish_active() -> Option<Result<Profile, Error>> {
 /// a finish already under way on another thread.
 #[cfg(target_os = "linux")]
 fn finish_for_signal() {
-    if let Some(Err(error)) = capture::paused(finish_active) {
+    if let Some(Err(error)) = capture::with_recording_paused(finish_active) {
         eprintln!("highwater: {error}");
     }
 }
@@ -419,7 +419,7 @@ extern "C" fn finish_at_exit() {
         return;
     };
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        capture::paused(|| finish_running(running))
+        capture::with_recording_paused(|| finish_running(running))
     }));
     if let Ok(Err(error)) = result {
         eprintln!("highwater: {error}");

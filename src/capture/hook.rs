@@ -484,7 +484,7 @@ pub(crate) fn mark_internal_thread() {
 
 /// Runs `f` with recording paused on this thread, for highwater code that allocates on a user
 /// thread (interning a name, starting or finishing a session).
-pub(crate) fn paused<R>(f: impl FnOnce() -> R) -> R {
+pub(crate) fn with_recording_paused<R>(f: impl FnOnce() -> R) -> R {
     /// Puts the thread's `paused` flag back, even if `f` unwinds.
     struct Resume(bool);
     impl Drop for Resume {

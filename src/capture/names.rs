@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 
 use parking_lot::Mutex;
 
-use super::hook::paused;
+use super::hook::with_recording_paused;
 
 /// The CPU heap's device id.
 pub(crate) const CPU: u16 = 0;
@@ -36,7 +36,7 @@ static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(|| {
 
 /// The id of `name`.
 pub(crate) fn name(name: &str) -> u32 {
-    paused(|| {
+    with_recording_paused(|| {
         let mut table = TABLE.lock();
         if let Some(id) = table.name_ids.get(name) {
             return *id;
@@ -50,7 +50,7 @@ pub(crate) fn name(name: &str) -> u32 {
 
 /// The id of a shape.
 pub(crate) fn shape(dims: &[usize]) -> u32 {
-    paused(|| {
+    with_recording_paused(|| {
         let dims: Box<[u64]> = dims.iter().map(|&d| d as u64).collect();
         let mut table = TABLE.lock();
         if let Some(id) = table.shape_ids.get(&dims) {
@@ -65,7 +65,7 @@ pub(crate) fn shape(dims: &[usize]) -> u32 {
 
 /// The id of a device name (`"cpu"` is [`CPU`]). Past 4096 devices, new names share the last id.
 pub(crate) fn device(name: &str) -> u16 {
-    paused(|| {
+    with_recording_paused(|| {
         let mut table = TABLE.lock();
         if let Some(id) = table.device_ids.get(name) {
             return *id;
