@@ -14,6 +14,12 @@ use super::sync::{AtomicBool, AtomicU64, Ordering};
 #[cfg(not(loom))]
 pub(crate) static RECORDING: AtomicBool = AtomicBool::new(false);
 
+/// Counts the times the gate opened (from 1): a thread whose innermost span was opened before
+/// the current opening announces it once, so a span opened before `Session::start` still
+/// names what runs inside it.
+#[cfg(not(loom))]
+pub(crate) static GATE_EPOCH: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 /// Whether a session is recording right now (a cheap first check for callers).
 #[cfg(not(loom))]
 #[inline(always)]
@@ -24,6 +30,7 @@ pub(crate) fn recording() -> bool {
 /// Opens the recording gate (the session, once everything is ready).
 #[cfg(not(loom))]
 pub(crate) fn open_gate() {
+    GATE_EPOCH.fetch_add(1, Ordering::SeqCst);
     RECORDING.store(true, Ordering::SeqCst);
 }
 

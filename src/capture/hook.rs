@@ -7,11 +7,9 @@
 //! on the thread's ring, so it sees the flag and counts its events instead (`REENTRANT_DROPS`).
 
 use std::cell::Cell;
-use std::sync::atomic::{compiler_fence, AtomicU64};
+use std::sync::atomic::{compiler_fence, AtomicU64, AtomicUsize};
 
-use std::sync::atomic::AtomicUsize;
-
-use super::gate::{self, RECORDING};
+use super::gate::{self, GATE_EPOCH, RECORDING};
 use super::raw::{PoolReport, RawEvent, RawKind};
 use super::registry::REGISTRY;
 use super::ring::{Pushed, Ring, WhenFull};
@@ -79,6 +77,11 @@ struct ThreadState {
     internal: bool,
     /// The innermost open span (`0`: none).
     span: u32,
+    /// Its name (address and length of a `&'static str`) and label, to announce it.
+    span_name: (usize, u32),
+    span_label: u8,
+    /// The [`GATE_EPOCH`] in which the collector learnt of the innermost span (`0`: never).
+    announced: u32,
     /// Sequence number of this thread's last span.
     last_span: u32,
     /// What the open spans say about categories.
@@ -92,6 +95,9 @@ impl ThreadState {
         paused: false,
         internal: false,
         span: 0,
+        span_name: (0, 0),
+        span_label: 0,
+        announced: 0,
         last_span: 0,
         scope: CategoryScope {
             named: None,
@@ -254,12 +260,39 @@ fn push_now<const N: usize>(
         claimed => usize::from(claimed - 1),
     };
     let ring = &REGISTRY.slots()[index].ring;
+    if current.span != 0 && current.announced != GATE_EPOCH.load(Ordering::Relaxed) {
+        announce_span(&mut current, index);
+    }
     // SAFETY: this thread claimed ring `index` (its state says so) and has not retired it, so it
     // is the ring's only producer (`in_push` keeps a signal handler on this thread out);
     // `claim_ring` installed storage before recording the claim.
     let _: Pushed = unsafe {
         ring.push(&RECORDING, kinds, &SessionPolicy, || {
             build(current, clock::ticks())
+        })
+    };
+}
+
+/// Records an entry for the thread's innermost span, opened before this session's gate opened
+/// (the collector never saw it), as a top-level span (cold path: once per such span).
+#[cold]
+fn announce_span(current: &mut ThreadState, index: usize) {
+    current.announced = GATE_EPOCH.load(Ordering::Relaxed);
+    set_state(*current);
+    let (name, len) = current.span_name;
+    let ring = &REGISTRY.slots()[index].ring;
+    // SAFETY: as in `emit`: this thread owns ring `index`.
+    let _: Pushed = unsafe {
+        ring.push(&RECORDING, [RawKind::SpanEnter], &SessionPolicy, || {
+            [RawEvent {
+                ticks: clock::ticks(),
+                kind: RawKind::SpanEnter as u8,
+                flags: current.span_label,
+                device: 0,
+                span: 0,
+                a: name as u64,
+                b: u64::from(len) | (u64::from(current.span) << 32),
+            }]
         })
     };
 }
@@ -316,6 +349,11 @@ pub(crate) fn install_process_handlers() {
 /// wait for one either. Async-signal-safe (atomics only): it runs in an `atfork` handler.
 fn stop_in_forked_child() {
     gate::close_in_forked_child();
+    // Only the forking thread survives, and it is not inside a push: no ring is busy, whatever
+    // the parent's threads were doing.
+    for slot in REGISTRY.slots() {
+        slot.ring.clear_busy_after_fork();
+    }
     collector_stopped();
 }
 
@@ -433,10 +471,21 @@ pub(crate) fn span_enter(name: &'static str, label: SpanLabel) -> SpanRestore {
         span: current.span,
         scope: current.scope,
         id: current.last_span.wrapping_add(1).max(1),
+        name: current.span_name,
+        label: current.span_label,
+        announced: current.announced,
     };
     current.last_span = restore.id;
     current.span = restore.id;
     current.scope = current.scope.enter(label);
+    current.span_name = (name.as_ptr() as usize, name.len() as u32);
+    current.span_label = label.to_byte();
+    // The entry below announces this span, when recording (it was never announced otherwise).
+    current.announced = if RECORDING.load(Ordering::Relaxed) {
+        GATE_EPOCH.load(Ordering::Relaxed)
+    } else {
+        0
+    };
     set_state(current);
     emit([RawKind::SpanEnter], |_, ticks| {
         [RawEvent::span_enter(
@@ -461,6 +510,9 @@ pub(crate) fn span_exit(restore: SpanRestore) {
     if let Some(mut current) = state() {
         current.span = restore.span;
         current.scope = restore.scope;
+        current.span_name = restore.name;
+        current.span_label = restore.label;
+        current.announced = restore.announced;
         set_state(current);
     }
 }
@@ -472,6 +524,10 @@ pub(crate) struct SpanRestore {
     scope: CategoryScope,
     /// The span this guard opened (`0`: none, the thread-local was unreachable).
     id: u32,
+    /// The enclosing span's name, label and announcement, to put back.
+    name: (usize, u32),
+    label: u8,
+    announced: u32,
 }
 
 /// Marks the calling thread as highwater's own: nothing it allocates is recorded.
@@ -505,6 +561,12 @@ pub(crate) fn with_recording_paused<R>(f: impl FnOnce() -> R) -> R {
         Resume(current.paused)
     });
     f()
+}
+
+/// Whether highwater itself runs on this thread now (recording paused, or its own thread):
+/// what it allocates is not the user's, for measurements as for the profile.
+pub(crate) fn highwater_running_here() -> bool {
+    state().is_some_and(|current| current.paused || current.internal)
 }
 
 /// The category the thread's open spans give a new block.

@@ -102,6 +102,8 @@ pub(crate) fn install(callbacks: Callbacks) {
     {
         // SAFETY: getpid has no preconditions.
         OWNER_PID.store(unsafe { libc::getpid() } as u64, Ordering::SeqCst);
+        // A forked child that starts its own session owns the rings from now on.
+        FORKED_CHILD.store(false, Ordering::SeqCst);
         static ONCE: std::sync::Once = std::sync::Once::new();
         ONCE.call_once(|| {
             let _ = CALLBACKS.set(callbacks);

@@ -2,6 +2,7 @@
 //! exit codes. Subcommands only load profiles and call library functions.
 
 mod args;
+mod check;
 mod diff;
 mod export;
 mod fit;
@@ -49,6 +50,29 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             output,
             max_events,
         } => export::run(&profile, format, output.as_deref(), max_events),
+        Command::Check {
+            profile,
+            budgets,
+            max_peak,
+            max_peak_category,
+            max_growth_per_iteration,
+            warmup_iterations,
+            max_dropped,
+            baseline,
+            max_regression,
+        } => check::run(
+            &profile,
+            budgets.as_deref(),
+            check::Budgets {
+                max_peak,
+                max_peak_category: max_peak_category.into_iter().collect(),
+                max_growth_per_iteration,
+                warmup_iterations,
+                max_dropped,
+                baseline,
+                max_regression,
+            },
+        ),
         Command::Simulate {
             input,
             device,
@@ -110,6 +134,7 @@ pub(crate) fn exit_code(error: &anyhow::Error) -> u8 {
         .downcast_ref::<highwater::alloc_log::AllocLogError>()
         .is_some()
         || error.downcast_ref::<replay::InputError>().is_some()
+        || error.downcast_ref::<check::BadBudget>().is_some()
     {
         return EXIT_BAD_INPUT;
     }
@@ -122,12 +147,8 @@ pub(crate) fn exit_code(error: &anyhow::Error) -> u8 {
 /// The allocation log to read for `input` (a log, or a profile naming one; a relative log path
 /// is tried as written, then beside the profile), and the profile when `input` is one.
 fn locate_log(input: &Path) -> anyhow::Result<(std::path::PathBuf, Option<Profile>)> {
-    let mut head = [0u8; 8];
-    let is_log = std::fs::File::open(input)
-        .and_then(|mut file| io::Read::read_exact(&mut file, &mut head))
-        .is_ok()
-        && &head == highwater::alloc_log::MAGIC;
-    if is_log {
+    // Never blocks on a FIFO without a writer (highwater's reader opens it non-blocking).
+    if highwater::alloc_log::AllocLog::is_log(input) {
         return Ok((input.to_path_buf(), None));
     }
     let profile = load(input)?;
