@@ -20,7 +20,7 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use crate::analysis::TimelineConfig;
-use crate::capture::ring::enable_asymmetric_barrier;
+use crate::capture::gate::enable_asymmetric_barrier;
 use crate::capture::{self, clock, lifecycle, names, wake};
 use crate::collector::{self, CollectorConfig, Control};
 use crate::config::{check_ring_events, EnvConfig, Requested, Settings};
@@ -191,7 +191,7 @@ impl SessionBuilder {
     /// installed, `write_on_signal` off Linux), [`Error::AlreadyRunning`] if a session is
     /// recording, [`Error::Spawn`] if the collector thread cannot start.
     pub fn start(self) -> Result<Session, Error> {
-        capture::paused(|| self.start_paused())
+        capture::with_recording_paused(|| self.start_paused())
     }
 
     fn start_paused(self) -> Result<Session, Error> {
@@ -236,12 +236,13 @@ impl SessionBuilder {
         if active.is_some() || capture::recording() {
             return Err(Error::AlreadyRunning);
         }
+        // Before the signal handlers: they ask `lifecycle` whether this is the owner process.
+        capture::install_process_handlers();
         if settings.signals {
             arm_signals()?;
         }
         let clock_name = clock::init(settings.force_monotonic);
-        lifecycle::set_ring_capacity(settings.ring_events);
-        lifecycle::install();
+        capture::set_ring_capacity(settings.ring_events);
         capture::begin_session(settings.capture_mode == CaptureMode::Lossless);
         enable_asymmetric_barrier();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));
@@ -365,7 +366,7 @@ impl Session {
         if let Some(error) = self.not_mine() {
             return Err(error);
         }
-        capture::paused(|| snapshot_of(self.generation))
+        capture::with_recording_paused(|| snapshot_of(self.generation))
     }
 
     /// Stops recording, analyses what is left, writes the profile and returns it.
@@ -391,14 +392,17 @@ impl Session {
         if let Some(error) = self.not_mine() {
             return Err(error);
         }
-        capture::paused(|| finish_active(Some(self.generation))).unwrap_or(Err(Error::Ended))
+        capture::with_recording_paused(|| finish_active(Some(self.generation)))
+            .unwrap_or(Err(Error::Ended))
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
         if self.recording && self.not_mine().is_none() {
-            if let Some(Err(error)) = capture::paused(|| finish_active(Some(self.generation))) {
+            if let Some(Err(error)) =
+                capture::with_recording_paused(|| finish_active(Some(self.generation)))
+            {
                 eprintln!("highwater: {error}");
             }
         }
@@ -460,7 +464,7 @@ fn finish_active(generation: Option<u64>) -> Option<Result<Profile, Error>> {
 /// signal watcher thread); waits for a finish already under way on another thread.
 #[cfg(target_os = "linux")]
 fn finish_for_signal() {
-    if let Some(Err(error)) = capture::paused(|| finish_active(None)) {
+    if let Some(Err(error)) = capture::with_recording_paused(|| finish_active(None)) {
         eprintln!("highwater: {error}");
     }
 }
@@ -469,7 +473,7 @@ fn finish_for_signal() {
 /// the signal watcher thread). The session keeps recording; a finish that got there first wins.
 #[cfg(target_os = "linux")]
 fn checkpoint_for_signal() {
-    let result = capture::paused(|| {
+    let result = capture::with_recording_paused(|| {
         let _finishing = FINISHING.lock();
         let (generation, output, write) = {
             let active = ACTIVE.lock();
@@ -697,7 +701,7 @@ extern "C" fn finish_at_exit() {
         return;
     }
     let result = std::panic::catch_unwind(|| {
-        capture::paused(|| {
+        capture::with_recording_paused(|| {
             let Some(_finishing) = FINISHING.try_lock_for(EXIT_WAIT) else {
                 return Err(format!(
                     "the process exited while the profile was being written, which did not end \

@@ -18,8 +18,7 @@ use crate::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, Timeline, Tim
 use crate::capture::clock::Calibration;
 use crate::capture::raw::{Decoded, Decoder, RawEvent, RawKind, Record};
 use crate::capture::registry::{SlotState, REGISTRY};
-use crate::capture::ring::close_gate;
-use crate::capture::{self, names, wake, RECORDING, UNATTRIBUTED_DROPS};
+use crate::capture::{self, gate, names, wake, UNATTRIBUTED_DROPS};
 use crate::profile::{CaptureMode, CaptureStats, Profile, ThreadCapture};
 
 use merge::{Merge, Stamp};
@@ -518,7 +517,7 @@ impl Merger {
     /// as the running collector does: a writer between its clock reading and its publish may
     /// still add an older event.
     fn stop(&mut self, lag_ns: u64) -> Profile {
-        close_gate(&RECORDING);
+        gate::close_recording();
         loop {
             let now = self.calibration.now_ns();
             let busy = REGISTRY.slots().iter().any(|slot| slot.ring.is_busy());
@@ -578,7 +577,7 @@ impl Merger {
 
     fn capture_stats(&self, unattributed: [u64; RawKind::COUNT]) -> CaptureStats {
         let mut stats = CaptureStats {
-            ring_events: crate::capture::lifecycle::ring_capacity(),
+            ring_events: capture::ring_capacity(),
             unattributed_dropped: unattributed.iter().sum(),
             threads: self.threads.clone(),
             ..CaptureStats::default()
