@@ -49,9 +49,6 @@ const EXIT_WAIT: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 struct Running {
     generation: u64,
-    /// The process that started the session; a forked child inherits this value, not the
-    /// collector thread behind it.
-    pid: libc::pid_t,
     collector: JoinHandle<()>,
     control: Sender<Control>,
     output: PathBuf,
@@ -225,10 +222,7 @@ impl SessionBuilder {
         }
         install_process_handlers();
         let mut active = ACTIVE.lock();
-        if active
-            .as_ref()
-            .is_some_and(|running| running.pid != this_pid())
-        {
+        if active.is_some() && !lifecycle::is_owner_process() {
             // Inherited through fork: its collector thread stayed in the parent. Forget it
             // without touching its channel or thread handle, which belong to the parent.
             std::mem::forget(active.take());
@@ -259,10 +253,8 @@ impl SessionBuilder {
             Error::Spawn(error)
         })?;
         let generation = LAST_GENERATION.fetch_add(1, Ordering::SeqCst) + 1;
-        let pid = this_pid();
         *active = Some(Running {
             generation,
-            pid,
             collector,
             control,
             output: settings.output,
@@ -288,7 +280,6 @@ impl SessionBuilder {
         crate::device::set_pool_sink(record_pool_snapshot);
         Ok(Session {
             generation,
-            pid,
             recording: true,
         })
     }
@@ -302,8 +293,6 @@ impl SessionBuilder {
 pub struct Session {
     /// The session this value owns (`0` when `HIGHWATER=off` disabled recording).
     generation: u64,
-    /// The process that started it.
-    pid: libc::pid_t,
     /// False once finished, and when `HIGHWATER=off` disabled recording.
     recording: bool,
 }
@@ -326,7 +315,6 @@ impl Session {
     fn inert() -> Session {
         Session {
             generation: 0,
-            pid: this_pid(),
             recording: false,
         }
     }
@@ -334,13 +322,13 @@ impl Session {
     /// Whether this session records (false when `HIGHWATER=off`, and in a forked child).
     pub fn is_recording(&self) -> bool {
         self.recording
-            && self.pid == this_pid()
+            && lifecycle::is_owner_process()
             && CURRENT.load(Ordering::SeqCst) == self.generation
     }
 
     /// Why this value may not act on the running session, if it may not.
     fn not_mine(&self) -> Option<Error> {
-        if self.pid != this_pid() {
+        if !lifecycle::is_owner_process() {
             Some(Error::ForkedChild)
         } else if CURRENT.load(Ordering::SeqCst) != self.generation {
             Some(Error::Ended)
@@ -450,7 +438,7 @@ fn finish_active(generation: Option<u64>) -> Option<Result<Profile, Error>> {
     let running = {
         let mut active = ACTIVE.lock();
         let mine = active.as_ref().is_some_and(|running| {
-            running.pid == this_pid() && generation.is_none_or(|g| g == running.generation)
+            lifecycle::is_owner_process() && generation.is_none_or(|g| g == running.generation)
         });
         if !mine {
             return None;
@@ -477,7 +465,7 @@ fn checkpoint_for_signal() {
         let _finishing = FINISHING.lock();
         let (generation, output, write) = {
             let active = ACTIVE.lock();
-            match active.as_ref().filter(|running| running.pid == this_pid()) {
+            match active.as_ref().filter(|_| lifecycle::is_owner_process()) {
                 Some(running) => (running.generation, running.output.clone(), running.write),
                 None => return Ok(()),
             }
@@ -717,7 +705,7 @@ extern "C" fn finish_at_exit() {
                 );
             };
             let running = match active.take() {
-                Some(running) if running.pid == this_pid() => running,
+                Some(running) if lifecycle::is_owner_process() => running,
                 // A forked child's copy of the parent's session: not ours to finish.
                 Some(inherited) => {
                     std::mem::forget(inherited);

@@ -110,7 +110,7 @@ fn run(config: CollectorConfig, mut merger: Merger, requests: Receiver<Control>)
                 let now = config.calibration.now_ns();
                 merger.catch_up(now);
                 let end = now.max(merger.newest_ns);
-                let _ = reply.send(merger.timeline.finish(end));
+                let _ = reply.send(merger.timeline.profile(end));
             }
             Ok(Control::Stop(reply)) => {
                 let _ = reply.send(merger.stop(lag_ns));
@@ -548,7 +548,7 @@ impl Merger {
             self.timeline
                 .note_dropped(unattributed_total + reentrant_total);
         }
-        let mut profile = self.timeline.finish(end_ns);
+        let mut profile = self.timeline.profile(end_ns);
         // Re-entrant records have no ring to be charged to: they join the unattributed ones in
         // `dropped_by_kind` and have their own total.
         let loose = std::array::from_fn(|kind| unattributed[kind] + reentrant[kind]);
