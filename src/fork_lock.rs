@@ -85,6 +85,9 @@ mod tests {
             panic!("while held");
         });
         assert_eq!(*lock.lock(), 5);
-        assert_eq!(lock.try_lock_for(Duration::ZERO).map(|guard| *guard), Some(5));
+        assert_eq!(
+            lock.try_lock_for(Duration::ZERO).map(|guard| *guard),
+            Some(5)
+        );
     }
 }

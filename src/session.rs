@@ -46,10 +46,11 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// [`FINISHING`] and [`ACTIVE`], held across a `fork`.
+/// [`FINISHING`], [`ACTIVE`] and the names table, held across a `fork` (taken in this order).
 struct HeldOverFork {
     _finishing: ForkSafeGuard<'static, ()>,
     _active: ForkSafeGuard<'static, Option<Running>>,
+    _names: names::HeldOverFork,
 }
 
 /// The generation of the session recording now (`0`: none). Sessions count from 1.
@@ -665,7 +666,8 @@ fn install_process_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // SAFETY: `finish_at_exit` is an `extern "C" fn()` that does not unwind; the fork
-        // handlers only lock and unlock the session's two mutexes (and cannot unwind).
+        // handlers only lock and unlock the session's two mutexes and the names table's (and
+        // cannot unwind).
         unsafe {
             libc::atexit(finish_at_exit);
             libc::pthread_atfork(
@@ -677,12 +679,14 @@ fn install_process_handlers() {
     });
 }
 
-/// Takes both session locks before `fork`, so the child never inherits one held by a thread
-/// that does not exist there (its `Session::start` would then wait forever).
+/// Takes both session locks and the names table's before `fork`, so the child never inherits
+/// one held by a thread that does not exist there (its `Session::start`, or its first op, would
+/// then wait forever). Nothing holding the names table waits for a session lock.
 extern "C" fn before_fork() {
     let held = HeldOverFork {
         _finishing: FINISHING.lock(),
         _active: ACTIVE.lock(),
+        _names: names::hold_over_fork(),
     };
     // A thread whose thread-locals are being torn down forks with the locks free, as it would
     // without this handler.
