@@ -449,6 +449,12 @@ fn main() {
         .expect("no other tracking-allocator tracker is set in this process");
     tracking_allocator::AllocationRegistry::enable_tracking();
 
+    // `HIGHWATER_BENCH_MEASURE_ONLY=1 cargo bench --bench hot_path`: only the measurement
+    // ratios (the interleaved pass below), for working on `highwater::measure`.
+    if std::env::var_os("HIGHWATER_BENCH_MEASURE_ONLY").is_some() {
+        measure_interleaved();
+        return;
+    }
     benches();
     measure_benches();
     Criterion::default().configure_from_args().final_summary();

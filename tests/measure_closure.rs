@@ -201,6 +201,40 @@ fn spans_split_the_figures_and_say_what_was_live_at_the_peak() {
 }
 
 #[test]
+fn what_came_before_the_first_span_stays_outside_every_span() {
+    // The meter keeps no per-span figures until a span opens inside; the root's figures up to
+    // then (its peak included) must carry over unchanged.
+    let (kept, m) = highwater::measure(|| {
+        let early = black_box(vec![0u8; 1000]);
+        drop(black_box(vec![0u8; 2000])); // the peak, 3000, all outside any span
+        let late = {
+            let _s = highwater::profile!("late");
+            black_box(vec![0u8; 500])
+        };
+        drop(black_box(vec![0u8; 100]));
+        (early, late)
+    });
+    assert_eq!(m.peak_bytes, 3000);
+    let root = span(&m, "");
+    assert_eq!(
+        (
+            root.allocations,
+            root.allocated_bytes,
+            root.live_at_peak_bytes,
+            root.leaked_bytes
+        ),
+        (3, 3100, 3000, 1000)
+    );
+    let late = span(&m, "late");
+    assert_eq!(
+        (late.allocations, late.live_at_peak_bytes, late.leaked_bytes),
+        (1, 0, 500)
+    );
+    assert_eq!((m.leaked_bytes, m.leaked_blocks), (1500, 2));
+    drop(kept);
+}
+
+#[test]
 fn a_span_opened_before_the_measurement_is_not_a_path_inside_it() {
     let _outer = highwater::profile!("outer");
     let ((), m) = highwater::measure(|| drop(black_box(vec![0u8; 100])));
