@@ -268,19 +268,14 @@ impl Recent {
 /// One measurement's running figures. Lives in the frame of `measure`; reached by the hook
 /// only through the measuring thread's thread-local.
 #[derive(Debug)]
+#[repr(C)] // the fields every event touches first, together, ahead of the span tables
 pub(crate) struct Meter {
-    id: u64,
     /// The enclosing measurement on this thread, or null.
     parent: *mut Meter,
-    /// Blocks born inside and still live, with their span node, except [`Meter::recent`].
-    table: AddressTable,
     /// The latest block born inside, held out of the table until the next one is born: a block
     /// freed before the thread allocates again (a scratch buffer, a formatted string) never
     /// touches the table. `addr == 0`: none.
     recent: Recent,
-    /// Blocks born inside whose table entry a later block at the same address took (the first
-    /// was freed by another thread, unseen): still live in the figures, and in `leaked_blocks`.
-    overwritten: u64,
     live: u64,
     peak: u64,
     /// How many times `peak` rose. A node whose `epoch` is behind has not changed since the
@@ -290,19 +285,25 @@ pub(crate) struct Meter {
     net: i64,
     allocated_bytes: u64,
     allocations: u64,
-    reallocations: u64,
     frees: u64,
-    untracked_frees: u64,
-    untracked_blocks: u64,
-    /// [`MISSED`] when the meter started.
-    missed_at_start: u64,
-    nodes: [Node; MAX_NODES],
     node_count: usize,
-    /// Open spans' nodes; `depth` may exceed `MAX_DEPTH`, then the deepest ones are not kept.
-    stack: [u16; MAX_DEPTH],
-    depth: usize,
     /// The innermost followed span's node (`stack[depth - 1]`, or the root).
     node: u16,
+    /// Blocks born inside and still live, with their span node, except [`Meter::recent`].
+    table: AddressTable,
+    reallocations: u64,
+    untracked_frees: u64,
+    untracked_blocks: u64,
+    /// Blocks born inside whose table entry a later block at the same address took (the first
+    /// was freed by another thread, unseen): still live in the figures, and in `leaked_blocks`.
+    overwritten: u64,
+    id: u64,
+    /// [`MISSED`] when the meter started.
+    missed_at_start: u64,
+    /// Open spans' nodes; `depth` may exceed `MAX_DEPTH`, then the deepest ones are not kept.
+    depth: usize,
+    stack: [u16; MAX_DEPTH],
+    nodes: [Node; MAX_NODES],
 }
 
 impl Meter {
@@ -372,10 +373,10 @@ impl Meter {
     /// previous recent block moves into the table.
     #[inline(always)]
     fn born(&mut self, addr: usize, size: u64, node: u16) {
-        let previous = std::mem::replace(&mut self.recent, Recent { addr, size, node });
-        if previous.addr != 0 {
-            self.keep(previous);
+        if self.recent.addr != 0 {
+            self.keep_recent();
         }
+        self.recent = Recent { addr, size, node };
         if self.splits_by_span() {
             self.node_live(usize::from(node), true, size);
         }
@@ -386,10 +387,12 @@ impl Meter {
         }
     }
 
-    /// Moves a live block into the table. If no memory can be mapped for it, it leaves the
-    /// figures (its free will not be recognised) and counts as untracked.
-    #[inline(always)]
-    fn keep(&mut self, block: Recent) {
+    /// Moves [`Meter::recent`] into the table. If no memory can be mapped for it, it leaves
+    /// the figures (its free will not be recognised) and counts as untracked. Out of line: the
+    /// common alloc + free of one block never comes here, and the inlined path stays small.
+    #[inline(never)]
+    fn keep_recent(&mut self) {
+        let block = self.recent;
         match self.table.insert(block.addr, usize::from(block.node)) {
             Inserted::New => {}
             Inserted::Replaced => self.overwritten += 1,
@@ -410,11 +413,10 @@ impl Meter {
     #[inline(always)]
     fn ended(&mut self, addr: usize, size: u64) -> bool {
         let node = if addr == self.recent.addr {
-            let node = self.recent.node;
-            self.recent = Recent::NONE;
-            usize::from(node)
+            self.recent.addr = 0;
+            usize::from(self.recent.node)
         } else {
-            match self.table.remove(addr) {
+            match self.remove_kept(addr) {
                 Some(node) => node,
                 None => {
                     self.untracked_frees += 1;
@@ -427,6 +429,12 @@ impl Meter {
         }
         self.live = self.live.saturating_sub(size);
         true
+    }
+
+    /// Takes `addr` out of the table; out of line, as [`Meter::keep_recent`].
+    #[inline(never)]
+    fn remove_kept(&mut self, addr: usize) -> Option<usize> {
+        self.table.remove(addr)
     }
 
     #[inline(always)]
