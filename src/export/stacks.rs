@@ -1,0 +1,239 @@
+//! How the views show a call site's stack: which frames are worth a reader's eye, and short
+//! names for functions and files.
+//!
+//! A recorded stack (innermost first) starts with the allocation machinery (`RawVec::grow`,
+//! `Vec::with_capacity`, …: frames of `std`, `core` and `alloc`) and ends with the runtime that
+//! called `main` or started the thread (`std::rt::lang_start`, `__libc_start_main`, …). Neither
+//! says *which code* allocated, so [`interesting`] trims both ends; `highwater sites` and the
+//! HTML report show what is left and say how many frames they left out. The profile and the
+//! pprof export keep every frame.
+
+use crate::profile::Frame;
+
+/// A stack with its uninteresting ends cut off (see [`interesting`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Trimmed<'a> {
+    /// Frames of the standard library's allocation machinery cut from the inner end.
+    pub inner_std: usize,
+    /// What is left, innermost first.
+    pub frames: &'a [Frame],
+    /// Runtime frames (thread start, `main`'s callers) cut from the outer end.
+    pub outer_runtime: usize,
+}
+
+/// Entry points of the C runtime and the thread library, which call Rust's `main` or a thread's
+/// closure.
+const RUNTIME_ENTRIES: [&str; 9] = [
+    "main",
+    "_start",
+    "__libc_start_main",
+    "__libc_start_call_main",
+    "start_thread",
+    "clone",
+    "clone3",
+    "__clone",
+    "__clone3",
+];
+
+/// Whether `name` is a function of Rust's standard library (`std`, `core`, `alloc`), the
+/// global-allocator shims, or a standard trait implemented for a primitive
+/// (`<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem`).
+pub fn is_std_function(name: &str) -> bool {
+    if name.starts_with("__rust_") || name.starts_with("__rdl_") || name.starts_with("__rg_") {
+        return true;
+    }
+    let std_path =
+        |path: &str| ["std::", "core::", "alloc::"].iter().any(|p| path.starts_with(p));
+    let Some(qualified) = name.strip_prefix('<') else {
+        return std_path(name);
+    };
+    match qualified.split_once(" as ") {
+        // `<Type as Trait>::f`: std if the type is std's, or a primitive (or a generic) with a
+        // std trait.
+        Some((ty, rest)) => std_path(ty) || (!ty.contains("::") && std_path(rest)),
+        None => std_path(qualified),
+    }
+}
+
+/// Whether `frame` belongs to what starts the program or a thread: the C runtime, or the
+/// standard library's frames around `main` and thread closures. Frames with no symbol count
+/// too (the C library's are usually stripped).
+fn is_runtime(frame: &Frame) -> bool {
+    match frame.function.as_deref() {
+        None => true,
+        Some(name) => RUNTIME_ENTRIES.contains(&name) || is_std_function(name),
+    }
+}
+
+/// `frames` (innermost first) without the standard library's allocation frames at the inner
+/// end and the runtime's frames at the outer end. When nothing would be left (a stack that is
+/// all standard library), every frame is kept.
+///
+/// # Examples
+///
+/// ```
+/// use highwater::export::stacks::interesting;
+/// use highwater::profile::Frame;
+///
+/// let frame = |name: &str| Frame { function: Some(name.into()), ..Frame::default() };
+/// let stack = [
+///     frame("alloc::raw_vec::RawVecInner<A>::try_allocate_in"),
+///     frame("train::model::forward"),
+///     frame("train::main"),
+///     frame("std::rt::lang_start_internal"),
+///     frame("main"),
+/// ];
+/// let trimmed = interesting(&stack);
+/// assert_eq!((trimmed.inner_std, trimmed.frames.len(), trimmed.outer_runtime), (1, 2, 2));
+/// ```
+pub fn interesting(frames: &[Frame]) -> Trimmed<'_> {
+    let inner_std = frames
+        .iter()
+        .take_while(|f| f.function.as_deref().is_some_and(is_std_function))
+        .count();
+    let rest = &frames[inner_std..];
+    let outer_runtime = rest.iter().rev().take_while(|f| is_runtime(f)).count();
+    if outer_runtime == rest.len() {
+        return Trimmed {
+            inner_std: 0,
+            frames,
+            outer_runtime: 0,
+        };
+    }
+    Trimmed {
+        inner_std,
+        frames: &rest[..rest.len() - outer_runtime],
+        outer_runtime,
+    }
+}
+
+/// The frame's function name, or its address when it has no symbol.
+pub fn function_name(frame: &Frame) -> String {
+    match &frame.function {
+        Some(name) => name.clone(),
+        None => format!("0x{:x}", frame.pc),
+    }
+}
+
+/// `file:line` with the file shortened by [`short_file`], `None` when the frame has no file.
+pub fn source_location(frame: &Frame) -> Option<String> {
+    let file = short_file(frame.file.as_deref()?);
+    Some(match frame.line {
+        Some(line) => format!("{file}:{line}"),
+        None => file.to_string(),
+    })
+}
+
+/// A source path without the parts every reader knows: the Cargo registry's directory
+/// (`…/.cargo/registry/src/index.crates.io-…/candle-core-0.11.0/src/tensor.rs` becomes
+/// `candle-core-0.11.0/src/tensor.rs`), a git checkout's, and the Rust toolchain's build
+/// directory (`/rustc/<hash>/library/alloc/src/raw_vec.rs` becomes
+/// `library/alloc/src/raw_vec.rs`). Other paths are kept whole.
+///
+/// # Examples
+///
+/// ```
+/// use highwater::export::stacks::short_file;
+/// assert_eq!(
+///     short_file("/home/me/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f/syn-2.0.1/src/lib.rs"),
+///     "syn-2.0.1/src/lib.rs"
+/// );
+/// assert_eq!(short_file("/rustc/17067e9ac6d/library/alloc/src/vec/mod.rs"), "library/alloc/src/vec/mod.rs");
+/// assert_eq!(short_file("src/main.rs"), "src/main.rs");
+/// ```
+pub fn short_file(path: &str) -> &str {
+    // The registry's index directory, and a checkout's name and revision, are dropped too.
+    for (marker, skip) in [("/.cargo/registry/src/", 1), ("/.cargo/git/checkouts/", 2)] {
+        if let Some(at) = path.find(marker) {
+            let mut rest = &path[at + marker.len()..];
+            for _ in 0..skip {
+                rest = rest.split_once('/').map_or("", |(_, inside)| inside);
+            }
+            if !rest.is_empty() {
+                return rest;
+            }
+        }
+    }
+    if let Some(rest) = path.strip_prefix("/rustc/") {
+        if let Some((_, inside)) = rest.split_once('/') {
+            return inside;
+        }
+    }
+    path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(name: Option<&str>) -> Frame {
+        Frame {
+            pc: 0x1000,
+            function: name.map(String::from),
+            ..Frame::default()
+        }
+    }
+
+    #[test]
+    fn standard_library_names_are_recognised() {
+        for std in [
+            "alloc::raw_vec::RawVec<T,A>::grow_one",
+            "<alloc::vec::Vec<T> as core::clone::Clone>::clone",
+            "<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem",
+            "<[T] as alloc::slice::hack::ConvertVec>::to_vec",
+            "core::ops::function::FnOnce::call_once",
+            "std::rt::lang_start_internal",
+            "__rust_alloc",
+            "__rdl_alloc",
+        ] {
+            assert!(is_std_function(std), "{std}");
+        }
+        for user in [
+            "train::main",
+            "<train::Model as core::ops::Fn<()>>::call",
+            "candle_core::tensor::Tensor::matmul",
+            "<candle_core::Tensor as std::ops::Add>::add",
+            "stdlib_wrapper::f",
+        ] {
+            assert!(!is_std_function(user), "{user}");
+        }
+    }
+
+    #[test]
+    fn a_stack_of_only_std_frames_is_kept_whole() {
+        let stack = [
+            frame(Some("alloc::alloc::alloc")),
+            frame(Some("std::thread::spawn")),
+            frame(None),
+        ];
+        let trimmed = interesting(&stack);
+        assert_eq!(trimmed.frames.len(), 3);
+        assert_eq!((trimmed.inner_std, trimmed.outer_runtime), (0, 0));
+    }
+
+    #[test]
+    fn unknown_frames_inside_the_stack_stay_and_stripped_libc_at_the_end_goes() {
+        let stack = [
+            frame(Some("train::a")),
+            frame(None),
+            frame(Some("train::b")),
+            frame(Some("std::sys::pal::unix::thread::Thread::new::thread_start")),
+            frame(Some("start_thread")),
+            frame(None),
+        ];
+        let trimmed = interesting(&stack);
+        assert_eq!(trimmed.frames.len(), 3);
+        assert_eq!(trimmed.outer_runtime, 3);
+        assert_eq!(function_name(&trimmed.frames[1]), "0x1000");
+    }
+
+    #[test]
+    fn source_locations_are_short_and_say_when_the_line_is_missing() {
+        let mut f = frame(Some("x"));
+        assert_eq!(source_location(&f), None);
+        f.file = Some("/root/.cargo/git/checkouts/candle-0a1b/9f8e7d6/candle-core/src/op.rs".into());
+        assert_eq!(source_location(&f).unwrap(), "candle-core/src/op.rs");
+        f.line = Some(42);
+        assert_eq!(source_location(&f).unwrap(), "candle-core/src/op.rs:42");
+    }
+}
