@@ -123,10 +123,13 @@ impl Builder {
             return id;
         }
         let id = self.functions.len() as u64 + 1;
+        // No system (mangled) name: with one equal to the name, `go tool pprof` would take the
+        // name for an undemangled symbol and cut `<…>` out of it
+        // (`<Linear as Module>::forward` became `::forward`).
         self.functions.push(proto::Function {
             id,
             name: key.0,
-            system_name: key.0,
+            system_name: 0,
             filename: key.1,
         });
         self.function_ids.insert(key, id);
