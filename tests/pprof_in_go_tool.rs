@@ -39,7 +39,13 @@ fn go() -> Option<String> {
 /// Runs `go tool pprof ARGS FILE` with figures in bytes; returns what it printed.
 fn pprof(go: &str, dir: &Path, file: &Path, args: &[&str]) -> String {
     let out = Command::new(go)
-        .args(["tool", "pprof", "-unit=B", "-nodefraction=0", "-nodecount=100000"])
+        .args([
+            "tool",
+            "pprof",
+            "-unit=B",
+            "-nodefraction=0",
+            "-nodecount=100000",
+        ])
         .args(args)
         .arg(file)
         .env("PPROF_TMPDIR", dir)
@@ -127,7 +133,12 @@ fn top_shows_the_sites_total_and_each_allocating_functions_bytes() {
     );
 
     // Allocated bytes: the other sample type.
-    let alloc = pprof(&go, dir.path(), &file, &["-top", "-sample_index=alloc_space"]);
+    let alloc = pprof(
+        &go,
+        dir.path(),
+        &file,
+        &["-top", "-sample_index=alloc_space"],
+    );
     let allocated: u64 = profile.sites.iter().map(|s| s.alloc_bytes).sum::<u64>()
         + profile.sampling.unlisted_alloc_bytes;
     assert_eq!(shown_total(&alloc), allocated as i64, "{alloc}");
@@ -168,7 +179,14 @@ fn tagfocus_selects_a_category_or_a_span_to_the_byte() {
     assert_eq!(shown_total(&top), bytes as i64, "{top}");
     // Labels are listed with their values.
     let tags = pprof(&go, dir.path(), &file, &["-tags"]);
-    for needle in ["category", "optimizer", "span", "step/optimizer/adam", "op", "exp_avg"] {
+    for needle in [
+        "category",
+        "optimizer",
+        "span",
+        "step/optimizer/adam",
+        "op",
+        "exp_avg",
+    ] {
         assert!(tags.contains(needle), "{needle} missing from\n{tags}");
     }
 }
@@ -200,7 +218,10 @@ fn inlined_frames_are_shown_with_their_files_and_lines() {
         qkv.file.as_deref().unwrap(),
         qkv.line.unwrap()
     );
-    assert!(lines.contains(&expected), "{expected} missing from\n{lines}");
+    assert!(
+        lines.contains(&expected),
+        "{expected} missing from\n{lines}"
+    );
     let traces = pprof(&go, dir.path(), &file, &["-traces"]);
     // Every frame of the site, in order, innermost first, in one trace: a trace is its label
     // lines (`  category:  activation`), then the value and the first frame, then one frame a

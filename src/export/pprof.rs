@@ -444,7 +444,10 @@ mod tests {
             optimizer as i64
         );
         let forward: u64 = shares()
-            .filter(|s| s.span.is_some_and(|id| paths[id as usize] == "step/forward/embed"))
+            .filter(|s| {
+                s.span
+                    .is_some_and(|id| paths[id as usize] == "step/forward/embed")
+            })
             .map(|s| s.alloc_bytes)
             .sum();
         assert!(forward > 0);
@@ -461,8 +464,10 @@ mod tests {
             exp_avg as i64
         );
         // A share outside every span has no span label; every share has a category.
-        assert!(p.sample.iter().all(|s| s.label.is_empty()
-            || s.label.iter().any(|l| text(&p, l.key) == "category")));
+        assert!(p
+            .sample
+            .iter()
+            .all(|s| s.label.is_empty() || s.label.iter().any(|l| text(&p, l.key) == "category")));
     }
 
     #[test]
@@ -475,7 +480,10 @@ mod tests {
             .expect("the sample has inlined frames");
         let p = decode(&render(&profile));
         let sample = &p.sample[0];
-        assert_eq!(sample.location_id.len(), location_groups(&site.frames).len());
+        assert_eq!(
+            sample.location_id.len(),
+            location_groups(&site.frames).len()
+        );
         assert!(sample.location_id.len() < site.frames.len());
         let leaf = &p.location[sample.location_id[0] as usize - 1];
         assert_eq!(leaf.address, site.frames[0].pc);
@@ -560,7 +568,10 @@ mod tests {
         assert_eq!(apportion(10, &[600, 300]), [7, 3]);
         assert_eq!(apportion(3, &[0, 0, 0]), [1, 1, 1]);
         assert_eq!(apportion(0, &[5, 5]), [0, 0]);
-        assert_eq!(apportion(u64::MAX, &[u64::MAX, 1]).iter().sum::<u64>(), u64::MAX);
+        assert_eq!(
+            apportion(u64::MAX, &[u64::MAX, 1]).iter().sum::<u64>(),
+            u64::MAX
+        );
         assert!(apportion(5, &[]).is_empty());
     }
 

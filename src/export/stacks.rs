@@ -42,8 +42,11 @@ pub fn is_std_function(name: &str) -> bool {
     if name.starts_with("__rust_") || name.starts_with("__rdl_") || name.starts_with("__rg_") {
         return true;
     }
-    let std_path =
-        |path: &str| ["std::", "core::", "alloc::"].iter().any(|p| path.starts_with(p));
+    let std_path = |path: &str| {
+        ["std::", "core::", "alloc::"]
+            .iter()
+            .any(|p| path.starts_with(p))
+    };
     let Some(qualified) = name.strip_prefix('<') else {
         return std_path(name);
     };
@@ -105,6 +108,21 @@ pub fn interesting(frames: &[Frame]) -> Trimmed<'_> {
         frames: &rest[..rest.len() - outer_runtime],
         outer_runtime,
     }
+}
+
+/// An estimate with its standard error, in binary units: `1.5 GiB ± 12.0 KiB`.
+///
+/// # Examples
+///
+/// ```
+/// assert_eq!(highwater::export::stacks::estimate(3 << 20, 1536), "3.0 MiB ± 1.5 KiB");
+/// ```
+pub fn estimate(bytes: u64, error: u64) -> String {
+    format!(
+        "{} ± {}",
+        crate::units::format_bytes(bytes),
+        crate::units::format_bytes(error)
+    )
 }
 
 /// The frame's function name, or its address when it has no symbol.
@@ -217,7 +235,9 @@ mod tests {
             frame(Some("train::a")),
             frame(None),
             frame(Some("train::b")),
-            frame(Some("std::sys::pal::unix::thread::Thread::new::thread_start")),
+            frame(Some(
+                "std::sys::pal::unix::thread::Thread::new::thread_start",
+            )),
             frame(Some("start_thread")),
             frame(None),
         ];
@@ -231,7 +251,8 @@ mod tests {
     fn source_locations_are_short_and_say_when_the_line_is_missing() {
         let mut f = frame(Some("x"));
         assert_eq!(source_location(&f), None);
-        f.file = Some("/root/.cargo/git/checkouts/candle-0a1b/9f8e7d6/candle-core/src/op.rs".into());
+        f.file =
+            Some("/root/.cargo/git/checkouts/candle-0a1b/9f8e7d6/candle-core/src/op.rs".into());
         assert_eq!(source_location(&f).unwrap(), "candle-core/src/op.rs");
         f.line = Some(42);
         assert_eq!(source_location(&f).unwrap(), "candle-core/src/op.rs:42");

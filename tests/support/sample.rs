@@ -775,16 +775,36 @@ const UNARY: FrameSpec = (
 
 /// The stack (innermost first) of the site behind each op of the sample's rows.
 fn stack_of(op: Option<&str>) -> Vec<FrameSpec> {
-    let block = (Some("train_gpt::model::Block::forward"), "src/model.rs", 140, false);
-    let gpt = (Some("train_gpt::model::Gpt::forward"), "src/model.rs", 201, false);
+    let block = (
+        Some("train_gpt::model::Block::forward"),
+        "src/model.rs",
+        140,
+        false,
+    );
+    let gpt = (
+        Some("train_gpt::model::Gpt::forward"),
+        "src/model.rs",
+        201,
+        false,
+    );
     let mut frames: Vec<FrameSpec> = ALLOC.to_vec();
     let mut outer: Vec<FrameSpec> = TRAIN_STEP.to_vec();
     let middle: Vec<FrameSpec> = match op {
         Some("matmul") => {
             let mut v = MATMUL.to_vec();
             v.extend([
-                (Some("train_gpt::model::Attention::qkv"), "src/model.rs", 61, true),
-                (Some("train_gpt::model::Attention::forward"), "src/model.rs", 88, false),
+                (
+                    Some("train_gpt::model::Attention::qkv"),
+                    "src/model.rs",
+                    61,
+                    true,
+                ),
+                (
+                    Some("train_gpt::model::Attention::forward"),
+                    "src/model.rs",
+                    88,
+                    false,
+                ),
                 block,
                 gpt,
             ]);
@@ -798,7 +818,12 @@ fn stack_of(op: Option<&str>) -> Vec<FrameSpec> {
                 240,
                 false,
             ),
-            (Some("train_gpt::model::Attention::forward"), "src/model.rs", 95, false),
+            (
+                Some("train_gpt::model::Attention::forward"),
+                "src/model.rs",
+                95,
+                false,
+            ),
             block,
             gpt,
         ],
@@ -817,8 +842,18 @@ fn stack_of(op: Option<&str>) -> Vec<FrameSpec> {
                     50,
                     false,
                 ),
-                (Some("train_gpt::model::Mlp::forward"), "src/model.rs", 112, false),
-                (Some("train_gpt::model::Block::forward"), "src/model.rs", 143, false),
+                (
+                    Some("train_gpt::model::Mlp::forward"),
+                    "src/model.rs",
+                    112,
+                    false,
+                ),
+                (
+                    Some("train_gpt::model::Block::forward"),
+                    "src/model.rs",
+                    143,
+                    false,
+                ),
                 gpt,
             ]);
             v
@@ -831,8 +866,18 @@ fn stack_of(op: Option<&str>) -> Vec<FrameSpec> {
                 560,
                 false,
             ),
-            (Some("train_gpt::model::Mlp::forward"), "src/model.rs", 113, false),
-            (Some("train_gpt::model::Block::forward"), "src/model.rs", 143, false),
+            (
+                Some("train_gpt::model::Mlp::forward"),
+                "src/model.rs",
+                113,
+                false,
+            ),
+            (
+                Some("train_gpt::model::Block::forward"),
+                "src/model.rs",
+                143,
+                false,
+            ),
             gpt,
         ],
         Some("embedding") => vec![
@@ -854,7 +899,12 @@ fn stack_of(op: Option<&str>) -> Vec<FrameSpec> {
                 30,
                 false,
             ),
-            (Some("train_gpt::model::Gpt::forward"), "src/model.rs", 190, false),
+            (
+                Some("train_gpt::model::Gpt::forward"),
+                "src/model.rs",
+                190,
+                false,
+            ),
         ],
         Some("randn") => {
             outer = vec![(Some("train_gpt::main"), "src/main.rs", 31, false)];
@@ -877,7 +927,12 @@ fn stack_of(op: Option<&str>) -> Vec<FrameSpec> {
                     200,
                     false,
                 ),
-                (Some("train_gpt::model::Gpt::new"), "src/model.rs", 170, false),
+                (
+                    Some("train_gpt::model::Gpt::new"),
+                    "src/model.rs",
+                    170,
+                    false,
+                ),
             ]
         }
         Some(moment @ ("exp_avg" | "exp_avg_sq")) => vec![
@@ -893,7 +948,12 @@ fn stack_of(op: Option<&str>) -> Vec<FrameSpec> {
                 if moment == "exp_avg" { 58 } else { 59 },
                 true,
             ),
-            (Some("train_gpt::optim::AdamW::step"), "src/optim.rs", 77, false),
+            (
+                Some("train_gpt::optim::AdamW::step"),
+                "src/optim.rs",
+                77,
+                false,
+            ),
         ],
         Some("mul") => vec![
             (
@@ -908,7 +968,12 @@ fn stack_of(op: Option<&str>) -> Vec<FrameSpec> {
                 700,
                 false,
             ),
-            (Some("train_gpt::optim::AdamW::step"), "src/optim.rs", 84, false),
+            (
+                Some("train_gpt::optim::AdamW::step"),
+                "src/optim.rs",
+                84,
+                false,
+            ),
         ],
         Some(_) => {
             let mut v = MATMUL.to_vec();
@@ -929,7 +994,12 @@ fn stack_of(op: Option<&str>) -> Vec<FrameSpec> {
                 false,
             )];
             outer = vec![
-                (Some("std::sys::backtrace::__rust_begin_short_backtrace"), "", 0, false),
+                (
+                    Some("std::sys::backtrace::__rust_begin_short_backtrace"),
+                    "",
+                    0,
+                    false,
+                ),
                 (
                     Some("std::sys::pal::unix::thread::Thread::new::thread_start"),
                     "",
@@ -941,8 +1011,18 @@ fn stack_of(op: Option<&str>) -> Vec<FrameSpec> {
             ];
             vec![
                 (None, "", 0, false),
-                (Some("train_gpt::data::Loader::next_batch"), "src/data.rs", 77, false),
-                (Some("train_gpt::data::Loader::run"), "src/data.rs", 40, false),
+                (
+                    Some("train_gpt::data::Loader::next_batch"),
+                    "src/data.rs",
+                    77,
+                    false,
+                ),
+                (
+                    Some("train_gpt::data::Loader::run"),
+                    "src/data.rs",
+                    40,
+                    false,
+                ),
             ]
         }
     };
@@ -1087,13 +1167,15 @@ fn call_sites(rows: &mut [PeakRow], spans: &[SpanMetrics]) -> (Vec<CallSite>, Si
         }
         site.peak_bytes += peak;
         site.peak_count += count;
-        site.peak_bytes_error = (site.peak_bytes_error.pow(2)
-            + standard_error(peak, count).pow(2))
-        .isqrt();
+        site.peak_bytes_error =
+            (site.peak_bytes_error.pow(2) + standard_error(peak, count).pow(2)).isqrt();
     }
     // The attention matmul also runs in the backward pass (recomputed), all freed by the
     // peak: seven listed backward shares and the eighth folded into the remainder.
-    if let Some((_, site)) = sites.iter_mut().find(|(op, _)| op.as_deref() == Some("matmul")) {
+    if let Some((_, site)) = sites
+        .iter_mut()
+        .find(|(op, _)| op.as_deref() == Some("matmul"))
+    {
         let bytes = site.peak_bytes / 8;
         for layer in 0..LAYERS {
             let share = SiteShare {
@@ -1158,7 +1240,11 @@ fn call_sites(rows: &mut [PeakRow], spans: &[SpanMetrics]) -> (Vec<CallSite>, Si
         unwinder: "frame-pointers".to_string(),
         samples: sites.iter().map(|s| s.samples).sum::<u64>() + 140,
         truncated_stacks: 3,
-        max_depth: sites.iter().map(|s| s.frames.len() as u32).max().unwrap_or(0),
+        max_depth: sites
+            .iter()
+            .map(|s| s.frames.len() as u32)
+            .max()
+            .unwrap_or(0),
         distinct_sites: sites.len() as u64 + 37,
         unlisted_peak_bytes: unlisted_peak,
         unlisted_alloc_bytes: 20 * unlisted_peak,
@@ -1196,12 +1282,18 @@ mod tests {
         assert_eq!(sites + p.sampling.unlisted_peak_bytes, p.summary.peak_bytes);
         assert!(p.peak_breakdown.iter().all(|r| r.top_sites.len() == 1));
         assert!(p.sites.iter().enumerate().all(|(i, s)| s.id as usize == i));
-        assert!(p.sites.windows(2).all(|w| w[0].peak_bytes >= w[1].peak_bytes));
+        assert!(p
+            .sites
+            .windows(2)
+            .all(|w| w[0].peak_bytes >= w[1].peak_bytes));
         for site in &p.sites {
             assert!(site.shares.len() <= highwater::profile::MAX_SITE_SHARES);
             let shares: u64 = site.shares.iter().map(|s| s.peak_bytes).sum();
             assert_eq!(shares, site.peak_bytes);
         }
-        assert!(p.sites.iter().any(|s| s.shares.len() == highwater::profile::MAX_SITE_SHARES));
+        assert!(p
+            .sites
+            .iter()
+            .any(|s| s.shares.len() == highwater::profile::MAX_SITE_SHARES));
     }
 }

@@ -44,7 +44,12 @@ macro_rules! field {
         encoding::$kind::merge_repeated($wire, $value, $buf, $ctx)
     };
     (merge, optional message, $wire:expr, $value:expr, $buf:expr, $ctx:expr) => {
-        encoding::message::merge($wire, $value.get_or_insert_with(Default::default), $buf, $ctx)
+        encoding::message::merge(
+            $wire,
+            $value.get_or_insert_with(Default::default),
+            $buf,
+            $ctx,
+        )
     };
     (len, scalar $kind:ident, $tag:expr, $value:expr) => {
         if !is_default($value) {
