@@ -6,7 +6,7 @@
 //! Four sample types, one value each per sample: `inuse_space`/`bytes` and
 //! `inuse_objects`/`count` (live at the peak; `inuse_space` is the default view),
 //! `alloc_space`/`bytes` and `alloc_objects`/`count` (allocated over the run). Each
-//! [`SiteShare`] of each [`CallSite`] is one sample on that site's stack, labelled with its
+//! [`SiteShare`](crate::profile::SiteShare) of each [`CallSite`] is one sample on that site's stack, labelled with its
 //! `category`, its `span` (the span path, when it was made inside a span) and its `op` (when an
 //! op was recorded), so `-tagfocus=category=optimizer` or `-tagfocus=span=step/forward` selects
 //! the memory of one category or span. A site's objects live at the peak are known per site
