@@ -6,13 +6,14 @@
 //! Four sample types, one value each per sample: `inuse_space`/`bytes` and
 //! `inuse_objects`/`count` (live at the peak; `inuse_space` is the default view),
 //! `alloc_space`/`bytes` and `alloc_objects`/`count` (allocated over the run). Each
-//! [`SiteShare`](crate::profile::SiteShare) of each [`CallSite`] is one sample on that site's stack, labelled with its
-//! `category`, its `span` (the span path, when it was made inside a span) and its `op` (when an
-//! op was recorded), so `-tagfocus=category=optimizer` or `-tagfocus=span=step/forward` selects
-//! the memory of one category or span. A site's objects live at the peak are known per site
-//! only; its shares get them in proportion to their bytes at the peak (whole numbers adding up
-//! to the site's). Whatever a site's figures hold beyond its shares is one more sample with no
-//! labels, and the sites past [`MAX_CALL_SITES`](crate::profile::MAX_CALL_SITES) are one sample
+//! [`SiteShare`](crate::profile::SiteShare) of each [`CallSite`] is one sample on that site's
+//! stack, labelled with its `category`, its `span` (the span path, when it was made inside a
+//! span) and its `op` (when an op was recorded), so `-tagfocus=category=optimizer` or
+//! `-tagfocus=span=step/forward` selects the memory of one category or span. A site's objects
+//! live at the peak are known per site only; its shares get them in proportion to their bytes
+//! at the peak (whole numbers adding up to the site's). Whatever a site's figures hold beyond
+//! its shares is one more sample with no labels, and the sites past
+//! [`MAX_CALL_SITES`](crate::profile::MAX_CALL_SITES) are one sample
 //! at a location of their own, so every view adds up to the profile's totals.
 //!
 //! Each distinct program counter with its chain of inlined functions is one location: its
