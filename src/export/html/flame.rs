@@ -110,10 +110,14 @@ fn key(frame: &Frame) -> (String, String, bool) {
 fn site_categories(site: &CallSite) -> [u64; Category::COUNT] {
     let mut parts = [0u64; Category::COUNT];
     for share in &site.shares {
-        parts[share.category.index()] += share.peak_bytes;
+        let part = &mut parts[share.category.index()];
+        *part = part.saturating_add(share.peak_bytes);
     }
-    let listed: u64 = parts.iter().sum();
-    parts[Category::Other.index()] += site.peak_bytes.saturating_sub(listed);
+    let listed = parts
+        .iter()
+        .fold(0u64, |sum, part| sum.saturating_add(*part));
+    let other = &mut parts[Category::Other.index()];
+    *other = other.saturating_add(site.peak_bytes.saturating_sub(listed));
     parts
 }
 
@@ -149,7 +153,8 @@ pub(super) fn flame(profile: &Profile) -> Option<Flame> {
         node.bytes = unlisted;
         node.categories[Category::Other.index()] = unlisted;
         nodes[0].bytes = nodes[0].bytes.saturating_add(unlisted);
-        nodes[0].categories[Category::Other.index()] += unlisted;
+        let other = &mut nodes[0].categories[Category::Other.index()];
+        *other = other.saturating_add(unlisted);
         nodes.push(node);
     }
     if nodes[0].bytes == 0 {

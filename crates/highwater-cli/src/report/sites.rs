@@ -57,8 +57,9 @@ fn rank_bytes(site: &CallSite, query: &SiteQuery) -> u64 {
             .shares
             .iter()
             .filter(|s| s.category == category)
-            .map(|s| figure(s.peak_bytes, s.alloc_bytes))
-            .sum(),
+            .fold(0u64, |sum, s| {
+                sum.saturating_add(figure(s.peak_bytes, s.alloc_bytes))
+            }),
     }
 }
 
@@ -105,11 +106,12 @@ pub fn select_sites<'a>(
 fn mix<K: Ord>(shares: &[SiteShare], key: impl Fn(&SiteShare) -> K, peak: bool) -> Vec<(K, u64)> {
     let mut totals: BTreeMap<K, u64> = BTreeMap::new();
     for share in shares {
-        *totals.entry(key(share)).or_default() += if peak {
+        let total = totals.entry(key(share)).or_default();
+        *total = total.saturating_add(if peak {
             share.peak_bytes
         } else {
             share.alloc_bytes
-        };
+        });
     }
     let mut list: Vec<(K, u64)> = totals.into_iter().filter(|(_, b)| *b > 0).collect();
     list.sort_by_key(|(_, bytes)| std::cmp::Reverse(*bytes));
@@ -226,13 +228,15 @@ fn site_block(
     let peak = profile.summary.peak_bytes;
     let _ = writeln!(
         out,
-        "\n#{}  {} live at the peak ({}), {} blocks; allocated {} in {} allocations",
+        "\n#{}  {} live at the peak ({}), {} block{}; allocated {} in {} allocation{}",
         site.id,
         estimate(site.peak_bytes, site.peak_bytes_error),
         percent(site.peak_bytes, peak),
         format_count(site.peak_count),
+        if site.peak_count == 1 { "" } else { "s" },
         estimate(site.alloc_bytes, site.alloc_bytes_error),
-        format_count(site.alloc_count)
+        format_count(site.alloc_count),
+        if site.alloc_count == 1 { "" } else { "s" }
     );
     // The mix of the bytes that rank the site: at the peak, unless it holds none there.
     let by_peak = query.order == SiteOrder::Peak && site.peak_bytes > 0;

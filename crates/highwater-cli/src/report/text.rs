@@ -171,7 +171,11 @@ pub fn summary_text(profile: &Profile) -> String {
         format_count(s.unknown_frees),
         format_count(s.reorder_repairs)
     );
-    if let Some(site) = profile.sites.iter().max_by_key(|site| site.peak_bytes) {
+    if let Some(site) = profile
+        .sites
+        .iter()
+        .max_by_key(|site| (site.peak_bytes, std::cmp::Reverse(site.id)))
+    {
         let frame = highwater::export::stacks::interesting(&site.frames)
             .frames
             .first()
