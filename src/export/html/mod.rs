@@ -149,6 +149,9 @@ mod tests {
         profile.warnings.push(Warning::Note {
             text: HOSTILE.into(),
         });
+        // Call sites: a frame's function and file in the icicle's data and the sites' table.
+        profile.sites[0].frames[2].function = Some(HOSTILE.into());
+        profile.sites[0].frames[2].file = Some(HOSTILE.into());
         let page = render(&profile);
         assert!(!page.contains(HOSTILE), "raw hostile string in page");
         assert!(!page.contains("<img"));
