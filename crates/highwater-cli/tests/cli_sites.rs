@@ -101,7 +101,7 @@ fn one_site_shows_every_frame_and_json_keeps_the_profiles_fields() {
     let profile = sample_profile();
     let path = write(dir.path(), "p.json", &profile);
     let site = &profile.sites[3];
-    let text = stdout(&highwater(&["sites", &path, "--site", "3", "--all-frames"]));
+    let text = stdout(&highwater(&["sites", &path, "--site", "3"]));
     for frame in &site.frames {
         if let Some(function) = &frame.function {
             assert!(

@@ -64,7 +64,8 @@ pub(crate) enum Command {
         /// gradient, optimizer, other.
         #[arg(long, value_parser = parse_category)]
         category: Option<Category>,
-        /// Only the site with this id (as `#N` shows it), with every frame of its stack.
+        /// Only the site with this id (as `#N` shows it), with every frame of its stack (none
+        /// trimmed).
         #[arg(long, value_name = "N")]
         site: Option<u32>,
         /// Most frames shown per stack, after trimming.

@@ -33,9 +33,10 @@ pub struct SiteQuery {
     pub order: SiteOrder,
     /// Only sites with bytes of this category, ranked by those bytes.
     pub category: Option<Category>,
-    /// Only this site (its id), every frame shown.
+    /// Only this site (its id), every frame of its stack shown.
     pub site: Option<u32>,
-    /// Most frames shown per stack after trimming; `None`: every frame, untrimmed.
+    /// Most frames shown per stack after trimming; `None`: every frame, untrimmed (as for
+    /// [`SiteQuery::site`]).
     pub frames: Option<usize>,
 }
 
@@ -267,6 +268,18 @@ fn site_block(
         if by_peak { "at the peak" } else { "allocated" },
         mix_line(&categories, whole)
     );
+    let temporary = site
+        .shares
+        .iter()
+        .fold(0u64, |sum, s| sum.saturating_add(s.peak_temporary_bytes));
+    if temporary > 0 {
+        let _ = writeln!(
+            out,
+            "    temporary: {} of it ({}) was freed before the span that allocated it exited",
+            format_bytes(temporary),
+            percent(temporary, site.peak_bytes)
+        );
+    }
     if let Some(category) = query.category {
         let part = rank_bytes(site, query);
         let _ = writeln!(out, "    of which {category}: {}", format_bytes(part));
@@ -281,17 +294,15 @@ fn site_block(
 }
 
 fn stack(out: &mut String, site: &CallSite, query: &SiteQuery) {
-    let (frames, inner, outer) = match query.frames {
-        None => (&site.frames[..], 0, 0),
-        Some(_) => {
+    // One site asked for by id shows its whole stack, as recorded.
+    let (frames, inner, outer, most) = match (query.frames, query.site) {
+        (Some(most), None) => {
             let t = stacks::interesting(&site.frames);
-            (t.frames, t.inner_std, t.outer_runtime)
+            (t.frames, t.inner_std, t.outer_runtime, most.max(1))
         }
+        _ => (&site.frames[..], 0, 0, usize::MAX),
     };
-    let shown = match (query.frames, query.site) {
-        (Some(most), None) => frames.len().min(most.max(1)),
-        _ => frames.len(),
-    };
+    let shown = frames.len().min(most);
     if inner > 0 {
         let _ = writeln!(
             out,
@@ -500,6 +511,18 @@ mod tests {
         let full = sites_text(&p, "p.json", &all).unwrap();
         assert!(full.contains("__libc_start_main"), "{full}");
         assert_eq!(full.matches("\n#").count(), 1, "{full}");
+    }
+
+    #[test]
+    fn temporaries_at_the_peak_are_shown_when_the_profile_has_them() {
+        let mut p = sample_profile();
+        let text = sites_text(&p, "p.json", &query()).unwrap();
+        assert!(!text.contains("temporary:"), "{text}");
+        let half = p.sites[3].shares[0].peak_bytes / 2;
+        p.sites[3].shares[0].peak_temporary_bytes = half;
+        let text = sites_text(&p, "p.json", &query()).unwrap();
+        let line = format!("    temporary: {} of it", format_bytes(half));
+        assert_eq!(text.matches(&line).count(), 1, "{text}");
     }
 
     #[test]
