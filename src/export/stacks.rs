@@ -36,13 +36,18 @@ const RUNTIME_ENTRIES: [&str; 9] = [
 ];
 
 /// Whether `name` is a function of Rust's standard library (`std`, `core`, `alloc`), the
-/// global-allocator shims, or a standard trait implemented for a primitive
-/// (`<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem`).
+/// global-allocator shims, or a standard trait implemented for a primitive, a reference or a
+/// trait object (`<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem`).
 pub fn is_std_function(name: &str) -> bool {
     if name.starts_with("__rust_") || name.starts_with("__rdl_") || name.starts_with("__rg_") {
         return true;
     }
     let std_path = |path: &str| {
+        let path = ["&mut ", "&", "*const ", "*mut ", "dyn "]
+            .iter()
+            .fold(path.trim_start(), |p, prefix| {
+                p.strip_prefix(prefix).unwrap_or(p)
+            });
         ["std::", "core::", "alloc::"]
             .iter()
             .any(|p| path.starts_with(p))
@@ -58,13 +63,33 @@ pub fn is_std_function(name: &str) -> bool {
     }
 }
 
+/// Whether `path` is a source file of Rust's standard library, as the toolchain's line tables
+/// name them (`/rustc/<hash>/library/alloc/src/…`, or a local `…/library/core/src/…`).
+pub fn is_std_file(path: &str) -> bool {
+    path.starts_with("/rustc/")
+        || [
+            "/library/std/src/",
+            "/library/core/src/",
+            "/library/alloc/src/",
+        ]
+        .iter()
+        .any(|dir| path.contains(dir))
+}
+
+/// Whether `frame` is the standard library's, by its function's name or its source file (an
+/// inlined frame's name can be as short as `with_capacity_in<f32, alloc::alloc::Global>`).
+pub fn is_std_frame(frame: &Frame) -> bool {
+    frame.function.as_deref().is_some_and(is_std_function)
+        || frame.file.as_deref().is_some_and(is_std_file)
+}
+
 /// Whether `frame` belongs to what starts the program or a thread: the C runtime, or the
 /// standard library's frames around `main` and thread closures. Frames with no symbol count
 /// too (the C library's are usually stripped).
 fn is_runtime(frame: &Frame) -> bool {
     match frame.function.as_deref() {
         None => true,
-        Some(name) => RUNTIME_ENTRIES.contains(&name) || is_std_function(name),
+        Some(name) => RUNTIME_ENTRIES.contains(&name) || is_std_frame(frame),
     }
 }
 
@@ -90,10 +115,7 @@ fn is_runtime(frame: &Frame) -> bool {
 /// assert_eq!((trimmed.inner_std, trimmed.frames.len(), trimmed.outer_runtime), (1, 2, 2));
 /// ```
 pub fn interesting(frames: &[Frame]) -> Trimmed<'_> {
-    let inner_std = frames
-        .iter()
-        .take_while(|f| f.function.as_deref().is_some_and(is_std_function))
-        .count();
+    let inner_std = frames.iter().take_while(|f| is_std_frame(f)).count();
     let rest = &frames[inner_std..];
     let outer_runtime = rest.iter().rev().take_while(|f| is_runtime(f)).count();
     if outer_runtime == rest.len() {
@@ -123,6 +145,53 @@ pub fn estimate(bytes: u64, error: u64) -> String {
         crate::units::format_bytes(bytes),
         crate::units::format_bytes(error)
     )
+}
+
+/// `name` without generic arguments, for reading: `fold<alloc::vec::Vec<f32>, …>` becomes
+/// `fold<…>` and `Vec<T,A>::push` becomes `Vec<…>::push`; a qualified path's brackets
+/// (`<Linear as Module>::forward`) stay.
+///
+/// # Examples
+///
+/// ```
+/// use highwater::export::stacks::without_generics;
+/// assert_eq!(without_generics("fold<alloc::vec::Vec<f32>, ()>"), "fold<…>");
+/// assert_eq!(
+///     without_generics("<alloc::vec::Vec<T> as core::iter::FromIterator<T>>::from_iter"),
+///     "<alloc::vec::Vec<…> as core::iter::FromIterator<…>>::from_iter"
+/// );
+/// ```
+pub fn without_generics(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    let mut skipping = 0usize;
+    let mut previous = ' ';
+    for c in name.chars() {
+        if skipping > 0 {
+            match c {
+                '<' => skipping += 1,
+                '>' => skipping -= 1,
+                _ => {}
+            }
+            if skipping == 0 {
+                out.push_str("<…>");
+            }
+            continue;
+        }
+        // Generic arguments follow a name (`Vec<`) or a turbofish (`::<`); a qualified path
+        // opens at the start or after a space, `&` or `(`.
+        if c == '<' && (previous.is_alphanumeric() || previous == '_' || out.ends_with("::")) {
+            skipping = 1;
+            previous = c;
+            continue;
+        }
+        out.push(c);
+        previous = c;
+    }
+    if skipping > 0 {
+        // Unbalanced: keep what was cut.
+        out.push_str("<…");
+    }
+    out
 }
 
 /// The frame's function name, or its address when it has no symbol.
@@ -215,6 +284,37 @@ mod tests {
         ] {
             assert!(!is_std_function(user), "{user}");
         }
+    }
+
+    #[test]
+    fn inlined_std_frames_with_short_names_are_known_by_their_files() {
+        let mut inlined = frame(Some("with_capacity_in<f32, alloc::alloc::Global>"));
+        inlined.file = Some("/rustc/59807616e1fa/library/alloc/src/raw_vec/mod.rs".into());
+        assert!(is_std_frame(&inlined));
+        let mut user = frame(Some("with_capacity_in"));
+        user.file = Some("/work/mylib/src/library/pool.rs".into());
+        assert!(!is_std_frame(&user));
+        assert!(is_std_function(
+            "<&dyn core::ops::function::Fn<(), Output = i32> as core::ops::function::FnOnce<()>>::call_once"
+        ));
+        let stack = [inlined, frame(Some("app::buffer")), frame(Some("main"))];
+        let trimmed = interesting(&stack);
+        assert_eq!((trimmed.inner_std, trimmed.frames.len()), (1, 1));
+    }
+
+    #[test]
+    fn generic_arguments_are_cut_and_qualified_paths_kept() {
+        assert_eq!(without_generics("a::b::f"), "a::b::f");
+        assert_eq!(without_generics("Vec<T,A>::push"), "Vec<…>::push");
+        assert_eq!(
+            without_generics("iter::collect::<Vec<u8>>"),
+            "iter::collect::<…>"
+        );
+        assert_eq!(
+            without_generics("<candle_nn::Linear as candle_core::Module>::forward"),
+            "<candle_nn::Linear as candle_core::Module>::forward"
+        );
+        assert_eq!(without_generics("f<a<b>"), "f<…");
     }
 
     #[test]

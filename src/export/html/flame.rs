@@ -99,7 +99,7 @@ impl Building {
 
 fn key(frame: &Frame) -> (String, String, bool) {
     (
-        stacks::function_name(frame),
+        stacks::without_generics(&stacks::function_name(frame)),
         stacks::source_location(frame).unwrap_or_default(),
         frame.inlined,
     )
@@ -350,7 +350,7 @@ fn sites_table(out: &mut String, profile: &Profile) {
                 out,
                 "<div{}>{}{at}</div>",
                 if k == 0 { " class=\"leaf\"" } else { "" },
-                escape_html(&stacks::function_name(frame))
+                escape_html(&stacks::without_generics(&stacks::function_name(frame)))
             );
         }
         if trimmed.frames.len() > 3 {

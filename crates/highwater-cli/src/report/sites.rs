@@ -311,13 +311,32 @@ fn stack(out: &mut String, site: &CallSite, query: &SiteQuery) {
         );
     }
     let mut table = Table::new(&[("FUNCTION", false), ("AT", false)]);
-    for frame in &frames[..shown] {
-        let mut function = clean(&stacks::function_name(frame)).into_owned();
+    let collapse = query.frames.is_some() && query.site.is_none();
+    let mut k = 0;
+    while k < shown {
+        // A run of the standard library's frames between the program's (iterator adapters,
+        // closures' shims) is one line unless every frame was asked for.
+        let run = frames[k..shown]
+            .iter()
+            .take_while(|f| stacks::is_std_frame(f))
+            .count();
+        if collapse && run >= 2 {
+            table.push(vec![
+                format!("({run} frames of the standard library)"),
+                String::new(),
+            ]);
+            k += run;
+            continue;
+        }
+        let frame = &frames[k];
+        let mut function =
+            clean(&stacks::without_generics(&stacks::function_name(frame))).into_owned();
         if frame.inlined {
             function.push_str(" (inlined)");
         }
         let at = stacks::source_location(frame).unwrap_or_else(|| "-".to_string());
         table.push(vec![function, clean(&at).into_owned()]);
+        k += 1;
     }
     table.render_body(out, "      ");
     let hidden = frames.len() - shown;
