@@ -329,8 +329,14 @@ fn stack(out: &mut String, site: &CallSite, query: &SiteQuery) {
             continue;
         }
         let frame = &frames[k];
-        let mut function =
-            clean(&stacks::without_generics(&stacks::function_name(frame))).into_owned();
+        // Generic arguments can run to hundreds of characters; the whole stack keeps them.
+        let name = stacks::function_name(frame);
+        let name = if collapse {
+            stacks::without_generics(&name)
+        } else {
+            name
+        };
+        let mut function = clean(&name).into_owned();
         if frame.inlined {
             function.push_str(" (inlined)");
         }
