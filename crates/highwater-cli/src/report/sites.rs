@@ -302,7 +302,6 @@ fn stack(out: &mut String, site: &CallSite, query: &SiteQuery) {
         }
         _ => (&site.frames[..], 0, 0, usize::MAX),
     };
-    let shown = frames.len().min(most);
     if inner > 0 {
         let _ = writeln!(
             out,
@@ -312,11 +311,13 @@ fn stack(out: &mut String, site: &CallSite, query: &SiteQuery) {
     }
     let mut table = Table::new(&[("FUNCTION", false), ("AT", false)]);
     let collapse = query.frames.is_some() && query.site.is_none();
-    let mut k = 0;
-    while k < shown {
+    // `most` counts lines shown: a collapsed run is one.
+    let (mut k, mut lines) = (0, 0);
+    while k < frames.len() && lines < most {
+        lines += 1;
         // A run of the standard library's frames between the program's (iterator adapters,
         // closures' shims) is one line unless every frame was asked for.
-        let run = frames[k..shown]
+        let run = frames[k..]
             .iter()
             .take_while(|f| stacks::is_std_frame(f))
             .count();
@@ -345,7 +346,7 @@ fn stack(out: &mut String, site: &CallSite, query: &SiteQuery) {
         k += 1;
     }
     table.render_body(out, "      ");
-    let hidden = frames.len() - shown;
+    let hidden = frames.len() - k;
     let mut notes = Vec::new();
     if hidden > 0 {
         notes.push(format!(
