@@ -341,8 +341,14 @@ fn sites_table(out: &mut String, profile: &Profile) {
             Category::from_index(top as u8)
         );
         out.push_str("<td class=\"stack\">");
-        let trimmed = stacks::interesting(&site.frames);
-        for (k, frame) in trimmed.frames.iter().take(3).enumerate() {
+        // The program's own frames: the standard library's between them are left out here
+        // (the icicle shows them).
+        let own: Vec<&Frame> = stacks::interesting(&site.frames)
+            .frames
+            .iter()
+            .filter(|f| !stacks::is_std_frame(f))
+            .collect();
+        for (k, frame) in own.iter().take(3).enumerate() {
             let at = stacks::source_location(frame)
                 .map(|at| format!(" <span class=\"at\">{}</span>", escape_html(&at)))
                 .unwrap_or_default();
@@ -353,11 +359,11 @@ fn sites_table(out: &mut String, profile: &Profile) {
                 escape_html(&stacks::without_generics(&stacks::function_name(frame)))
             );
         }
-        if trimmed.frames.len() > 3 {
+        if own.len() > 3 {
             let _ = write!(
                 out,
-                "<div class=\"more\">… {} more frames</div>",
-                trimmed.frames.len() - 3
+                "<div class=\"more\">… {} more frames of the program</div>",
+                own.len() - 3
             );
         }
         out.push_str("</td></tr>");

@@ -355,7 +355,10 @@ fn stack(out: &mut String, site: &CallSite, query: &SiteQuery) {
         ));
     }
     if outer > 0 {
-        notes.push(format!("{outer} of the runtime that called them"));
+        notes.push(format!(
+            "{outer} frame{} of the runtime that called them",
+            if outer == 1 { "" } else { "s" }
+        ));
     }
     if !notes.is_empty() {
         let _ = writeln!(
