@@ -131,10 +131,8 @@ impl Bfc {
         let size = self.chunks.get(i).size;
         let split =
             size >= rounded.saturating_mul(2) || size - rounded >= MAX_INTERNAL_FRAGMENTATION;
-        Some(
-            self.chunks
-                .take(i, if split { rounded } else { size }, End::Low),
-        )
+        let take = if split { rounded } else { size };
+        Some(self.chunks.take(i, take, End::Low).0)
     }
 
     /// `Extend`: a new region large enough for `rounded`, if the device has room.

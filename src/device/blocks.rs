@@ -93,7 +93,7 @@ impl Blocks {
     pub(crate) fn remove_range(&mut self, i: u32) {
         debug_assert!(self.is_whole(i) && self.get(i).free);
         self.unindex(i);
-        self.vacant.push(i);
+        self.vacant(i);
     }
 
     /// Whether block `i` is the only block of its range.
@@ -131,16 +131,16 @@ impl Blocks {
         self.by_size.range((size, 0)..).map(|(_, &i)| i)
     }
 
-    /// Takes `size` bytes from `end` of the free block `i` for an allocation and returns the
-    /// allocated block; what is left, if anything, stays a free block beside it. `size` equal
-    /// to the block's size takes it whole.
-    pub(crate) fn take(&mut self, i: u32, size: u64, end: End) -> u32 {
+    /// Takes `size` bytes from `end` of the free block `i` for an allocation; returns the
+    /// allocated block and what is left of the free one, if anything (a free block beside it).
+    /// `size` equal to the block's size takes it whole.
+    pub(crate) fn take(&mut self, i: u32, size: u64, end: End) -> (u32, Option<u32>) {
         let b = *self.get(i);
         debug_assert!(b.free && size > 0 && size <= b.size);
         self.unindex(i);
         if size == b.size {
             self.slots[i as usize].free = false;
-            return i;
+            return (i, None);
         }
         let (used, rest) = match end {
             End::Low => (i, self.split(i, size)),
@@ -148,7 +148,7 @@ impl Blocks {
         };
         self.slots[used as usize].free = false;
         self.index(rest);
-        used
+        (used, Some(rest))
     }
 
     /// Frees the allocated block `i`, merging it with free neighbours of its range; returns
@@ -198,7 +198,18 @@ impl Blocks {
         if gone.next != NONE {
             self.slots[gone.next as usize].prev = i;
         }
-        self.vacant.push(next);
+        self.vacant(next);
+    }
+
+    /// Puts slot `i` on the vacant list; a vacant slot has size 0, which no block has.
+    fn vacant(&mut self, i: u32) {
+        self.slots[i as usize].size = 0;
+        self.vacant.push(i);
+    }
+
+    /// Every block of every range, in no particular order.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Block> + '_ {
+        self.slots.iter().filter(|b| b.size > 0)
     }
 
     fn new_slot(&mut self, block: Block) -> u32 {
@@ -249,8 +260,8 @@ impl Blocks {
     /// Checks that the links, counters and index agree; for tests.
     #[cfg(test)]
     pub(crate) fn check(&self) {
-        let vacant: std::collections::HashSet<u32> = self.vacant.iter().copied().collect();
-        let live = (0..self.slots.len() as u32).filter(|i| !vacant.contains(i));
+        let live = (0..self.slots.len() as u32).filter(|&i| self.get(i).size > 0);
+        assert_eq!(live.clone().count() + self.vacant.len(), self.slots.len());
         let (mut count, mut bytes) = (0, 0);
         for i in live {
             let b = self.get(i);
@@ -290,9 +301,13 @@ mod tests {
     fn take_splits_from_either_end_and_give_back_merges_both_neighbours() {
         let mut b = Blocks::new(true);
         let first = b.add_range(0, 1000, 0);
-        let x = b.take(first, 100, End::Low);
-        let y = b.take(b.best_fit(1).unwrap(), 200, End::High);
-        let z = b.take(b.best_fit(1).unwrap(), 300, End::Low);
+        let (x, _) = b.take(first, 100, End::Low);
+        let (y, rest) = b.take(b.best_fit(1).unwrap(), 200, End::High);
+        assert_eq!(
+            rest.map(|r| (b.get(r).addr, b.get(r).size)),
+            Some((100, 700))
+        );
+        let (z, _) = b.take(b.best_fit(1).unwrap(), 300, End::Low);
         assert_eq!((x, b.get(y).addr, b.get(z).addr), (first, 800, 100));
         assert_eq!(
             shape(&b, first),
@@ -329,7 +344,8 @@ mod tests {
         assert_eq!(b.largest(), Some(r0));
         assert_eq!(b.free_from(300).collect::<Vec<_>>(), [r1, r2, r0]);
         // Freeing a whole range's block touches no other range, although the addresses meet.
-        let used = b.take(r1, 300, End::Low);
+        let (used, rest) = b.take(r1, 300, End::Low);
+        assert_eq!(rest, None);
         let back = b.give_back(used);
         assert!(b.is_whole(back));
         assert_eq!(b.free_count(), 3);

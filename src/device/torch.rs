@@ -322,7 +322,7 @@ impl Segments {
         } else {
             block
         };
-        let used = self.pools[pool].take(i, take, End::Low);
+        let (used, _) = self.pools[pool].take(i, take, End::Low);
         self.held[slot as usize] = (pool as u8, used);
         true
     }
@@ -396,7 +396,7 @@ impl Expanse {
     /// the allocated block.
     fn commit(&mut self, i: u32, take: u64) -> u32 {
         let pages = self.pages(self.blocks.get(i).addr, take);
-        let used = self.blocks.take(i, take, End::Low);
+        let (used, _) = self.blocks.take(i, take, End::Low);
         if self.mapped.len() < pages.end {
             self.mapped.resize(pages.end, false);
             self.users.resize(pages.end, 0);
