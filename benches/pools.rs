@@ -27,10 +27,14 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use cpu_time::thread_cpu_time;
 use criterion::{criterion_group, criterion_main, Criterion};
 use highwater::device::{
     replay, Allocator, DeviceIndex, PoolManager, Reservation, SimOp, Strategy, Trace,
 };
+
+#[path = "support/cpu_time.rs"]
+mod cpu_time;
 
 const GIB: u64 = 1 << 30;
 const OPS: usize = 1_000_000;
@@ -409,19 +413,6 @@ fn report_full_replays() {
         }
     }
     println!();
-}
-
-/// CPU time the calling thread has used: on a shared machine it counts only the time the
-/// replay ran, not the time it waited for a core.
-fn thread_cpu_time() -> Duration {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid, writable timespec; the clock id is a constant Linux defines.
-    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    assert_eq!(status, 0, "the thread CPU clock is readable");
-    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
 /// The machine's 1-minute load average, for the table's caption.
