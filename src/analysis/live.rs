@@ -23,11 +23,11 @@
 //! the side rows. The side rows are O(contexts + top allocations) in memory, whatever the
 //! number of blocks live at the peak; each event costs O(1) amortised.
 
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 
 use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
-use rustc_hash::{FxBuildHasher, FxHashMap};
+use rustc_hash::FxHashMap;
 
 use crate::model::Category;
 
@@ -310,9 +310,30 @@ pub(crate) struct LiveSet {
     top: usize,
 }
 
+/// Address units (bytes) that share one window of neighbouring buckets: a 4 KiB page.
+const WINDOW_SHIFT: u32 = 12;
+/// Bytes per bucket inside a window: the allocator's 16-byte alignment.
+const UNIT_SHIFT: u32 = 4;
+
+/// The index hash of an address: neighbouring addresses get neighbouring buckets.
+///
+/// Programs free blocks in about the order they allocated them, and allocators hand out
+/// neighbouring addresses, so the collector's inserts and frees walk the address space. A
+/// plain hash scatters each of those to a random bucket, one cache miss apiece on a large
+/// live set; here the page (with the address's sub-alignment bits, so that small ids spread
+/// too) is hashed to a random window and the 16-byte unit inside the page picks the bucket in
+/// that window. The low seven bits of the unit are also the top bits, which the table keeps
+/// as each bucket's tag, so the neighbours a probe meets have different tags.
 #[inline]
 fn hash(addr: u64) -> u64 {
-    FxBuildHasher.hash_one(addr)
+    const UNIT_BITS: u32 = WINDOW_SHIFT - UNIT_SHIFT;
+    let unit = (addr >> UNIT_SHIFT) & ((1 << UNIT_BITS) - 1);
+    // Page and sub-alignment bits, distinct for distinct windows; Fibonacci hashing keeps the
+    // top bits, the well mixed ones, as the window number (enough for 2^34 buckets).
+    let page = ((addr >> WINDOW_SHIFT) << UNIT_SHIFT) | (addr & ((1 << UNIT_SHIFT) - 1));
+    let window = page.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - 26);
+    let tag = (unit & 0x7f) << 57;
+    tag | (window << UNIT_BITS) | unit
 }
 
 impl LiveSet {
