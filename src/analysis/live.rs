@@ -322,8 +322,8 @@ const UNIT_SHIFT: u32 = 4;
 /// plain hash scatters each of those to a random bucket, one cache miss apiece on a large
 /// live set; here the page (with the address's sub-alignment bits, so that small ids spread
 /// too) is hashed to a random window and the 16-byte unit inside the page picks the bucket in
-/// that window. The low seven bits of the unit are also the top bits, which the table keeps
-/// as each bucket's tag, so the neighbours a probe meets have different tags.
+/// that window. The top seven bits, which the table keeps as each bucket's tag, mix the unit
+/// and the window, so the neighbours a probe meets mostly have different tags.
 #[inline]
 fn hash(addr: u64) -> u64 {
     const UNIT_BITS: u32 = WINDOW_SHIFT - UNIT_SHIFT;
@@ -332,8 +332,10 @@ fn hash(addr: u64) -> u64 {
     // top bits, the well mixed ones, as the window number (enough for 2^34 buckets).
     let page = ((addr >> WINDOW_SHIFT) << UNIT_SHIFT) | (addr & ((1 << UNIT_SHIFT) - 1));
     let window = page.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - 26);
-    let tag = (unit & 0x7f) << 57;
-    tag | (window << UNIT_BITS) | unit
+    // Neighbours in one page differ in the unit; pages that share a window of a table of up
+    // to 2^27 buckets differ in the window hash's top bits, which the bucket number drops.
+    let tag = (unit + (window >> 19)) & 0x7f;
+    (tag << 57) | (window << UNIT_BITS) | unit
 }
 
 impl LiveSet {
