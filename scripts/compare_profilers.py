@@ -8,6 +8,8 @@
     scripts/compare_profilers.py --report-only    # re-print the last run's tables
     scripts/compare_profilers.py --earlier OLD.json     # reuse OLD's massif rows (massif is slow)
     scripts/compare_profilers.py --earlier OLD.json --reuse massif,heaptrack:syn
+    scripts/compare_profilers.py --skip massif:syn,heaptrack:syn   # leave rows out
+    scripts/compare_profilers.py --baseline OLD/workload --baseline-label "main 28e6d4b"
 
 For each workload of `examples/workload.rs` (syn parsing five crates' sources with all trees
 alive at once; a ~25 MB JSON document through `serde_json::Value` and back; four threads
@@ -21,7 +23,9 @@ passing `HashMap<String, Vec<u64>>`s to be freed) it runs the same release binar
 
 The unprofiled and highwater runs are repeated (`--repeat`, default 3) in rotating order, so
 each sees the same mix of quiet and busy moments on a shared machine; the median counts.
-heaptrack and massif run once each (`--repeat-external` to change that).
+heaptrack and massif run once each (`--repeat-external` to change that). `--baseline` adds
+another build of the workload binary (say, main's) in lossless mode to the same rotation, so a
+change's before and after come from one run under the same load.
 
 Work time is what the program measures around the workload itself (no process start, no
 session start or finish, no profiler start-up or post-processing), printed on its last output
@@ -245,19 +249,22 @@ def massif_run(binary, args, scratch):
     return {"result": result, "max_rss": rss, "wall_s": wall, "peak": massif_peak(out)}
 
 
-def measure(kind, args, repeat, repeat_external, scratch, earlier, reuse):
-    """Every run of one workload, by label. Rows named in `reuse` (`massif`, `heaptrack`, or
-    `TOOL:KIND`) are taken from `earlier`, a previous run's results, instead of measured."""
+def measure(kind, args, repeat, repeat_external, scratch, earlier, reuse, skip, modes):
+    """Every run of one workload, by label. `modes` are (label, environment, binary). Rows
+    named in `reuse` (`massif`, `heaptrack`, or `TOOL:KIND`) are taken from `earlier`, a
+    previous run's results, instead of measured; rows named in `skip` are left out."""
     binary = str(BINARY)
-    runs = {label: [] for label, _ in MODES}
+    runs = {label: [] for label, _, _ in modes}
     for round_index in range(repeat):
         # Rotate the order so no mode always runs first (or right after another).
-        order = MODES[round_index % len(MODES):] + MODES[: round_index % len(MODES)]
-        for label, env in order:
+        order = modes[round_index % len(modes):] + modes[: round_index % len(modes)]
+        for label, env, mode_binary in order:
             cwd = Path(tempfile.mkdtemp(dir=scratch))
-            result, rss, wall = run([binary] + args, env, cwd)
+            result, rss, wall = run([mode_binary] + args, env, cwd)
             runs[label].append({"result": result, "max_rss": rss, "wall_s": wall})
     for tool, measure_once in (("heaptrack", heaptrack_run), ("massif", massif_run)):
+        if tool in skip or f"{tool}:{kind}" in skip:
+            continue
         if tool in reuse or f"{tool}:{kind}" in reuse:
             previous = earlier["workloads"].get(kind, {})
             if previous.get("args") != args:
@@ -389,6 +396,11 @@ def main():
         default="massif",
         help="rows to take from --earlier instead of measuring: massif, heaptrack, TOOL:KIND",
     )
+    parser.add_argument("--skip", default="", help="rows not to run: massif, heaptrack, TOOL:KIND")
+    parser.add_argument(
+        "--baseline", type=Path, help="another build of the workload binary, run lossless too"
+    )
+    parser.add_argument("--baseline-label", default="baseline", help="its name in the tables")
     args = parser.parse_args()
     if args.report_only:
         print(report(json.loads(RESULTS.read_text())))
@@ -404,8 +416,19 @@ def main():
     every = workload_args(args.quick)
     earlier = json.loads(args.earlier.read_text()) if args.earlier else None
     reuse = set(args.reuse.split(",")) if earlier else set()
+    skip = set(filter(None, args.skip.split(",")))
+    modes = [(label, env, str(BINARY)) for label, env in MODES]
+    if args.baseline:
+        modes.append(
+            (
+                f"highwater lossless, {args.baseline_label}",
+                {"HIGHWATER_CAPTURE": "lossless"},
+                str(args.baseline.resolve()),
+            )
+        )
     data = {
         "machine": header,
+        "baseline": args.baseline_label if args.baseline else None,
         "quick": args.quick,
         "earlier": re.sub(r"^Machine: .*?; commit ", "commit ", earlier["machine"]).rstrip(".")
         if earlier
@@ -422,7 +445,15 @@ def main():
                 "args": workload,
                 "description": description,
                 "runs": measure(
-                    kind, workload, args.repeat, args.repeat_external, scratch, earlier, reuse
+                    kind,
+                    workload,
+                    args.repeat,
+                    args.repeat_external,
+                    scratch,
+                    earlier,
+                    reuse,
+                    skip,
+                    modes,
                 ),
             }
             # After every workload, so a run stopped later keeps what it measured.
