@@ -806,6 +806,32 @@ mod tests {
         assert_eq!(top, vec![(50, 1), (50, 3), (7, 2)]);
     }
 
+    #[test]
+    fn neighbouring_addresses_get_neighbouring_buckets_with_different_tags() {
+        const LOW: u64 = (1 << 57) - 1;
+        let page = 0x7f12_3456_7000u64;
+        let first = hash(page);
+        for unit in 1..256u64 {
+            let h = hash(page + unit * 16);
+            assert_eq!(
+                h & LOW,
+                (first & LOW) + unit,
+                "unit {unit}: the next bucket"
+            );
+            if unit < 128 {
+                assert_ne!(h >> 57, first >> 57, "unit {unit}: its own tag");
+            }
+        }
+        // Pages spread over the windows of a 2^26-bucket table.
+        let windows: std::collections::HashSet<u64> = (0..4096u64)
+            .map(|p| (hash(page + p * 4096) & LOW) >> 8)
+            .collect();
+        assert!(windows.len() > 4000, "{} windows", windows.len());
+        // Small ids (device tensor ids) in one page still get a hash each.
+        let ids: std::collections::HashSet<u64> = (0..4096u64).map(hash).collect();
+        assert_eq!(ids.len(), 4096);
+    }
+
     /// The budget: recording adds at most 48 bytes per live allocation.
     #[test]
     fn a_million_live_blocks_cost_at_most_48_bytes_each() {
