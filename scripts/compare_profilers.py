@@ -146,7 +146,8 @@ def workload_args(quick):
 
 
 def run(command, env, cwd):
-    """Runs one command; returns (its last JSON output line, max RSS in bytes, wall seconds)."""
+    """Runs one command; returns (its last JSON output line, max RSS in bytes, wall seconds,
+    CPU seconds: user + system, all threads)."""
     merged = dict(os.environ, **env)
     # The runs choose their own mode; an outer setting would skew them.
     for key in ("HIGHWATER", "HIGHWATER_CAPTURE", "HIGHWATER_RING_EVENTS"):
@@ -177,7 +178,7 @@ def run(command, env, cwd):
     lines = [l for l in (cwd / "stdout").read_text().splitlines() if l.startswith("{")]
     if not lines:
         sys.exit(f"no result line from: {' '.join(command)}")
-    return json.loads(lines[-1]), usage.ru_maxrss * 1024, wall
+    return json.loads(lines[-1]), usage.ru_maxrss * 1024, wall, usage.ru_utime + usage.ru_stime
 
 
 def heaptrack_peak(path):
@@ -214,11 +215,18 @@ def massif_peak(path):
 
 def heaptrack_run(binary, args, scratch):
     cwd = Path(tempfile.mkdtemp(dir=scratch))
-    result, rss, wall = run(
+    result, rss, wall, cpu = run(
         ["heaptrack", "-o", str(cwd / "heaptrack"), binary] + args, {"HIGHWATER": "off"}, cwd
     )
     peak, blocks = heaptrack_peak(next(cwd.glob("heaptrack.*")))
-    row = {"result": result, "max_rss": rss, "wall_s": wall, "peak": peak, "most_blocks": blocks}
+    row = {
+        "result": result,
+        "max_rss": rss,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "peak": peak,
+        "most_blocks": blocks,
+    }
     # heaptrack can die while the program runs on (the exit status is the program's): its data
     # file then stops early and its figures are not the run's.
     errors = (cwd / "stderr").read_text()
@@ -232,7 +240,7 @@ def heaptrack_run(binary, args, scratch):
 def massif_run(binary, args, scratch):
     cwd = Path(tempfile.mkdtemp(dir=scratch))
     out = cwd / "massif.out"
-    result, rss, wall = run(
+    result, rss, wall, cpu = run(
         [
             "valgrind",
             "--tool=massif",
@@ -246,7 +254,13 @@ def massif_run(binary, args, scratch):
         {"HIGHWATER": "off"},
         cwd,
     )
-    return {"result": result, "max_rss": rss, "wall_s": wall, "peak": massif_peak(out)}
+    return {
+        "result": result,
+        "max_rss": rss,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "peak": massif_peak(out),
+    }
 
 
 def measure(kind, args, repeat, repeat_external, scratch, earlier, reuse, skip, modes):
@@ -260,8 +274,8 @@ def measure(kind, args, repeat, repeat_external, scratch, earlier, reuse, skip, 
         order = modes[round_index % len(modes):] + modes[: round_index % len(modes)]
         for label, env, mode_binary in order:
             cwd = Path(tempfile.mkdtemp(dir=scratch))
-            result, rss, wall = run([mode_binary] + args, env, cwd)
-            runs[label].append({"result": result, "max_rss": rss, "wall_s": wall})
+            result, rss, wall, cpu = run([mode_binary] + args, env, cwd)
+            runs[label].append({"result": result, "max_rss": rss, "wall_s": wall, "cpu_s": cpu})
     for tool, measure_once in (("heaptrack", heaptrack_run), ("massif", massif_run)):
         if tool in skip or f"{tool}:{kind}" in skip:
             continue
@@ -306,6 +320,12 @@ def report(data):
             if rows
         }
         rss = {label: median([r["max_rss"] for r in rows]) for label, rows in runs.items() if rows}
+        # Earlier results files have no CPU times.
+        cpu = {
+            label: median([r["cpu_s"] for r in rows])
+            for label, rows in runs.items()
+            if rows and all("cpu_s" in r for r in rows)
+        }
         base = work.get("unprofiled")
         failed = [r["failed"] for r in runs.get("heaptrack", []) if r.get("failed")]
         if failed:
@@ -319,9 +339,9 @@ def report(data):
         lines += [
             f"**{kind}**: {entry['description']}.",
             "",
-            "| run | work time | × unprofiled | × heaptrack | peak | peak vs massif | "
-            "events dropped | max RSS | added RSS (vs unprofiled) |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| run | work time | × unprofiled | × heaptrack | process CPU, × unprofiled | peak | "
+            "peak vs massif | events dropped | max RSS | added RSS (vs unprofiled) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for label, rows in runs.items():
             if not rows:
@@ -344,9 +364,14 @@ def report(data):
                 if label.startswith("highwater") and "unprofiled" in rss
                 else "–"
             )
+            cpu_cell = (
+                f"{cpu[label]:.2f} s, {ratio(cpu[label], cpu.get('unprofiled'))}"
+                if label in cpu
+                else "–"
+            )
             lines.append(
                 f"| {label} | {work[label]:.3f} s | {ratio(work[label], base)} | "
-                f"{ratio(work[label], heaptrack)} | {size(peak) if peak else '–'} | "
+                f"{ratio(work[label], heaptrack)} | {cpu_cell} | {size(peak) if peak else '–'} | "
                 f"{signed_pct(peak, massif) if peak and massif else '–'} | {dropped} | "
                 f"{size(rss[label])} | {added} |"
             )
