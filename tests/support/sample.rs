@@ -330,9 +330,13 @@ pub fn sample_profile_with_drops() -> Profile {
     let mut profile = sample_profile();
     profile.summary.dropped_events = 1_234;
     profile.summary.unknown_frees = 87;
-    profile
-        .warnings
-        .insert(0, Warning::DroppedEvents { events: 1_234 });
+    profile.warnings.insert(
+        0,
+        Warning::DroppedEvents {
+            events: 1_234,
+            mode: highwater::CaptureMode::DropWhenFull,
+        },
+    );
     profile
 }
 

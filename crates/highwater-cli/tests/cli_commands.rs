@@ -72,7 +72,11 @@ fn summary_warns_about_dropped_events() {
     assert_eq!(json["warnings"][0]["events"], 1234);
     assert_eq!(
         json["warnings"][0]["message"],
-        Warning::DroppedEvents { events: 1234 }.to_string()
+        Warning::DroppedEvents {
+            events: 1234,
+            mode: highwater::CaptureMode::DropWhenFull,
+        }
+        .to_string()
     );
     assert_eq!(json["warnings"][1]["code"], "growing_residual");
     assert_eq!(json["warnings"].as_array().unwrap().len(), 2);

@@ -130,7 +130,7 @@ pub fn write_with(
 mod tests {
     use super::*;
     use crate::export::sample::{sample_profile, sample_profile_with_drops};
-    use crate::profile::{PoolPoint, TimelinePoint, Warning};
+    use crate::profile::{CaptureMode, PoolPoint, TimelinePoint, Warning};
     use crate::units::format_bytes;
     use crate::Category;
 
@@ -187,7 +187,13 @@ mod tests {
         let page = render(&sample_profile_with_drops());
         assert!(page.contains("id=\"dropped-warning\""));
         // Each notice once, in its one wording: the drop notice as the alert, the rest listed.
-        let notice = escape_html(&Warning::DroppedEvents { events: 1_234 }.to_string());
+        let notice = escape_html(
+            &Warning::DroppedEvents {
+                events: 1_234,
+                mode: CaptureMode::DropWhenFull,
+            }
+            .to_string(),
+        );
         assert_eq!(page.matches(&notice).count(), 1);
         assert_eq!(page.matches("data-code=\"growing_residual\"").count(), 1);
         assert_eq!(page.matches("data-code=\"dropped_events\"").count(), 0);

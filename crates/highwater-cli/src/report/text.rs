@@ -510,7 +510,11 @@ mod tests {
     fn summary_warns_when_events_were_dropped() {
         let profile = sample_profile_with_drops();
         let text = summary_text(&profile);
-        let notice = Warning::DroppedEvents { events: 1_234 }.to_string();
+        let notice = Warning::DroppedEvents {
+            events: 1_234,
+            mode: highwater::CaptureMode::DropWhenFull,
+        }
+        .to_string();
         assert!(text.starts_with("highwater profile of"), "{text}");
         assert_eq!(
             text.lines().nth(1),
