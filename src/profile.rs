@@ -648,6 +648,16 @@ impl Profile {
                 sum(&self.summary.peak_by_category)
             ));
         }
+        for (category, temporary) in &self.summary.peak_temporary_by_category {
+            let at_peak = self.summary.peak_by_category.get(category).copied();
+            if at_peak.unwrap_or(0) < *temporary {
+                return Err(format!(
+                    "summary.peak_temporary_by_category has {temporary} bytes of {category}, \
+                     more than its {} bytes at the peak",
+                    at_peak.unwrap_or(0)
+                ));
+            }
+        }
         for (index, point) in self.timeline.iter().enumerate() {
             if sum(&point.by_category) > u128::from(point.live_bytes) {
                 return Err(format!(

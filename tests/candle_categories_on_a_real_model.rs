@@ -178,7 +178,10 @@ fn parameters_optimizer_state_activations_and_gradients_at_the_peak() {
             .unwrap_or(0)
     };
     for (category, bytes) in &profile.summary.peak_temporary_by_category {
-        assert!(*bytes <= at_peak(&profile, *category), "{category}: {context}");
+        assert!(
+            *bytes <= at_peak(&profile, *category),
+            "{category}: {context}"
+        );
     }
     let optimizer_state = at_peak(&profile, Category::Optimizer) - temporary(Category::Optimizer);
     assert!(
@@ -186,8 +189,14 @@ fn parameters_optimizer_state_activations_and_gradients_at_the_peak() {
         "optimizer state {optimizer_state}, temporaries {}: {context}",
         temporary(Category::Optimizer)
     );
-    assert_eq!(optimizer_state, state, "state is what optimizer_init left: {context}");
-    assert!(temporary(Category::Optimizer) > 0, "no update temporaries: {context}");
+    assert_eq!(
+        optimizer_state, state,
+        "state is what optimizer_init left: {context}"
+    );
+    assert!(
+        temporary(Category::Optimizer) > 0,
+        "no update temporaries: {context}"
+    );
     assert_eq!(temporary(Category::Parameter), 0, "{context}");
 
     // Forward made activations, backward made gradients, each under its own span. At the peak

@@ -88,6 +88,11 @@ fn summary_json_carries_the_exact_figures() {
     assert_eq!(json["summary"]["peak_bytes"], profile.summary.peak_bytes);
     assert_eq!(json["summary"]["peak_device"], "cuda:0");
     assert_eq!(json["devices"].as_array().unwrap().len(), 3);
+    let temporary = profile.summary.peak_temporary_by_category[&highwater::Category::Activation];
+    assert_eq!(
+        json["summary"]["peak_temporary_by_category"]["activation"],
+        temporary
+    );
 }
 
 #[test]
