@@ -4,7 +4,9 @@
 //! (no downloads). Each step is a top-level `train_step` span with `forward`, `backward` and
 //! `optimizer` spans inside; every matmul, bias add, ReLU and the loss run as recorded ops, so
 //! the live-at-peak rows name the op and the tensor shape. At the end the profile is written
-//! and summarised.
+//! and summarised; each category at the peak is split into state (it outlived the span that
+//! allocated it) and temporaries (freed before that span exited), which is how the optimizer's
+//! bytes read as AdamW's two moments (2x the parameters) apart from its update's scratch.
 //!
 //! ```text
 //! cargo run --release --features candle --example train_mlp
