@@ -280,6 +280,8 @@ fn a_hostile_but_valid_profile_is_shown_without_panics() {
         .summary
         .peak_by_category
         .insert(Category::Other, u64::MAX);
+    // All of it temporary: still no more than its category at the peak.
+    profile.summary.peak_temporary_by_category = [(Category::Other, u64::MAX)].into();
     profile.spans[4].name = "evil\u{1b}[2J\nname".into();
     profile.iterations[0].delta_bytes = i64::MIN;
     profile.timeline[0].timestamp_ns = u64::MAX;
