@@ -4,7 +4,9 @@
 //! (no downloads). Each step is a top-level `train_step` span with `forward`, `backward` and
 //! `optimizer` spans inside; every matmul, bias add, ReLU and the loss run as recorded ops, so
 //! the live-at-peak rows name the op and the tensor shape. At the end the profile is written
-//! and summarised.
+//! and summarised; each category at the peak is split into state (it outlived the span that
+//! allocated it) and temporaries (freed before that span exited), which is how the optimizer's
+//! bytes read as AdamW's two moments (2x the parameters) apart from its update's scratch.
 //!
 //! ```text
 //! cargo run --release --features candle --example train_mlp
@@ -371,8 +373,49 @@ fn print_summary(profile: &Profile, out: &std::path::Path) {
         format_duration_ns(summary.peak_timestamp_ns),
         summary.peak_device
     );
+    let temporary = |category: &Category| {
+        let bytes = summary.peak_temporary_by_category.get(category).copied();
+        bytes.unwrap_or(0)
+    };
+    println!(
+        "  {:<11}{:>12}{:>12}{:>12}",
+        "",
+        "at peak",
+        words::STATE.to_lowercase(),
+        words::TEMPORARY.to_lowercase()
+    );
     for (category, bytes) in &summary.peak_by_category {
-        println!("  {category:<11}{:>12}", format_bytes(*bytes));
+        let temporary = temporary(category).min(*bytes);
+        println!(
+            "  {category:<11}{:>12}{:>12}{:>12}",
+            format_bytes(*bytes),
+            format_bytes(bytes - temporary),
+            format_bytes(temporary)
+        );
+    }
+    println!("  ({})", words::STATE_VS_TEMPORARY_EXPLAINED);
+    let parameters = summary
+        .peak_by_category
+        .get(&Category::Parameter)
+        .copied()
+        .unwrap_or(0);
+    let optimizer = summary
+        .peak_by_category
+        .get(&Category::Optimizer)
+        .copied()
+        .unwrap_or(0);
+    let update_temporaries = temporary(&Category::Optimizer).min(optimizer);
+    let optimizer_state = optimizer - update_temporaries;
+    if parameters > 0 && optimizer > 0 {
+        println!(
+            "optimizer at the peak: state {} = {:.2}x the parameters' {} (AdamW's two moments \
+             per parameter, made in `optimizer_init`), and {} of the update's temporaries \
+             (allocated and freed inside the `optimizer` span)",
+            format_bytes(optimizer_state),
+            optimizer_state as f64 / parameters as f64,
+            format_bytes(parameters),
+            format_bytes(update_temporaries),
+        );
     }
     println!(
         "{}: {} ({})",

@@ -167,8 +167,25 @@ pub struct Summary {
     /// category names as keys).
     pub peak_by_category: BTreeMap<Category, u64>,
     /// The part of [`Summary::peak_by_category`] that was temporary: bytes live at the peak that
-    /// were freed before the span that allocated them exited (same keys; zero categories
-    /// omitted). The rest outlived its span: state.
+    /// were freed before the span instance that allocated them exited (same keys; zero
+    /// categories omitted). The rest outlived its span: state. An exact figure, not an
+    /// estimate: every block is seen.
+    ///
+    /// "The span that allocated it" is the innermost span open on the allocating thread when
+    /// the block was allocated (or made by a realloc), and the events are judged in the order
+    /// the analysis applies them. So:
+    ///
+    /// - a block allocated outside every span is state (no span to be freed inside);
+    /// - a block still live when the session ended is state, even if its span was still open;
+    /// - a block whose span was still open at the end but that was freed before it is
+    ///   temporary (the span never exited);
+    /// - a block freed on another thread is temporary if the free came before the allocating
+    ///   span exited;
+    /// - a realloc moves a block, it does not free it: a block resized after the peak counts by
+    ///   how the resized block ends, in its size, category and span at the peak; likewise a
+    ///   block whose category was set after the peak counts in the category it had at it.
+    ///
+    /// Empty in profiles written before the split existed.
     #[serde(default)]
     pub peak_temporary_by_category: BTreeMap<Category, u64>,
     /// Allocations recorded (reallocs counted separately).
@@ -630,6 +647,16 @@ impl Profile {
                 "summary.peak_by_category adds up to {} bytes, more than peak_bytes {peak}",
                 sum(&self.summary.peak_by_category)
             ));
+        }
+        for (category, temporary) in &self.summary.peak_temporary_by_category {
+            let at_peak = self.summary.peak_by_category.get(category).copied();
+            if at_peak.unwrap_or(0) < *temporary {
+                return Err(format!(
+                    "summary.peak_temporary_by_category has {temporary} bytes of {category}, \
+                     more than its {} bytes at the peak",
+                    at_peak.unwrap_or(0)
+                ));
+            }
         }
         for (index, point) in self.timeline.iter().enumerate() {
             if sum(&point.by_category) > u128::from(point.live_bytes) {

@@ -24,6 +24,8 @@ struct Block {
     /// Instance it was allocated in (index into `Model::instances`).
     instance: Option<usize>,
     op: Option<u32>,
+    /// The allocation it is: a realloc's block continues the one it resized.
+    lineage: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -35,6 +37,8 @@ struct Instance {
     open: bool,
     enter_ts: u64,
     max_measure: u64,
+    /// The event that closed it (`None`: still open when the stream ended).
+    closed_at: Option<u64>,
 }
 
 /// Figures of one span node, keyed by its chain of (name, packed label) from the top.
@@ -68,6 +72,9 @@ struct Model {
     autograd: Option<u64>,
     top_exits: BTreeMap<u32, Vec<(u64, u64)>>,
     events: u64,
+    lineages: usize,
+    /// The event that ended each allocation for good (a free, or an alloc over its key).
+    lineage_end: BTreeMap<usize, u64>,
 }
 
 impl Model {
@@ -108,10 +115,17 @@ impl Model {
         self.device_live.values().copied().max().unwrap_or(0)
     }
 
-    fn end_block(&mut self, index: usize) {
+    fn end_block(&mut self, index: usize) -> Block {
         let block = self.live.remove(index);
         let live = self.device_live.entry(block.device).or_default();
         *live -= block.size;
+        block
+    }
+
+    /// The allocation at `index` ends for good now.
+    fn free_block(&mut self, index: usize) {
+        let block = self.end_block(index);
+        self.lineage_end.insert(block.lineage, self.events);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -123,12 +137,17 @@ impl Model {
         size: u64,
         counted: u64,
         category: Category,
-        is_alloc: bool,
+        lineage: Option<usize>,
     ) {
+        let is_alloc = lineage.is_none();
         if let Some(index) = self.find(device, addr) {
             self.counts[5] += 1;
-            self.end_block(index);
+            self.free_block(index);
         }
+        let lineage = lineage.unwrap_or_else(|| {
+            self.lineages += 1;
+            self.lineages
+        });
         let instance = self.open_instance(event.thread, event.span);
         for i in self.ancestors(instance) {
             let chain = self.instances[i].chain.clone();
@@ -145,6 +164,7 @@ impl Model {
             category,
             instance,
             op,
+            lineage,
         });
         *self.device_live.entry(device).or_default() += size;
     }
@@ -185,14 +205,14 @@ impl Model {
             } => {
                 self.counts[0] += 1;
                 self.counts[3] += size;
-                self.add_block(event, device.0, addr, size, size, category, true);
+                self.add_block(event, device.0, addr, size, size, category, None);
             }
             EventKind::Free { device, addr, .. } => match self.find(device.0, addr) {
                 None => self.counts[4] += 1,
                 Some(i) if ts < self.live[i].ts => self.counts[5] += 1,
                 Some(i) => {
                     self.counts[1] += 1;
-                    self.end_block(i);
+                    self.free_block(i);
                 }
             },
             EventKind::Realloc {
@@ -205,23 +225,37 @@ impl Model {
             } => {
                 self.counts[2] += 1;
                 let released = released_ns.map_or(ts, |at| at.min(ts));
-                let growth = match self.find(0, old_addr) {
+                // A resize continues the allocation; a new lineage when nothing was resized.
+                let (growth, lineage) = match self.find(0, old_addr) {
                     None => {
                         self.counts[4] += 1;
-                        new_size
+                        (new_size, 0)
                     }
                     Some(i) if released < self.live[i].ts => {
                         self.counts[5] += 1;
-                        new_size
+                        (new_size, 0)
                     }
                     Some(i) => {
-                        let old = self.live[i].size;
-                        self.end_block(i);
-                        new_size.saturating_sub(old)
+                        let old = self.end_block(i);
+                        (new_size.saturating_sub(old.size), old.lineage)
                     }
                 };
+                let lineage = if lineage == 0 {
+                    self.lineages += 1;
+                    self.lineages
+                } else {
+                    lineage
+                };
                 self.counts[3] += growth;
-                self.add_block(event, 0, new_addr, new_size, growth, category, false);
+                self.add_block(
+                    event,
+                    0,
+                    new_addr,
+                    new_size,
+                    growth,
+                    category,
+                    Some(lineage),
+                );
             }
             EventKind::SetCategory {
                 device,
@@ -244,6 +278,7 @@ impl Model {
                 }
                 if let Some(old) = self.open_instance(event.thread, id) {
                     self.close(old, ts);
+                    self.instances[old].closed_at = Some(self.events);
                 }
                 let parent = self.open_instance(event.thread, event.span);
                 let mut chain = parent.map_or(Vec::new(), |p| self.instances[p].chain.clone());
@@ -258,11 +293,13 @@ impl Model {
                     open: true,
                     enter_ts: ts,
                     max_measure: measure,
+                    closed_at: None,
                 });
             }
             EventKind::SpanExit { id } => {
                 if let Some(i) = self.open_instance(event.thread, id) {
                     self.close(i, ts);
+                    self.instances[i].closed_at = Some(self.events);
                 }
             }
             EventKind::OpBegin { name, .. } => {
@@ -349,6 +386,29 @@ impl Model {
         }
         by_cat.retain(|_, v| *v > 0);
         assert_eq!(s.peak_by_category, by_cat, "peak by category");
+        // Temporary: the allocation ended for good while the span that owned the block at the
+        // peak was open (a span open at the end never closed).
+        let mut temporary: BTreeMap<Category, u64> = BTreeMap::new();
+        for b in self
+            .peak_snapshot
+            .iter()
+            .filter(|b| Some(b.device) == self.peak.2)
+        {
+            let (Some(owner), Some(&ended)) = (b.instance, self.lineage_end.get(&b.lineage)) else {
+                continue;
+            };
+            if self.instances[owner]
+                .closed_at
+                .is_none_or(|closed| closed > ended)
+            {
+                *temporary.entry(b.category).or_default() += b.size;
+            }
+        }
+        temporary.retain(|_, v| *v > 0);
+        assert_eq!(
+            s.peak_temporary_by_category, temporary,
+            "temporary at the peak by category"
+        );
         let counts = [
             s.alloc_count,
             s.free_count,

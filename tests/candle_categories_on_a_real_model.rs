@@ -2,7 +2,8 @@
 //! they are: parameters equal to the variables' storage (updated in place, so still parameters
 //! after the optimizer ran), AdamW's two moments as optimizer state, activations attributed to
 //! `forward` and gradients to `backward`; candle ops recorded with `highwater::candle::op` name
-//! their output shape in the live-at-peak rows.
+//! their output shape in the live-at-peak rows. At the peak, the optimizer's bytes split into
+//! state (the moments, 2x the parameters) and the update's temporaries.
 #![cfg(feature = "candle")]
 
 use candle_core::{DType, Device, Tensor, D};
@@ -134,8 +135,10 @@ fn parameters_optimizer_state_activations_and_gradients_at_the_peak() {
         storage_kept,
     } = train(3);
     let context = format!(
-        "var bytes {var_bytes}, at peak {:?}\n{:#?}",
-        profile.summary.peak_by_category, profile.peak_breakdown
+        "var bytes {var_bytes}, at peak {:?}, temporary {:?}\n{:#?}",
+        profile.summary.peak_by_category,
+        profile.summary.peak_temporary_by_category,
+        profile.peak_breakdown
     );
     let rows = |category: Category, span: &str| -> u64 {
         profile
@@ -162,6 +165,39 @@ fn parameters_optimizer_state_activations_and_gradients_at_the_peak() {
     );
     // The peak falls inside the update, so the update's temporaries are optimizer bytes too.
     assert!(at_peak(&profile, Category::Optimizer) >= state);
+
+    // State vs temporary: what the update allocates it frees before its span exits, so the
+    // optimizer bytes at the peak that outlived their span are exactly the moments (and that
+    // bookkeeping): 2x the parameters. Nothing of the parameters is temporary.
+    let temporary = |category: Category| -> u64 {
+        profile
+            .summary
+            .peak_temporary_by_category
+            .get(&category)
+            .copied()
+            .unwrap_or(0)
+    };
+    for (category, bytes) in &profile.summary.peak_temporary_by_category {
+        assert!(
+            *bytes <= at_peak(&profile, *category),
+            "{category}: {context}"
+        );
+    }
+    let optimizer_state = at_peak(&profile, Category::Optimizer) - temporary(Category::Optimizer);
+    assert!(
+        optimizer_state >= 2 * var_bytes && optimizer_state <= 2 * var_bytes + 4096,
+        "optimizer state {optimizer_state}, temporaries {}: {context}",
+        temporary(Category::Optimizer)
+    );
+    assert_eq!(
+        optimizer_state, state,
+        "state is what optimizer_init left: {context}"
+    );
+    assert!(
+        temporary(Category::Optimizer) > 0,
+        "no update temporaries: {context}"
+    );
+    assert_eq!(temporary(Category::Parameter), 0, "{context}");
 
     // Forward made activations, backward made gradients, each under its own span. At the peak
     // the gradient store holds at least one gradient per variable.

@@ -407,6 +407,17 @@ fn inconsistent_profiles_are_refused_naming_the_rule() {
             }),
         ),
         (
+            "more than its",
+            Box::new(|p| {
+                let category = highwater::Category::Gradient;
+                let at_peak = p.summary.peak_by_category.get(&category).copied();
+                let temporary = at_peak.unwrap_or(0) + 1;
+                p.summary
+                    .peak_temporary_by_category
+                    .insert(category, temporary);
+            }),
+        ),
+        (
             "timeline[0].by_category",
             Box::new(|p| p.timeline[0].live_bytes = 1),
         ),

@@ -69,6 +69,9 @@ pub(crate) struct LiveEntry {
     pub(crate) origin: Origin,
     /// Its category now.
     pub(crate) category: Category,
+    /// Whether it was live at the latest peak as it is now (set on the entries the set hands
+    /// back when a block ends or changes; ignored on insert).
+    pub(crate) at_peak: bool,
 }
 
 /// What blocks share: everything about a live block but its address, size and time.
@@ -368,6 +371,7 @@ impl LiveSet {
             owner: context.owner,
             origin: context.origin,
             category: context.category,
+            at_peak: self.was_live_at_peak(block),
         }
     }
 
@@ -492,20 +496,21 @@ impl LiveSet {
             .copied()
     }
 
-    /// Changes the category of a live block; returns `(size, old category)` when the block is
+    /// Changes the category of a live block; returns the block as it was when the block is
     /// live and its category changed.
     pub(crate) fn set_category(
         &mut self,
         device: DeviceId,
         addr: u64,
         category: Category,
-    ) -> Option<(u64, Category)> {
+    ) -> Option<LiveEntry> {
         let at = self.find(device, addr)?;
         let before = *self.slab.get(at);
         let old = self.contexts.get(before.context);
         if old.category == category {
             return None;
         }
+        let was = self.entry(&before);
         let context = self.contexts.acquire(Context { category, ..old });
         // From the peak's point of view the block is now a new one: the side rows keep it as
         // it was, and the live one gets the current epoch.
@@ -513,7 +518,7 @@ impl LiveSet {
         let block = self.slab.get_mut(at);
         block.context = context;
         block.epoch = self.epoch;
-        Some((before.size, old.category))
+        Some(was)
     }
 
     /// Sets the op (name, shape, dtype id) of a live block; unknown blocks are ignored.
@@ -659,6 +664,7 @@ mod tests {
             owner: NONE,
             origin: Origin::NOWHERE,
             category: Category::Other,
+            at_peak: false,
         }
     }
 
@@ -687,6 +693,28 @@ mod tests {
         live.insert(cpu, 4, entry(100, 4));
         live.mark_peak();
         assert_eq!(sizes_at_peak(&live), vec![5, 20, 100]);
+    }
+
+    #[test]
+    fn ended_blocks_say_whether_they_were_live_at_the_peak() {
+        let cpu = DeviceId::CPU;
+        let mut live = LiveSet::new(8);
+        live.insert(cpu, 1, entry(10, 0));
+        let Freed::Ended(before_any_peak) = live.free(cpu, 1, 1) else {
+            panic!("the block was live");
+        };
+        assert!(!before_any_peak.at_peak);
+        live.insert(cpu, 2, entry(20, 2));
+        live.mark_peak();
+        live.insert(cpu, 3, entry(30, 3));
+        let Freed::Ended(at_peak) = live.free(cpu, 2, 4) else {
+            panic!("the block was live");
+        };
+        let Freed::Ended(after_peak) = live.free(cpu, 3, 4) else {
+            panic!("the block was live");
+        };
+        assert!(at_peak.at_peak);
+        assert!(!after_peak.at_peak);
     }
 
     #[test]
@@ -722,7 +750,13 @@ mod tests {
         live.insert(DeviceId::CPU, 1, entry(10, 0));
         live.mark_peak();
         let changed = live.set_category(DeviceId::CPU, 1, Category::Parameter);
-        assert_eq!(changed, Some((10, Category::Other)));
+        assert_eq!(
+            changed,
+            Some(LiveEntry {
+                at_peak: true,
+                ..entry(10, 0)
+            })
+        );
         let at_peak: Vec<Category> = largest_at_peak(&live, 8)
             .iter()
             .map(|(_, e)| e.category)

@@ -13,6 +13,7 @@
 //! - `downsample`: bounded curves that keep their extremes;
 //! - `intern`: the tables behind [`NameId`], [`DeviceId`] and [`ShapeId`];
 //! - `iterations`: the bounded series of a top-level span's exits (the leak signal);
+//! - `temporary`: which bytes live at the peak were freed inside the span that allocated them;
 //!
 //! `tests/analysis_matches_brute_force.rs` holds the analysis to a brute-force model built from
 //! these public types alone.
@@ -26,6 +27,7 @@ mod iterations;
 mod live;
 mod span_sample;
 mod spans;
+mod temporary;
 mod timeline;
 
 pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq};

@@ -209,6 +209,15 @@ impl Spans {
         self.open.get(&(thread, id)).copied()
     }
 
+    /// When `instance` entered (its event seq), if it is open now. The seq tells a reopened
+    /// slot from the instance that held it before.
+    pub(crate) fn open_since(&self, instance: u32) -> Option<u64> {
+        self.instances
+            .get(instance as usize)
+            .filter(|inst| inst.open)
+            .map(|inst| inst.enter_seq)
+    }
+
     /// Node of an instance.
     pub(crate) fn node_of(&self, instance: u32) -> u32 {
         self.instances

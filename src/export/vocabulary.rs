@@ -15,6 +15,17 @@ pub const KEPT_FOR_BACKWARD: &str = "Kept for backward";
 pub const KEPT_FOR_BACKWARD_EXPLAINED: &str = "activation bytes still live when the first \
     backward span began: what autograd kept from the forward pass for the backward pass";
 
+/// The label of the part of a category at the peak that outlived its span.
+pub const STATE: &str = "State";
+
+/// The label of [`Summary::peak_temporary_by_category`](crate::Summary::peak_temporary_by_category).
+pub const TEMPORARY: &str = "Temporary";
+
+/// What [`STATE`] and [`TEMPORARY`] split.
+pub const STATE_VS_TEMPORARY_EXPLAINED: &str = "temporary: live at the peak but freed before \
+    the span that allocated it exited (an update's scratch); state: outlived its span \
+    (parameters, optimizer moments)";
+
 /// What a span's residual is, and why it can exceed the peak.
 pub const RESIDUAL_EXPLAINED: &str = "Residual: bytes a span allocated and still held when it \
     exited, added up over all its calls. It can exceed the peak: a span called 200 times that \

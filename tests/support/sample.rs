@@ -223,6 +223,12 @@ pub fn sample_profile() -> Profile {
         devices.push(stats);
     }
     let (peak_bytes, peak_ts, peak_device, peak_by_category) = peak;
+    // A quarter of the activations at the peak are scratch the layer frees before it returns.
+    let peak_temporary_by_category: BTreeMap<Category, u64> = peak_by_category
+        .iter()
+        .filter(|(category, _)| **category == Category::Activation)
+        .map(|(category, bytes)| (*category, bytes / 4))
+        .collect();
 
     let mut peak_breakdown = peak_rows(&peak_by_category, &peak_device);
     let largest_at_peak = peak_breakdown
@@ -290,7 +296,7 @@ pub fn sample_profile() -> Profile {
             peak_timestamp_ns: peak_ts,
             peak_device,
             peak_by_category,
-            peak_temporary_by_category: BTreeMap::new(),
+            peak_temporary_by_category,
             alloc_count,
             free_count,
             realloc_count: 3_120,

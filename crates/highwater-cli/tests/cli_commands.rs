@@ -92,6 +92,11 @@ fn summary_json_carries_the_exact_figures() {
     assert_eq!(json["summary"]["peak_bytes"], profile.summary.peak_bytes);
     assert_eq!(json["summary"]["peak_device"], "cuda:0");
     assert_eq!(json["devices"].as_array().unwrap().len(), 3);
+    let temporary = profile.summary.peak_temporary_by_category[&highwater::Category::Activation];
+    assert_eq!(
+        json["summary"]["peak_temporary_by_category"]["activation"],
+        temporary
+    );
 }
 
 #[test]
@@ -283,6 +288,8 @@ fn a_hostile_but_valid_profile_is_shown_without_panics() {
         .summary
         .peak_by_category
         .insert(Category::Other, u64::MAX);
+    // All of it temporary: still no more than its category at the peak.
+    profile.summary.peak_temporary_by_category = [(Category::Other, u64::MAX)].into();
     profile.spans[4].name = "evil\u{1b}[2J\nname".into();
     profile.iterations[0].delta_bytes = i64::MIN;
     profile.timeline[0].timestamp_ns = u64::MAX;

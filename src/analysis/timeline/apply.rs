@@ -79,6 +79,7 @@ impl Timeline {
                     Freed::Ended(entry) => {
                         self.device(device).frees += 1;
                         self.counts.frees += 1;
+                        self.split_ended(device, addr, &entry);
                         self.end(device, &entry);
                         self.changed(device, ts, seq);
                     }
@@ -98,8 +99,10 @@ impl Timeline {
                 self.device(device);
                 self.counts.reallocs += 1;
                 let released = released_ns.map_or(ts, |at| at.min(ts));
+                let mut carried = None;
                 let growth = match self.live.free(device, old_addr, released) {
                     Freed::Ended(entry) => {
+                        carried = self.split_changed(device, old_addr, &entry);
                         self.end(device, &entry);
                         new_size.saturating_sub(entry.size)
                     }
@@ -123,6 +126,10 @@ impl Timeline {
                     is_alloc: false,
                 };
                 self.make_live(event, block);
+                // After `make_live`: a block it displaced at the new address has been settled.
+                if let Some(carried) = carried {
+                    self.temporaries.carry(device, new_addr, carried);
+                }
                 self.changed(device, ts, seq);
             }
             EventKind::SetCategory {
@@ -131,10 +138,13 @@ impl Timeline {
                 category,
             } => {
                 self.device(device);
-                if let Some((size, old)) = self.live.set_category(device, addr, category) {
+                if let Some(before) = self.live.set_category(device, addr, category) {
+                    if let Some(carried) = self.split_changed(device, addr, &before) {
+                        self.temporaries.carry(device, addr, carried);
+                    }
                     let state = self.device(device);
-                    state.sub(old, size);
-                    state.add(category, size);
+                    state.sub(before.category, before.size);
+                    state.add(category, before.size);
                     self.changed(device, ts, seq);
                 }
             }
@@ -288,12 +298,14 @@ impl Timeline {
             owner,
             origin,
             category,
+            at_peak: false,
         };
         // Counters first: `changed` copies them right after, and a copy of values written
         // after the map insert would wait for the insert's store (often a cache miss).
         self.device(device).add(category, size);
         if let Some(old) = self.live.insert(device, addr, entry) {
             self.counts.reorder_repairs += 1;
+            self.split_ended(device, addr, &old);
             self.end(device, &old);
         }
         self.spans.on_alloc(owner, size, counted, is_alloc);

@@ -108,7 +108,7 @@ impl Timeline {
                 .map(|d| self.names.device_str(d))
                 .unwrap_or_default(),
             peak_by_category: category_map(&self.peak.by_category),
-            peak_temporary_by_category: BTreeMap::new(),
+            peak_temporary_by_category: category_map(self.temporaries.by_category()),
             alloc_count: self.counts.allocs,
             free_count: self.counts.frees,
             realloc_count: self.counts.reallocs,

@@ -42,6 +42,7 @@ mod apply;
 mod assemble;
 mod leak;
 mod peaks;
+mod split;
 #[cfg(test)]
 mod tests;
 
@@ -56,6 +57,7 @@ use super::iterations::IterationSeries;
 use super::live::LiveSet;
 use super::span_sample::SpanSample;
 use super::spans::Spans;
+use super::temporary::Temporaries;
 
 use apply::{Counts, ThreadOps};
 use peaks::{DeviceState, GlobalPeak};
@@ -151,6 +153,8 @@ pub struct Timeline {
     /// Highest live bytes of any one device now (the span peak measure).
     measure: u64,
     peak: GlobalPeak,
+    /// Which bytes live at the peak were temporary.
+    temporaries: Temporaries,
     /// Activation bytes live when the first backward span entered.
     autograd_retained: Option<u64>,
     /// Exits of top-level spans by name (bounded; see [`IterationSeries`]).
@@ -178,6 +182,7 @@ impl Timeline {
             counts: Counts::default(),
             measure: 0,
             peak: GlobalPeak::default(),
+            temporaries: Temporaries::default(),
             autograd_retained: None,
             top_level_exits: FxHashMap::default(),
             span_calls: SpanSample::default(),

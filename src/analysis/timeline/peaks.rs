@@ -172,6 +172,7 @@ impl Timeline {
                 by_category,
             };
             self.live.mark_peak();
+            self.temporaries.mark_peak();
         }
         let measure = if live >= self.measure || self.devices.len() == 1 {
             live

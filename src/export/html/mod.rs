@@ -255,6 +255,27 @@ mod tests {
     }
 
     #[test]
+    fn the_category_legend_splits_state_and_temporary() {
+        let profile = sample_profile();
+        let page = render(&profile);
+        let activation = profile.summary.peak_by_category[&Category::Activation];
+        let temporary = profile.summary.peak_temporary_by_category[&Category::Activation];
+        let split = format!(
+            ": {} state, {} temporary</span>",
+            format_bytes(activation - temporary),
+            format_bytes(temporary)
+        );
+        assert!(page.contains(&split), "no {split:?} in the legend");
+        let hatched = format!("class=\"c{} tmp\"", Category::Activation.index());
+        assert_eq!(page.matches(&hatched).count(), 1, "one hatched bar part");
+        // Nothing temporary: no split, no key.
+        let mut plain = profile.clone();
+        plain.summary.peak_temporary_by_category.clear();
+        let page = render(&plain);
+        assert!(!page.contains("class=\"split") && !page.contains(" tmp\""));
+    }
+
+    #[test]
     fn the_op_column_says_it_names_the_output() {
         let page = render(&sample_profile());
         assert!(page.contains(words::OP_OUTPUT_HEAD));

@@ -123,29 +123,61 @@ fn summary_section(out: &mut String, profile: &Profile) {
         "",
     );
     out.push_str("</div>");
-    // Peak by category: one stacked bar and a legend with values.
-    let mut categories: Vec<(usize, u64)> = s
+    // Peak by category: one stacked bar and a legend with values; each category's temporary
+    // part is its hatched end.
+    let mut categories: Vec<(usize, u64, u64)> = s
         .peak_by_category
         .iter()
-        .map(|(category, &bytes)| (category.index(), bytes))
+        .map(|(category, &bytes)| {
+            let temporary = s.peak_temporary_by_category.get(category).copied();
+            (category.index(), bytes, temporary.unwrap_or(0).min(bytes))
+        })
         .collect();
     categories.sort_by_key(|c| c.0);
     out.push_str("<h3>At the peak, by category</h3><div class=\"catbar\">");
-    for &(slot, bytes) in &categories {
+    for &(slot, bytes, temporary) in &categories {
         let _ = write!(
             out,
             "<span class=\"c{slot}\" style=\"width:{:.3}%\"></span>",
-            share(bytes, s.peak_bytes)
+            share(bytes - temporary, s.peak_bytes)
         );
+        if temporary > 0 {
+            let _ = write!(
+                out,
+                "<span class=\"c{slot} tmp\" style=\"width:{:.3}%\"></span>",
+                share(temporary, s.peak_bytes)
+            );
+        }
     }
     out.push_str("</div><ul class=\"legend\">");
-    for &(slot, bytes) in &categories {
+    for &(slot, bytes, temporary) in &categories {
         let _ = write!(
             out,
-            "<li><i class=\"c{slot}\"></i>{} <b>{}</b> ({:.1}%)</li>",
+            "<li><i class=\"c{slot}\"></i>{} <b>{}</b> ({:.1}%)",
             Category::from_index(slot as u8),
             format_bytes(bytes),
             share(bytes, s.peak_bytes)
+        );
+        if temporary > 0 {
+            let _ = write!(
+                out,
+                "<span class=\"split\" title=\"{}\">: {} {}, {} {}</span>",
+                words::STATE_VS_TEMPORARY_EXPLAINED,
+                format_bytes(bytes - temporary),
+                words::STATE.to_lowercase(),
+                format_bytes(temporary),
+                words::TEMPORARY.to_lowercase()
+            );
+        }
+        out.push_str("</li>");
+    }
+    if categories.iter().any(|c| c.2 > 0) {
+        let _ = write!(
+            out,
+            "<li class=\"split-key\" title=\"{}\"><i class=\"tmp\"></i>{}: freed before its span \
+             exited</li>",
+            words::STATE_VS_TEMPORARY_EXPLAINED,
+            words::TEMPORARY
         );
     }
     out.push_str("</ul></section>");

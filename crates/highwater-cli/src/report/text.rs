@@ -138,15 +138,30 @@ pub fn summary_text(profile: &Profile) -> String {
     );
     let mut categories: Vec<(&Category, &u64)> = s.peak_by_category.iter().collect();
     categories.sort_by(|a, b| b.1.cmp(a.1).then_with(|| a.0.as_str().cmp(b.0.as_str())));
-    let mut table = Table::new(&[("CATEGORY", false), ("AT PEAK", true), ("SHARE", true)]);
+    let mut table = Table::new(&[
+        ("CATEGORY", false),
+        ("AT PEAK", true),
+        ("SHARE", true),
+        ("STATE", true),
+        ("TEMPORARY", true),
+    ]);
     for (name, bytes) in categories {
+        let temporary = s
+            .peak_temporary_by_category
+            .get(name)
+            .copied()
+            .unwrap_or(0)
+            .min(*bytes);
         table.push(vec![
             name.to_string(),
             format_bytes(*bytes),
             percent(*bytes, s.peak_bytes),
+            format_bytes(bytes - temporary),
+            format_bytes(temporary),
         ]);
     }
     table.render(&mut out, "  ");
+    let _ = writeln!(out, "  ({})", words::STATE_VS_TEMPORARY_EXPLAINED);
     let _ = writeln!(
         out,
         "allocations: {} allocs, {} frees, {} reallocs, {} allocated in total",
@@ -504,6 +519,53 @@ mod tests {
         assert!(text.contains("activation"), "{text}");
         assert!(!text.contains("WARNING"), "{text}");
         assert!(!text.contains(" GB") && !text.contains(" MB"), "{text}");
+    }
+
+    #[test]
+    fn summary_splits_each_category_into_state_and_temporary() {
+        let p = sample_profile();
+        let text = summary_text(&p);
+        let activation = p.summary.peak_by_category[&Category::Activation];
+        let temporary = p.summary.peak_temporary_by_category[&Category::Activation];
+        assert!(temporary > 0 && temporary < activation);
+        let row = text
+            .lines()
+            .find(|line| line.trim_start().starts_with("activation"))
+            .unwrap_or_else(|| panic!("no activation row: {text}"));
+        let cells: Vec<&str> = row
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        assert_eq!(
+            cells[3..],
+            [
+                format_bytes(activation - temporary),
+                format_bytes(temporary)
+            ],
+            "{text}"
+        );
+        assert!(
+            text.contains("STATE") && text.contains("TEMPORARY"),
+            "{text}"
+        );
+        assert!(text.contains(words::STATE_VS_TEMPORARY_EXPLAINED), "{text}");
+        // A category with nothing temporary is all state.
+        let parameter = p.summary.peak_by_category[&Category::Parameter];
+        let row = text
+            .lines()
+            .find(|line| line.trim_start().starts_with("parameter"))
+            .unwrap_or_else(|| panic!("no parameter row: {text}"));
+        let cells: Vec<&str> = row
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        assert_eq!(
+            cells[3..],
+            [format_bytes(parameter), format_bytes(0)],
+            "{text}"
+        );
     }
 
     #[test]
