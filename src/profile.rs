@@ -112,6 +112,18 @@ pub struct RunMeta {
     /// The allocation log written beside the profile, when one was asked for.
     #[serde(default)]
     pub alloc_log: Option<String>,
+    /// The process that wrote the profile (0 in profiles written before this field existed).
+    /// With [`RunMeta::partial`] it tells a reader whether the run is still going or died.
+    #[serde(default)]
+    pub pid: u32,
+    /// `true` when the profile is a checkpoint of a session still recording (or one that never
+    /// finished): the figures cover the run up to [`RunMeta::checkpoint_unix_ms`]. The final
+    /// profile has `false`.
+    #[serde(default)]
+    pub partial: bool,
+    /// When a checkpoint was taken, milliseconds since the Unix epoch; `None` in a final profile.
+    #[serde(default)]
+    pub checkpoint_unix_ms: Option<u64>,
 }
 
 /// The headline figures of a profile.
@@ -144,6 +156,10 @@ pub struct Summary {
     pub reorder_repairs: u64,
     /// Bytes live on all devices when the session ended.
     pub final_live_bytes: u64,
+    /// Of those, bytes by category (zero categories omitted; empty in profiles written before
+    /// this field existed).
+    #[serde(default)]
+    pub final_by_category: BTreeMap<Category, u64>,
     /// Session length in ns.
     pub duration_ns: u64,
     /// Events the analysis applied.

@@ -203,6 +203,9 @@ impl SessionBuilder {
                 clock: clock_name.to_string(),
                 threads: 0,
                 alloc_log: alloc_log.map(|path| path.display().to_string()),
+                pid: std::process::id(),
+                partial: false,
+                checkpoint_unix_ms: None,
             },
         });
         capture::open_gate();

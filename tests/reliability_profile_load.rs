@@ -31,6 +31,9 @@ fn rich_profile() -> Profile {
             clock: "tsc".into(),
             threads: 3,
             alloc_log: Some("run.hwlog".into()),
+            pid: 4242,
+            partial: true,
+            checkpoint_unix_ms: Some(1_700_000_009_000),
         },
         summary: Summary {
             peak_bytes: 4 << 20,
@@ -46,6 +49,7 @@ fn rich_profile() -> Profile {
             unknown_frees: 1,
             reorder_repairs: 0,
             final_live_bytes: 1024,
+            final_by_category: [(Category::Activation, 1024)].into(),
             duration_ns: 9_000,
             event_count: 25,
         },

@@ -698,6 +698,17 @@ impl Timeline {
             .fold(0u64, |sum, d| sum.saturating_add(d.live))
     }
 
+    /// Live bytes by category, summed over devices.
+    fn total_by_category(&self) -> ByCategory {
+        let mut total = [0u64; Category::COUNT];
+        for device in &self.devices {
+            for (sum, bytes) in total.iter_mut().zip(device.by_category) {
+                *sum = sum.saturating_add(bytes);
+            }
+        }
+        total
+    }
+
     /// The profile as of now, with spans still open closed at `end_ns` (the timeline itself is
     /// not changed, so this can be called mid-run). `meta` is left for the session to fill.
     pub fn finish(&self, end_ns: u64) -> Profile {
@@ -785,6 +796,7 @@ impl Timeline {
             unknown_frees: self.counts.unknown_frees,
             reorder_repairs: self.counts.reorder_repairs,
             final_live_bytes: self.total_live(),
+            final_by_category: category_map(&self.total_by_category()),
             duration_ns: end_ns,
             event_count: self.seq,
         }

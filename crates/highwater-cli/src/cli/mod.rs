@@ -1,4 +1,5 @@
-//! The `highwater` command: argument parsing, one file per subcommand, and how failures map to
+//! The `highwater` command: argument parsing, one file per subcommand (`watch` has its own
+//! module, `crate::watch`), and how failures map to
 //! exit codes. Subcommands only load profiles and call library functions.
 
 mod args;
@@ -60,6 +61,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             stream: stream.as_deref(),
             json,
         }),
+        Command::Watch { profile, refresh } => crate::watch::run(&profile, refresh),
     }
 }
 
