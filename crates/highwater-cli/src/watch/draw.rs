@@ -43,9 +43,11 @@ pub(crate) fn screen(frame: &mut Frame, screen: &Screen) {
         return;
     };
     frame.render_widget(Paragraph::new(figures_line(view)), figures);
-    let [sparkline, categories, spans] = Layout::vertical([
+    let [sparkline, categories, spans, _] = Layout::vertical([
         Constraint::Length(6),
         Constraint::Length(view.categories.len() as u16 + 3),
+        // Borders, header, rows and the iteration line under them.
+        Constraint::Length(view.top_spans.len() as u16 + 4),
         Constraint::Min(0),
     ])
     .areas(body);
@@ -66,12 +68,14 @@ fn header_lines(view: Option<&View>, state: RunState) -> Vec<Line<'static>> {
     let Some(view) = view else {
         return vec![Line::from(state_span)];
     };
-    let mut details = format!(
-        "  ·  {} (pid {})  ·  {} recorded",
-        view.program,
-        view.pid,
+    let mut details = format!("  ·  {}", view.program);
+    if view.pid != 0 {
+        details.push_str(&format!(" (pid {})", view.pid));
+    }
+    details.push_str(&format!(
+        "  ·  {} recorded",
         format_duration_ns(view.elapsed_ns)
-    );
+    ));
     if let Some(age) = view.checkpoint_unix_ms.and_then(checkpoint_age) {
         details.push_str(&format!(
             "  ·  checkpoint {} ago",
@@ -119,7 +123,7 @@ fn draw_categories(frame: &mut Frame, area: Rect, view: &View) {
     let rows = view.categories.iter().map(|row| {
         Row::new(vec![
             row.category.to_string(),
-            format_bytes(row.now),
+            row.now.map_or_else(|| "-".to_string(), format_bytes),
             format_bytes(row.at_peak),
         ])
     });

@@ -55,8 +55,9 @@ impl RunState {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct CategoryRow {
     pub(crate) category: Category,
-    /// Live bytes when the profile was written (all devices).
-    pub(crate) now: u64,
+    /// Live bytes when the profile was written (all devices); `None` for a profile written
+    /// before it recorded them by category.
+    pub(crate) now: Option<u64>,
     /// Live bytes at the run's peak so far.
     pub(crate) at_peak: u64,
 }
@@ -97,22 +98,25 @@ impl View {
     /// The view of `profile`, whose run is in `state`.
     pub(crate) fn new(profile: &Profile, state: RunState) -> View {
         let summary = &profile.summary;
+        let now_known = !summary.final_by_category.is_empty() || summary.final_live_bytes == 0;
         let categories = Category::ALL
             .into_iter()
             .map(|category| CategoryRow {
                 category,
-                now: summary
-                    .final_by_category
-                    .get(&category)
-                    .copied()
-                    .unwrap_or(0),
+                now: now_known.then(|| {
+                    summary
+                        .final_by_category
+                        .get(&category)
+                        .copied()
+                        .unwrap_or(0)
+                }),
                 at_peak: summary
                     .peak_by_category
                     .get(&category)
                     .copied()
                     .unwrap_or(0),
             })
-            .filter(|row| row.now > 0 || row.at_peak > 0)
+            .filter(|row| row.now.unwrap_or(0) > 0 || row.at_peak > 0)
             .collect();
         let mut spans: Vec<SpanRow> = profile
             .spans
@@ -241,7 +245,7 @@ mod tests {
         let view = View::new(&profile, RunState::Finished);
         assert_eq!(view.live_now, profile.summary.final_live_bytes);
         assert_eq!(view.peak_bytes, profile.summary.peak_bytes);
-        let now: u64 = view.categories.iter().map(|row| row.now).sum();
+        let now: u64 = view.categories.iter().filter_map(|row| row.now).sum();
         let at_peak: u64 = view.categories.iter().map(|row| row.at_peak).sum();
         assert_eq!(now, profile.summary.final_live_bytes);
         assert_eq!(at_peak, profile.summary.peak_bytes);
@@ -253,6 +257,15 @@ mod tests {
             .windows(2)
             .all(|pair| pair[0].peak_bytes >= pair[1].peak_bytes));
         assert_eq!(view.iteration.as_ref(), profile.iterations.last());
+    }
+
+    #[test]
+    fn an_older_profile_does_not_claim_nothing_is_live_now() {
+        let mut profile = sample_profile();
+        profile.summary.final_by_category.clear();
+        let view = View::new(&profile, RunState::Finished);
+        assert!(view.categories.iter().all(|row| row.now.is_none()));
+        assert!(!view.categories.is_empty());
     }
 
     #[test]
