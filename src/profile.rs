@@ -575,6 +575,25 @@ mod tests {
     }
 
     #[test]
+    fn a_profile_without_checkpoint_fields_is_a_final_one() {
+        let mut value = serde_json::to_value(Profile::empty()).unwrap();
+        let meta = value["meta"].as_object_mut().unwrap();
+        for field in ["pid", "partial", "checkpoint_unix_ms"] {
+            assert!(meta.remove(field).is_some(), "{field} is written");
+        }
+        value["summary"]
+            .as_object_mut()
+            .unwrap()
+            .remove("final_by_category");
+        let text = serde_json::to_vec(&value).unwrap();
+        let profile = Profile::from_json_bytes(&text, Path::new("old.json")).unwrap();
+        assert!(!profile.meta.partial);
+        assert_eq!(profile.meta.pid, 0);
+        assert_eq!(profile.meta.checkpoint_unix_ms, None);
+        assert!(profile.summary.final_by_category.is_empty());
+    }
+
+    #[test]
     fn failed_write_leaves_no_file() {
         let dir = tempfile::tempdir().unwrap();
         // A directory where the file should go makes the final rename fail.

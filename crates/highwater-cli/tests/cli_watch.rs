@@ -254,3 +254,27 @@ fn says_the_run_died_when_its_writer_is_killed() {
     assert_eq!(after.summary, left.summary, "nothing rewrote it");
     run.quit();
 }
+
+#[test]
+fn refuses_no_terminal_and_a_bad_refresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.json");
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_highwater"))
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let piped = run(&["watch", path.to_str().unwrap()]);
+    assert_eq!(piped.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&piped.stderr);
+    assert!(stderr.contains("not one"), "{stderr}");
+    for refresh in ["0", "0.001", "soon", "NaN", "1e9"] {
+        let flag = format!("--refresh={refresh}");
+        let bad = run(&["watch", &flag, path.to_str().unwrap()]);
+        assert_eq!(bad.status.code(), Some(2), "--refresh {refresh}");
+        let stderr = String::from_utf8_lossy(&bad.stderr);
+        assert!(stderr.contains("--refresh"), "{stderr}");
+    }
+}
