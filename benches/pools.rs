@@ -12,6 +12,11 @@
 //! wall-clock ops/s, the ratio to the baseline, refusals, mean live blocks and mean
 //! fragmentation, and the baseline's number of full coalescing passes.
 //!
+//! It then times the what-if replays (`highwater fit` and `simulate`'s figures): every
+//! [`Allocator`] — the PyTorch and TensorFlow emulations and each strategy — replaying the same
+//! stream, against the `Vec` baseline measured in the same run. `WHATIF_ONLY=1` prints only
+//! that table.
+//!
 //! Run: `cargo bench --bench pools -- --warm-up-time 1 --measurement-time 3`
 
 // criterion's macros generate undocumented public functions.
@@ -22,7 +27,9 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use highwater::device::{DeviceId, PoolManager, Reservation, Strategy};
+use highwater::device::{
+    replay, Allocator, DeviceIndex, PoolManager, Reservation, SimOp, Strategy, Trace,
+};
 
 const GIB: u64 = 1 << 30;
 const OPS: usize = 1_000_000;
@@ -119,7 +126,11 @@ struct Highwater {
 impl Highwater {
     fn new(capacity: u64, strategy: Strategy, ids: usize) -> Self {
         Self {
-            pools: PoolManager::with_limit(capacity, 1, strategy),
+            pools: PoolManager::builder()
+                .limit(capacity)
+                .devices(1)
+                .strategy(strategy)
+                .build(),
             live: (0..ids).map(|_| None).collect(),
             count: 0,
         }
@@ -129,7 +140,7 @@ impl Highwater {
 impl Replayer for Highwater {
     fn apply(&mut self, op: Op) -> bool {
         match op {
-            Op::Alloc { id, size } => match self.pools.reserve(&[(DeviceId(0), size)]) {
+            Op::Alloc { id, size } => match self.pools.reserve(&[(DeviceIndex(0), size)]) {
                 Ok(r) => {
                     self.live[id] = Some(r);
                     self.count += 1;
@@ -150,7 +161,7 @@ impl Replayer for Highwater {
     fn shape(&self) -> (usize, f64) {
         let frag = self
             .pools
-            .stats(DeviceId(0))
+            .stats(DeviceIndex(0))
             .map_or(0.0, |s| s.fragmentation);
         (self.count, frag)
     }
@@ -399,8 +410,58 @@ fn report_full_replays() {
     println!();
 }
 
+/// What-if replays (`highwater fit`, `simulate`'s figures): each allocator replays the same
+/// stream from a prepared [`Trace`]; the rate is against the original `Vec` pool on the same
+/// stream, timed in this run. Fastest of three runs counts, as for the strategies.
+fn report_whatif_replays() {
+    println!("\nwhat-if replays ({OPS} operations + final frees), device = the config's pool:");
+    for cfg in &CONFIGS[..2] {
+        let (ops, ids) = workload(cfg.capacity, cfg.target, OPS, 0x5eed);
+        let sim: Vec<SimOp> = ops
+            .iter()
+            .enumerate()
+            .map(|(ts, op)| match *op {
+                Op::Alloc { id, size } => SimOp::alloc(ts as u64, id as u64, size),
+                Op::Free { id } => SimOp::free(ts as u64, id as u64),
+            })
+            .collect();
+        let trace = Trace::new(&sim);
+        let (base, ..) = full_replay(BASELINE, cfg, &ops, ids);
+        println!("\n{}  ({} ops)", cfg.label, ops.len());
+        println!(
+            "{:<19} {:>12} {:>9} {:>10} {:>14}",
+            "allocator", "ops/s", "vs base", "refusals", "peak"
+        );
+        println!("{BASELINE:<19} {base:>12.0} {:>8.1}x", 1.0);
+        for allocator in Allocator::standard() {
+            let mut best = Duration::MAX;
+            let mut last = None;
+            for _ in 0..3 {
+                let started = Instant::now();
+                last = Some(black_box(replay(&trace, allocator, cfg.capacity)));
+                best = best.min(started.elapsed());
+            }
+            let r = last.expect("three runs");
+            let rate = trace.len() as f64 / best.as_secs_f64();
+            println!(
+                "{:<19} {rate:>12.0} {:>8.1}x {:>10} {:>11} MiB",
+                allocator.to_string(),
+                rate / base,
+                r.refused,
+                r.peak_bytes >> 20
+            );
+        }
+    }
+    println!();
+}
+
 fn bench_pools(c: &mut Criterion) {
+    if std::env::var_os("WHATIF_ONLY").is_some() {
+        report_whatif_replays();
+        return;
+    }
     report_full_replays();
+    report_whatif_replays();
     for cfg in &CONFIGS {
         let (ops, ids) = workload(cfg.capacity, cfg.target, OPS, 0x5eed);
         let mut group = c.benchmark_group(format!("pools/{}", cfg.label));

@@ -32,6 +32,15 @@ const DEVICE: u8 = 2;
 /// Largest log [`AllocLog::read`] accepts (about 160 M records).
 pub const MAX_LOG_BYTES: u64 = 4 << 30;
 
+/// How far a record's timestamp may fall behind the newest one before it: the collector applies
+/// a straggling event (a thread that read its clock but published late) after newer ones, by at
+/// most its few-millisecond lag window. A record a whole second older than one before it is not
+/// from a session.
+pub const MAX_TIMESTAMP_STEP_BACK_NS: u64 = 1_000_000_000;
+
+/// Largest block a record may name: sizes stay representable as `i64`, as the exports need.
+pub const MAX_RECORD_BYTES: u64 = i64::MAX as u64;
+
 /// One entry of a log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AllocRecord {
@@ -85,8 +94,10 @@ impl AllocLog {
     /// # Errors
     ///
     /// [`AllocLogError`] naming the file when it cannot be read, lacks the magic, is larger
-    /// than [`MAX_LOG_BYTES`], is cut in the middle of a record, or uses a device before
-    /// naming it.
+    /// than [`MAX_LOG_BYTES`], is cut in the middle of a record, uses a device before naming
+    /// it, names a device twice, with an empty name or with control characters, has a record
+    /// more than [`MAX_TIMESTAMP_STEP_BACK_NS`] older than one before it, or a size above
+    /// [`MAX_RECORD_BYTES`].
     pub fn read(path: impl AsRef<Path>) -> Result<AllocLog, AllocLogError> {
         let path = path.as_ref();
         let read_error = |source| AllocLogError::Read {
@@ -109,6 +120,7 @@ impl AllocLog {
         }
         let mut log = AllocLog::default();
         let mut offset = 8u64;
+        let mut newest_ts = 0u64;
         let mut tag = [0u8; 1];
         loop {
             if input.read(&mut tag).map_err(read_error)? == 0 {
@@ -130,11 +142,25 @@ impl AllocLog {
                         bytes.copy_from_slice(&body[at..at + 8]);
                         u64::from_le_bytes(bytes)
                     };
+                    let (ts_ns, bytes) = (word(2), word(18));
+                    if ts_ns.saturating_add(MAX_TIMESTAMP_STEP_BACK_NS) < newest_ts {
+                        let detail = format!(
+                            "record stamped {ts_ns} ns, {} ns before an earlier record: the log \
+                             is not in time order",
+                            newest_ts - ts_ns
+                        );
+                        return Err(invalid(offset, &detail));
+                    }
+                    newest_ts = newest_ts.max(ts_ns);
+                    if bytes > MAX_RECORD_BYTES {
+                        let detail = format!("record of {bytes} bytes, above i64::MAX");
+                        return Err(invalid(offset, &detail));
+                    }
                     log.records.push(AllocRecord {
                         device,
-                        ts_ns: word(2),
+                        ts_ns,
                         key: word(10),
-                        bytes: word(18),
+                        bytes,
                         alloc: kind == ALLOC,
                         category: category.checked_sub(1).map(Category::from_index),
                     });
@@ -156,6 +182,16 @@ impl AllocLog {
                         .map_err(|_| invalid(offset, "device name cut short"))?;
                     let name = String::from_utf8(name)
                         .map_err(|_| invalid(offset, "device name is not UTF-8"))?;
+                    if name.is_empty() || name.chars().any(char::is_control) {
+                        return Err(invalid(
+                            offset,
+                            "device name empty or with control characters",
+                        ));
+                    }
+                    if log.devices.contains(&name) {
+                        let detail = format!("device {name:?} named twice");
+                        return Err(invalid(offset, &detail));
+                    }
                     log.devices.push(name);
                     offset += 5 + len as u64;
                 }
@@ -181,7 +217,12 @@ impl AllocLog {
                 if !live.insert(record.key) {
                     ops.push(SimOp::free(record.ts_ns, record.key));
                 }
-                ops.push(SimOp::alloc(record.ts_ns, record.key, record.bytes));
+                ops.push(SimOp::alloc_in(
+                    record.ts_ns,
+                    record.key,
+                    record.bytes,
+                    record.category,
+                ));
             } else {
                 live.remove(&record.key);
                 ops.push(SimOp::free(record.ts_ns, record.key));
@@ -372,6 +413,60 @@ mod tests {
                 "{message}"
             );
         }
+    }
+
+    /// A log of `records` on one device named `cpu`: `(ts_ns, bytes)` allocations.
+    fn crafted(records: &[(u64, u64)]) -> Vec<u8> {
+        let mut bytes = b"HWALLOC1\x02\x00\x00\x03\x00cpu".to_vec();
+        for (i, &(ts, size)) in records.iter().enumerate() {
+            bytes.push(ALLOC);
+            bytes.extend(0u16.to_le_bytes());
+            bytes.extend(ts.to_le_bytes());
+            bytes.extend((i as u64).to_le_bytes());
+            bytes.extend(size.to_le_bytes());
+        }
+        bytes
+    }
+
+    #[test]
+    fn crafted_logs_are_rejected_with_what_was_wrong() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut twice = b"HWALLOC1\x02\x00\x00\x03\x00cpu".to_vec();
+        twice.extend(b"\x02\x01\x00\x03\x00cpu");
+        let control = b"HWALLOC1\x02\x00\x00\x03\x00c\x1bp".to_vec();
+        let cases: [(&str, Vec<u8>, &str); 5] = [
+            (
+                "backwards.alloc",
+                crafted(&[(5_000_000_000, 64), (10, 64)]),
+                "not in time order",
+            ),
+            ("huge.alloc", crafted(&[(1, 1 << 63)]), "above i64::MAX"),
+            ("twice.alloc", twice, "named twice"),
+            ("control.alloc", control, "control characters"),
+            (
+                "empty-name.alloc",
+                b"HWALLOC1\x02\x00\x00\x00\x00".to_vec(),
+                "empty",
+            ),
+        ];
+        for (name, bytes, want) in cases {
+            let path = dir.path().join(name);
+            std::fs::write(&path, bytes).unwrap();
+            let message = AllocLog::read(&path).unwrap_err().to_string();
+            assert!(
+                message.contains(want) && message.contains(name),
+                "{message}"
+            );
+        }
+        // Stragglers a few milliseconds late, and the largest size, are fine.
+        let path = dir.path().join("straggler.alloc");
+        let ok = crafted(&[
+            (20_000_000, 8),
+            (15_000_000, 8),
+            (30_000_000, i64::MAX as u64),
+        ]);
+        std::fs::write(&path, ok).unwrap();
+        assert_eq!(AllocLog::read(&path).unwrap().records.len(), 3);
     }
 
     #[test]

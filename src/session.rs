@@ -209,6 +209,7 @@ impl SessionBuilder {
             },
         });
         capture::open_gate();
+        crate::device::set_pool_sink(record_pool_snapshot);
         Ok(Session { recording: true })
     }
 }
@@ -339,7 +340,21 @@ fn disarm_signals() {
     crate::signal::disarm();
 }
 
+/// The device pools' sink while a session records: each pool state becomes a device event.
+fn record_pool_snapshot(s: &crate::device::PoolSnapshot) {
+    if capture::recording() {
+        capture::record_pool_state(
+            capture::names::device(&s.name),
+            s.capacity_bytes,
+            s.reserved_bytes,
+            s.largest_free_block,
+            s.fragmentation,
+        );
+    }
+}
+
 fn finish_running(running: Running) -> Result<Profile, Error> {
+    crate::device::clear_pool_sink();
     let (reply, profile) = crossbeam_channel::bounded(1);
     let sent = running.control.send(Control::Stop(reply)).is_ok();
     let profile = if sent { profile.recv().ok() } else { None };

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 
-use highwater::device::{DeviceId, DeviceKind, PoolError, PoolManager, Reservation, Strategy};
+use highwater::device::{DeviceIndex, DeviceKind, PoolError, PoolManager, Reservation, Strategy};
 
 const MIB: u64 = 1 << 20;
 
@@ -20,7 +20,13 @@ fn next(state: &mut u64) -> u64 {
 #[test]
 fn concurrent_multi_device_reservations_conserve_bytes_under_every_strategy() {
     for strategy in Strategy::ALL {
-        let pools = Arc::new(PoolManager::with_limit(64 * MIB, 4, strategy));
+        let pools = Arc::new(
+            PoolManager::builder()
+                .limit(64 * MIB)
+                .devices(4)
+                .strategy(strategy)
+                .build(),
+        );
         let observed = Arc::new(AtomicU64::new(0));
         let counter = Arc::clone(&observed);
         pools.set_observer(Box::new(move |s| {
@@ -36,8 +42,8 @@ fn concurrent_multi_device_reservations_conserve_bytes_under_every_strategy() {
                     let (mut ok, mut refused) = (0u64, 0u64);
                     for _ in 0..2_000 {
                         if held.len() < 8 && !next(&mut rng).is_multiple_of(3) {
-                            let a = DeviceId((next(&mut rng) % 4) as u32);
-                            let b = DeviceId((next(&mut rng) % 4) as u32);
+                            let a = DeviceIndex((next(&mut rng) % 4) as u32);
+                            let b = DeviceIndex((next(&mut rng) % 4) as u32);
                             let size = 1 + next(&mut rng) % (4 * MIB);
                             match pools.reserve(&[(a, size), (b, size / 2 + 1)]) {
                                 Ok(r) => {
@@ -66,7 +72,8 @@ fn concurrent_multi_device_reservations_conserve_bytes_under_every_strategy() {
             refused += r;
             still_held.extend(held);
         }
-        let held_bytes: u64 = still_held.iter().map(Reservation::reserved_bytes).sum();
+        let held_bytes: u128 = still_held.iter().map(Reservation::reserved_bytes).sum();
+        let held_bytes = u64::try_from(held_bytes).expect("held bytes fit the pool");
         let total = pools.total_stats();
         assert_eq!(total.in_use_bytes, held_bytes, "{strategy}");
         assert_eq!(
@@ -86,7 +93,7 @@ fn concurrent_multi_device_reservations_conserve_bytes_under_every_strategy() {
             pools.release(r).expect("own reservation");
         }
         for d in 0..4 {
-            let s = pools.stats(DeviceId(d)).expect("device exists");
+            let s = pools.stats(DeviceIndex(d)).expect("device exists");
             assert_eq!((s.in_use_bytes, s.requested_bytes), (0, 0), "{strategy}");
             assert_eq!(s.free_bytes, s.capacity_bytes, "{strategy}");
             assert_eq!(s.fragmentation, 0.0, "{strategy}: coalesced back");
@@ -97,13 +104,19 @@ fn concurrent_multi_device_reservations_conserve_bytes_under_every_strategy() {
 
 #[test]
 fn threads_racing_for_one_device_never_overcommit_it() {
-    let pools = Arc::new(PoolManager::with_limit(32 * MIB, 1, Strategy::BestFit));
+    let pools = Arc::new(
+        PoolManager::builder()
+            .limit(32 * MIB)
+            .devices(1)
+            .strategy(Strategy::BestFit)
+            .build(),
+    );
     let threads: Vec<_> = (0..4)
         .map(|_| {
             let pools = Arc::clone(&pools);
             thread::spawn(move || {
                 let mut mine = Vec::new();
-                while let Ok(r) = pools.reserve(&[(DeviceId(0), MIB)]) {
+                while let Ok(r) = pools.reserve(&[(DeviceIndex(0), MIB)]) {
                     mine.push(r);
                 }
                 mine
@@ -115,35 +128,43 @@ fn threads_racing_for_one_device_never_overcommit_it() {
         .flat_map(|t| t.join().expect("worker"))
         .collect();
     assert_eq!(held.len(), 32);
-    let s = pools.stats(DeviceId(0)).expect("device 0");
+    let s = pools.stats(DeviceIndex(0)).expect("device 0");
     assert_eq!((s.in_use_bytes, s.free_bytes, s.failures), (32 * MIB, 0, 4));
-    let freed: u64 = held
+    let freed: u128 = held
         .into_iter()
         .map(|r| pools.release(r).expect("release"))
         .sum();
-    assert_eq!(freed, 32 * MIB);
+    assert_eq!(freed, u128::from(32 * MIB));
 }
 
 #[test]
 fn issue_example_two_tpu_v4_devices() {
-    let pools = PoolManager::new(DeviceKind::TpuV4, 2, Strategy::BestFit);
+    let pools = PoolManager::builder()
+        .kind(DeviceKind::TpuV4)
+        .devices(2)
+        .strategy(Strategy::BestFit)
+        .build();
     let r = pools
-        .reserve(&[(DeviceId(0), 1 << 30), (DeviceId(1), 1 << 30)])
+        .reserve(&[(DeviceIndex(0), 1 << 30), (DeviceIndex(1), 1 << 30)])
         .expect("fits");
-    let s = pools.stats(DeviceId(0)).expect("device 0");
+    let s = pools.stats(DeviceIndex(0)).expect("device 0");
     assert_eq!(
         (s.capacity_bytes, s.in_use_bytes, s.peak_bytes),
         (32 << 30, 1 << 30, 1 << 30)
     );
     assert_eq!((s.free_blocks, s.largest_free_block), (1, 31 << 30));
-    let freed: u64 = pools.release(r).expect("release");
+    let freed: u128 = pools.release(r).expect("release");
     assert_eq!(freed, 2 << 30);
-    let snap = pools.snapshot(DeviceId(1)).expect("device 1");
+    let snap = pools.snapshot(DeviceIndex(1)).expect("device 1");
     assert_eq!((snap.name.as_str(), snap.reserved_bytes), ("tpu:1", 0));
 
-    let limited = PoolManager::with_limit(30 << 30, 2, Strategy::BestFit);
+    let limited = PoolManager::builder()
+        .limit(30 << 30)
+        .devices(2)
+        .strategy(Strategy::BestFit)
+        .build();
     let err = limited
-        .reserve(&[(DeviceId(0), 31 << 30), (DeviceId(1), 31 << 30)])
+        .reserve(&[(DeviceIndex(0), 31 << 30), (DeviceIndex(1), 31 << 30)])
         .expect_err("too large");
     let text = err.to_string();
     assert!(

@@ -2,7 +2,7 @@
 //! profile's pool timeline and device rows show each device's reserved bytes, capacity and
 //! fragmentation, with no observer set by the user.
 
-use highwater::device::{DeviceId, DeviceKind, PoolManager, Strategy};
+use highwater::device::{DeviceIndex, DeviceKind, PoolManager, Strategy};
 use highwater::{Alloc, Session};
 
 #[global_allocator]
@@ -13,12 +13,16 @@ const GIB: u64 = 1 << 30;
 #[test]
 fn pool_state_reaches_the_profile() {
     let session = Session::builder().write_profile(false).start().unwrap();
-    let pools = PoolManager::new(DeviceKind::TpuV4, 2, Strategy::BestFit);
+    let pools = PoolManager::builder()
+        .kind(DeviceKind::TpuV4)
+        .devices(2)
+        .strategy(Strategy::BestFit)
+        .build();
     let a = pools
-        .reserve(&[(DeviceId(0), 4 * GIB), (DeviceId(1), 2 * GIB)])
+        .reserve(&[(DeviceIndex(0), 4 * GIB), (DeviceIndex(1), 2 * GIB)])
         .unwrap();
-    let b = pools.reserve(&[(DeviceId(0), 8 * GIB)]).unwrap();
-    let c = pools.reserve(&[(DeviceId(0), 4 * GIB)]).unwrap();
+    let b = pools.reserve(&[(DeviceIndex(0), 8 * GIB)]).unwrap();
+    let c = pools.reserve(&[(DeviceIndex(0), 4 * GIB)]).unwrap();
     // Freeing the middle block leaves two free runs on tpu:0: fragmentation > 0.
     pools.release(b).unwrap();
     let profile = session.finish().unwrap();

@@ -2,17 +2,17 @@
 
 use std::fmt;
 
-use super::{DeviceId, Reservation};
+use super::{DeviceIndex, Reservation};
 
 /// Why [`PoolManager`](super::PoolManager) refused or could not complete a call.
 ///
 /// # Examples
 ///
 /// ```
-/// use highwater::device::{DeviceId, PoolError, PoolManager, Strategy};
-/// let pools = PoolManager::with_limit(1 << 20, 1, Strategy::BestFit);
-/// match pools.reserve(&[(DeviceId(0), 2 << 20)]) {
-///     Err(PoolError::Admission(e)) => assert_eq!(e.shortfalls()[0].device, DeviceId(0)),
+/// use highwater::device::{DeviceIndex, PoolError, PoolManager, Strategy};
+/// let pools = PoolManager::builder().limit(1 << 20).devices(1).strategy(Strategy::BestFit).build();
+/// match pools.reserve(&[(DeviceIndex(0), 2 << 20)]) {
+///     Err(PoolError::Admission(e)) => assert_eq!(e.shortfalls()[0].device, DeviceIndex(0)),
 ///     other => panic!("expected an admission error, got {other:?}"),
 /// }
 /// ```
@@ -23,7 +23,7 @@ pub enum PoolError {
     #[error("{device} does not exist: the manager has {devices} device(s)")]
     UnknownDevice {
         /// The device asked for.
-        device: DeviceId,
+        device: DeviceIndex,
         /// How many devices the manager has.
         devices: u32,
     },
@@ -31,7 +31,7 @@ pub enum PoolError {
     #[error("zero-byte reservation requested on {device}")]
     ZeroBytes {
         /// The device it named.
-        device: DeviceId,
+        device: DeviceIndex,
     },
     /// A reservation call with no device in it.
     #[error("a reservation needs at least one device")]
@@ -40,7 +40,7 @@ pub enum PoolError {
     #[error("request of {bytes} bytes on {device} overflows u64 once summed or rounded")]
     Overflow {
         /// The device.
-        device: DeviceId,
+        device: DeviceIndex,
         /// The request (or the partial sum of duplicate requests) that overflowed.
         bytes: u64,
     },
@@ -63,7 +63,7 @@ pub enum PoolError {
     #[error("internal error: no live block at offset {offset} on {device}")]
     UnknownBlock {
         /// The device.
-        device: DeviceId,
+        device: DeviceIndex,
         /// The block's offset.
         offset: u64,
     },
@@ -77,16 +77,16 @@ pub enum PoolError {
 /// # Examples
 ///
 /// ```
-/// use highwater::device::{DeviceId, PoolError, PoolManager, ShortfallCause, Strategy};
-/// let pools = PoolManager::with_limit(4 << 20, 2, Strategy::BestFit);
+/// use highwater::device::{DeviceIndex, PoolError, PoolManager, ShortfallCause, Strategy};
+/// let pools = PoolManager::builder().limit(4 << 20).devices(2).strategy(Strategy::BestFit).build();
 /// let err = pools
-///     .reserve(&[(DeviceId(0), 1 << 20), (DeviceId(1), 5 << 20)])
+///     .reserve(&[(DeviceIndex(0), 1 << 20), (DeviceIndex(1), 5 << 20)])
 ///     .unwrap_err();
 /// let PoolError::Admission(admission) = err else { panic!("{err}") };
 /// assert_eq!(admission.shortfalls().len(), 1);
 /// assert_eq!(admission.shortfalls()[0].cause, ShortfallCause::Capacity);
 /// assert!(admission.to_string().contains("device:1"));
-/// assert_eq!(pools.stats(DeviceId(0))?.in_use_bytes, 0); // rolled back
+/// assert_eq!(pools.stats(DeviceIndex(0))?.in_use_bytes, 0); // rolled back
 /// # Ok::<(), PoolError>(())
 /// ```
 #[derive(Debug, Clone, PartialEq)]
@@ -129,7 +129,7 @@ impl fmt::Display for AdmissionError {
 #[non_exhaustive]
 pub struct Shortfall {
     /// The device.
-    pub device: DeviceId,
+    pub device: DeviceIndex,
     /// Its name (`"tpu:0"`).
     pub name: String,
     /// Bytes asked for on this device (duplicates in one call summed).

@@ -10,13 +10,13 @@ const GIB: u64 = 1 << 30;
 /// # Examples
 ///
 /// ```
-/// use highwater::device::DeviceId;
-/// assert_eq!(DeviceId(3).to_string(), "device 3");
+/// use highwater::device::DeviceIndex;
+/// assert_eq!(DeviceIndex(3).to_string(), "device 3");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DeviceId(pub u32);
+pub struct DeviceIndex(pub u32);
 
-impl fmt::Display for DeviceId {
+impl fmt::Display for DeviceIndex {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "device {}", self.0)
     }
@@ -27,7 +27,7 @@ impl fmt::Display for DeviceId {
 /// Capacities are the spec-sheet figures read as binary units (32 GiB for a TPU v4 core). The
 /// runtimes report somewhat less usable memory than the sheet (an "80 GB" H100 shows about
 /// 79.6 GiB); size pools from what the runtime reports with
-/// [`PoolManager::with_kind_limit`](super::PoolManager::with_kind_limit) when you know it.
+/// [`PoolManagerBuilder::limit`](super::PoolManagerBuilder::limit) when you know it.
 ///
 /// | kind | parse name | per device |
 /// |---|---|---|

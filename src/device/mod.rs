@@ -23,32 +23,49 @@
 //! # Examples
 //!
 //! ```
-//! use highwater::device::{DeviceId, DeviceKind, PoolManager, Strategy};
+//! use highwater::device::{DeviceIndex, DeviceKind, PoolManager, Strategy};
 //!
-//! let pools = PoolManager::new(DeviceKind::TpuV4, 2, Strategy::BestFit);
-//! let r = pools.reserve(&[(DeviceId(0), 1 << 30), (DeviceId(1), 1 << 30)])?;
-//! let s = pools.stats(DeviceId(0))?;
+//! let pools = PoolManager::builder().kind(DeviceKind::TpuV4).devices(2).strategy(Strategy::BestFit).build();
+//! let r = pools.reserve(&[(DeviceIndex(0), 1 << 30), (DeviceIndex(1), 1 << 30)])?;
+//! let s = pools.stats(DeviceIndex(0))?;
 //! assert_eq!((s.capacity_bytes, s.in_use_bytes), (32 << 30, 1 << 30));
 //! assert_eq!(pools.release(r)?, 2 << 30);
 //! # Ok::<(), highwater::device::PoolError>(())
 //! ```
 
 mod arena;
+mod bfc;
 mod buddy;
 mod error;
 mod free_tree;
 mod kind;
 mod manager;
+mod offline;
+mod online;
 mod pool;
 mod simulate;
 mod slab;
 mod strategy;
+mod torch;
+mod trace;
+mod whatif;
 
+pub use bfc::BfcOptions;
 pub use error::{AdmissionError, PoolError, Shortfall, ShortfallCause};
-pub use kind::{DeviceId, DeviceKind, ParseNameError};
-pub use manager::{PoolManager, PoolObserver, PoolSnapshot, PoolStats, Reservation, ReservedBlock};
+pub use kind::{DeviceIndex, DeviceKind, ParseNameError};
+pub(crate) use manager::{clear_pool_sink, set_pool_sink};
+pub use manager::{
+    PoolManager, PoolManagerBuilder, PoolObserver, PoolSnapshot, PoolStats, Reservation,
+    ReservedBlock,
+};
 pub use simulate::{
     compare_strategies, simulate, SimComparison, SimFailure, SimOp, SimOpKind, SimReport,
     MAX_SAMPLES,
 };
 pub use strategy::Strategy;
+pub use torch::{TorchOptionError, TorchOptions};
+pub use trace::{blocks_at_least, Edits, Factor, ParseFactorError, Trace, MAX_BLOCK_BYTES};
+pub use whatif::{
+    figures, fit, replay, Allocator, AllocatorPeak, CurvePoint, Figures, FirstToFill, FitAnswer,
+    FitQuery, Replay, UNLIMITED,
+};

@@ -273,6 +273,24 @@ mod tests {
     }
 
     #[test]
+    fn size_class_pools_smaller_than_a_slab_serve_small_requests_by_best_fit() {
+        for strategy in [Strategy::PoolBased, Strategy::Adaptive] {
+            let mut p = Pool::new(1 << 20, strategy);
+            assert_eq!(p.round(300), Some(512), "{strategy}: 256-byte rounding");
+            assert!(p.fits(512), "{strategy}");
+            let a = p
+                .alloc(512, 300)
+                .expect("a small request fits a 1 MiB pool");
+            let b = p.alloc(4096, 4000).expect("and another");
+            assert_eq!((a, b), (0, 512), "{strategy}: best fit from the low end");
+            assert_eq!(p.free_bytes(), (1 << 20) - 4608);
+            assert_eq!(p.free(a, 300), Some(512));
+            assert_eq!(p.free(b, 4000), Some(4096));
+            assert_eq!(p.largest_free(), 1 << 20);
+        }
+    }
+
+    #[test]
     fn fragmentation_is_zero_when_nothing_is_free() {
         assert_eq!(fragmentation(0, 0), 0.0);
         assert_eq!(fragmentation(256, 1024), 0.75);

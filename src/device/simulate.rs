@@ -3,9 +3,10 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use super::error::{Bytes, ShortfallCause};
+use super::error::ShortfallCause;
 use super::pool::Pool;
 use super::Strategy;
+use crate::model::Category;
 
 /// Most fragmentation samples a [`SimReport`] keeps.
 pub const MAX_SAMPLES: usize = 512;
@@ -17,7 +18,7 @@ pub const MAX_SAMPLES: usize = 512;
 /// ```
 /// use highwater::device::{SimOp, SimOpKind};
 /// let op = SimOp::alloc(10, 1, 4096);
-/// assert_eq!(op.kind, SimOpKind::Alloc { id: 1, size: 4096 });
+/// assert_eq!(op.kind, SimOpKind::Alloc { id: 1, size: 4096, category: None });
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SimOp {
@@ -36,6 +37,8 @@ pub enum SimOpKind {
         id: u64,
         /// Bytes requested.
         size: u64,
+        /// What the block holds, when known (what-if edits scale by category).
+        category: Option<Category>,
     },
     /// The allocation `id` freed.
     Free {
@@ -45,11 +48,16 @@ pub enum SimOpKind {
 }
 
 impl SimOp {
-    /// An allocation event.
+    /// An allocation event of unknown category.
     pub const fn alloc(ts_ns: u64, id: u64, size: u64) -> Self {
+        Self::alloc_in(ts_ns, id, size, None)
+    }
+
+    /// An allocation event of a known (or unknown) category.
+    pub const fn alloc_in(ts_ns: u64, id: u64, size: u64, category: Option<Category>) -> Self {
         Self {
             ts_ns,
-            kind: SimOpKind::Alloc { id, size },
+            kind: SimOpKind::Alloc { id, size, category },
         }
     }
 
@@ -157,7 +165,7 @@ pub fn simulate(ops: &[SimOp], capacity: u64, strategy: Strategy) -> SimReport {
 
     for op in ops {
         match op.kind {
-            SimOpKind::Alloc { id, size } => {
+            SimOpKind::Alloc { id, size, .. } => {
                 if size == 0 || live.contains_key(&id) {
                     report.ignored_allocs += 1;
                     continue;
@@ -267,38 +275,39 @@ impl From<Vec<SimReport>> for SimComparison {
 
 impl fmt::Display for SimComparison {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use crate::units::{format_bytes, format_duration_ns};
         if let Some(r) = self.reports.first() {
-            writeln!(f, "capacity {}", Bytes(r.capacity))?;
+            writeln!(f, "capacity {}", format_bytes(r.capacity))?;
         }
         writeln!(
             f,
-            "{:<11} {:>13} {:>8} {:>16} {:>14} {:>22} {:>22} {:>6} {:>6} {:>6}",
+            "{:<11} {:>13} {:>8} {:>16} {:>14} {:>13} {:>14} {:>9} {:>9} {:>9}",
             "strategy",
             "result",
-            "failures",
-            "first failure ns",
+            "refused",
+            "first refusal",
             "cause",
             "peak reserved",
             "peak requested",
-            "frag↑",
-            "frag~",
-            "frag$"
+            "max frag",
+            "mean frag",
+            "end frag"
         )?;
         for r in &self.reports {
             let (when, cause) = match &r.first_failure {
-                Some(x) => (x.ts_ns.to_string(), x.cause.to_string()),
+                Some(x) => (format_duration_ns(x.ts_ns), x.cause.to_string()),
                 None => ("-".to_owned(), "-".to_owned()),
             };
             writeln!(
                 f,
-                "{:<11} {:>13} {:>8} {:>16} {:>14} {:>22} {:>22} {:>6.3} {:>6.3} {:>6.3}",
+                "{:<11} {:>13} {:>8} {:>16} {:>14} {:>13} {:>14} {:>9.3} {:>9.3} {:>9.3}",
                 r.strategy.name(),
                 if r.fits { "fits" } else { "OUT OF MEMORY" },
                 r.failures,
                 when,
                 cause,
-                Bytes(r.peak_reserved).to_string(),
-                Bytes(r.peak_requested).to_string(),
+                format_bytes(r.peak_reserved),
+                format_bytes(r.peak_requested),
                 r.max_fragmentation,
                 r.mean_fragmentation,
                 r.final_fragmentation,
@@ -306,7 +315,8 @@ impl fmt::Display for SimComparison {
         }
         write!(
             f,
-            "frag↑ max, frag~ mean, frag$ final fragmentation (1 - largest free / free)"
+            "refused: allocations that did not fit; first refusal: time since the log began; \
+             frag: fragmentation, 1 - largest free block / free bytes (max, mean, at the end)"
         )
     }
 }
@@ -324,13 +334,13 @@ impl Sampler {
         let end = ops.iter().map(|o| o.ts_ns).max().unwrap_or(0);
         Self {
             start,
-            span: end - start,
+            span: end.saturating_sub(start),
             buckets: vec![None; MAX_SAMPLES],
         }
     }
 
     fn record(&mut self, ts: u64, value: f64) {
-        let rel = u128::from(ts - self.start);
+        let rel = u128::from(ts.saturating_sub(self.start));
         let i = (rel * MAX_SAMPLES as u128 / (u128::from(self.span) + 1)) as usize;
         let slot = &mut self.buckets[i.min(MAX_SAMPLES - 1)];
         if slot.is_none_or(|(_, v)| value > v) {

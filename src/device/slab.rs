@@ -53,6 +53,9 @@ pub(crate) struct Slabs {
     /// Whether a small request that finds no slot and no room for a slab may take its class
     /// size from the arena directly (adaptive) or fails (pool-based).
     fallback: bool,
+    /// Size of one slab: [`SLAB_BYTES`], or 0 for a pool smaller than that, which has no size
+    /// classes (every request is rounded to 256 bytes and placed by best fit).
+    slab_bytes: u64,
 }
 
 impl Slabs {
@@ -64,21 +67,36 @@ impl Slabs {
     /// As [`Slabs::new`]; with `fallback`, a small request that cannot get a slot takes its
     /// class size from the arena by best fit.
     pub(crate) fn with_fallback(capacity: u64, fallback: bool) -> Self {
-        Self {
+        // A pool smaller than one slab could never carve one: it places everything by best fit.
+        let slab_bytes = if capacity >= SLAB_BYTES {
+            SLAB_BYTES
+        } else {
+            0
+        };
+        let mut slabs = Self {
             arena: Arena::new(capacity, false),
             slabs: BTreeMap::new(),
             partial: vec![BTreeSet::new(); CLASSES],
             free_slot_count: 0,
             free_slot_bytes: 0,
-            small_max: SMALL_MAX,
+            small_max: 0,
             fallback,
-        }
+            slab_bytes,
+        };
+        slabs.set_small_max(SMALL_MAX);
+        slabs
     }
 
-    /// Sets the small-request limit: `limit` rounded down to a power of two in 256 B..=512 KiB.
-    /// Existing allocations are unaffected.
+    /// Sets the small-request limit: `limit` rounded down to a power of two in 256 B..=512 KiB,
+    /// and no larger than a slab. Existing allocations are unaffected.
     pub(crate) fn set_small_max(&mut self, limit: u64) {
-        let limit = limit.clamp(1 << MIN_ORDER, SMALL_MAX);
+        let most = SMALL_MAX.min(self.slab_bytes);
+        if most < 1 << MIN_ORDER {
+            // No slab fits the pool: every request is placed in the arena.
+            self.small_max = 0;
+            return;
+        }
+        let limit = limit.clamp(1 << MIN_ORDER, most);
         self.small_max = 1u64 << (63 - limit.leading_zeros());
     }
 
@@ -118,7 +136,7 @@ impl Slabs {
         match self.class_index(rounded) {
             Some(c) => {
                 !self.partial[c].is_empty()
-                    || largest >= SLAB_BYTES
+                    || largest >= self.slab_bytes
                     || (self.fallback && largest >= rounded)
             }
             None => largest >= rounded,
@@ -133,7 +151,7 @@ impl Slabs {
         let slab_at = match self.partial[c].first() {
             Some(&at) => at,
             None => {
-                let Some(at) = self.arena.alloc(SLAB_BYTES, Fit::Best, End::High) else {
+                let Some(at) = self.arena.alloc(self.slab_bytes, Fit::Best, End::High) else {
                     return if self.fallback {
                         self.arena.alloc(rounded, Fit::Best, End::High)
                     } else {
@@ -141,7 +159,7 @@ impl Slabs {
                     };
                 };
                 let order = c as u32 + MIN_ORDER;
-                let slots = (SLAB_BYTES >> order) as u32;
+                let slots = (self.slab_bytes >> order) as u32;
                 let slab = Slab {
                     order,
                     free_slots: Vec::new(),
@@ -152,12 +170,12 @@ impl Slabs {
                 self.slabs.insert(at, slab);
                 self.partial[c].insert(at);
                 self.free_slot_count += u64::from(slots);
-                self.free_slot_bytes += SLAB_BYTES;
+                self.free_slot_bytes += self.slab_bytes;
                 at
             }
         };
         let slab = self.slabs.get_mut(&slab_at)?;
-        let slots = (SLAB_BYTES >> slab.order) as u32;
+        let slots = (self.slab_bytes >> slab.order) as u32;
         let slot = match slab.free_slots.pop() {
             Some(slot) => slot,
             None if slab.fresh < slots => {
@@ -202,7 +220,7 @@ impl Slabs {
         slab.free_slots.push(slot);
         slab.in_use -= 1;
         let c = (slab.order - MIN_ORDER) as usize;
-        let slots = (SLAB_BYTES >> slab.order) as usize;
+        let slots = (self.slab_bytes >> slab.order) as usize;
         let empty = slab.in_use == 0;
         self.free_slot_count += 1;
         self.free_slot_bytes += size;
@@ -210,7 +228,7 @@ impl Slabs {
             self.slabs.remove(&slab_at);
             self.partial[c].remove(&slab_at);
             self.free_slot_count -= slots as u64;
-            self.free_slot_bytes -= SLAB_BYTES;
+            self.free_slot_bytes -= self.slab_bytes;
             self.arena.free(slab_at);
         } else {
             self.partial[c].insert(slab_at);
@@ -224,7 +242,7 @@ impl Slabs {
             return Place::Arena;
         };
         let rel = offset - at;
-        if rel >= SLAB_BYTES {
+        if rel >= self.slab_bytes {
             Place::Arena
         } else if rel & ((1u64 << slab.order) - 1) != 0 {
             Place::Nowhere

@@ -43,7 +43,8 @@ pub enum Strategy {
     BuddySystem,
     /// Size classes: requests up to 512 KiB are rounded to a power of two and served from 2 MiB
     /// slabs of one class, carved from the arena; larger requests use best fit. A slab returns to
-    /// the arena when its last slot is freed.
+    /// the arena when its last slot is freed. A pool smaller than one slab has no size classes:
+    /// every request is rounded to 256 bytes and placed by best fit.
     PoolBased,
     /// Size-segregated best fit with a learned boundary. Requests at or below the running
     /// median request size (rounded down to a power of two, between 256 B and 512 KiB) are

@@ -2,7 +2,7 @@
 //!
 //! `main` parses the arguments, calls [`cli::run`] and turns the outcome into an exit code:
 //! 0 on success, 2 when a profile cannot be read (or the arguments are wrong), 1 when an output
-//! cannot be written. Errors are one line on standard error.
+//! cannot be written, 3 when `simulate` or `fit` finds that the run does not fit the device. Errors are one line on standard error.
 
 use std::io::Write;
 use std::process::ExitCode;

@@ -67,7 +67,8 @@ fn simulate_reports_fit_and_fragmentation_failures() {
     assert!(text.contains("best-fit: fits"), "{text}");
 
     let tight = highwater(&["simulate", profile, "--device", "tpu-v5e", "--json"]);
-    assert!(tight.status.success(), "{tight:?}");
+    assert_eq!(tight.status.code(), Some(3), "does not fit: {tight:?}");
+    assert!(String::from_utf8_lossy(&tight.stderr).contains("does not fit"));
     let report: serde_json::Value = serde_json::from_slice(&tight.stdout).unwrap();
     assert_eq!(
         report["stream"], "cuda:0",
@@ -80,6 +81,16 @@ fn simulate_reports_fit_and_fragmentation_failures() {
     assert_eq!(failure["free_bytes"], 10 * GIB);
     assert_eq!(failure["cause"], "fragmentation");
     assert_eq!(report["strategies"].as_array().unwrap().len(), 6);
+    // The what-if figures: 6 + 6 + 4 GiB live at once, packed offline in 16 GiB.
+    let figures = &report["figures"];
+    assert_eq!(figures["lower_bound_bytes"], 16 * GIB);
+    assert_eq!(figures["offline_bytes"], 16 * GIB);
+    let pytorch = &figures["allocators"][0];
+    assert_eq!(pytorch["allocator"], "pytorch");
+    // Four segments of their own (each over 10 MiB): 6 + 6 + 4, the 8 GiB request finds the
+    // 6 GiB and 4 GiB blocks cached but too small and gets its own: 24 GiB.
+    assert_eq!(pytorch["peak_bytes"], 24 * GIB);
+    assert_eq!(pytorch["tax_bytes"], 8 * GIB);
 
     let text = highwater(&["simulate", profile, "--device", "tpu-v5e"]);
     let text = String::from_utf8_lossy(&text.stdout);
@@ -91,6 +102,136 @@ fn simulate_reports_fit_and_fragmentation_failures() {
         text.contains("adaptive") && text.contains("buddy"),
         "{text}"
     );
+    for column in [
+        "refused",
+        "first refusal",
+        "max frag",
+        "lower bound",
+        "offline packing",
+    ] {
+        assert!(text.contains(column), "{column:?} missing: {text}");
+    }
+    assert!(!text.contains("frag↑") && !text.contains("frag$"), "{text}");
+}
+
+#[test]
+fn fit_finds_the_largest_factor_and_exits_3_when_the_run_does_not_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = record(dir.path());
+    let profile = profile.to_str().unwrap();
+    let html = dir.path().join("fit.html");
+    // Best fit on 24 GiB, everything scaled by k: 6k, 6k, 4k at 0, 6k, 12k; freeing the first
+    // and the last leaves holes [0, 6k) and [12k, 24); the 8k request needs 12k + 8k <= 24,
+    // so k = 1.2 — less a hair, because each block rounds up to 256 bytes: ×1.19.
+    let args = [
+        "fit",
+        profile,
+        "--device",
+        "l4",
+        "--grow",
+        "other",
+        "--allocator",
+        "best-fit",
+        "--json",
+        "--html",
+        html.to_str().unwrap(),
+    ];
+    let output = highwater(&args);
+    assert!(output.status.success(), "{output:?}");
+    let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(answer["fits_as_recorded"], true);
+    assert_eq!(answer["factor"], 1.19);
+    let first = &answer["first_to_fill"];
+    assert_eq!(first["factor"], 1.2);
+    assert_eq!(first["category"], "other");
+    assert_eq!(first["refused_category"], "other");
+    let page = std::fs::read_to_string(&html).unwrap();
+    for needle in [
+        "Will it fit?",
+        "fit-curve",
+        "capacity 24.0 GiB",
+        "Offline packing",
+    ] {
+        assert!(page.contains(needle), "{needle:?} missing from the page");
+    }
+
+    // On a 16 GiB TPU v5e the run as recorded does not fit (fragmentation): exit 3, with the
+    // answer (a factor below one) still printed.
+    let output = highwater(&[
+        "fit",
+        profile,
+        "--device",
+        "tpu-v5e",
+        "--grow",
+        "other",
+        "--allocator",
+        "best-fit",
+    ]);
+    assert_eq!(output.status.code(), Some(3), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains("largest factor that fits: other ×0.79"),
+        "{text}"
+    );
+    assert!(
+        text.contains("does not fit: the factor is below ×1"),
+        "{text}"
+    );
+
+    // Edits apply before the search: halving `other` doubles the factor found.
+    let output = highwater(&[
+        "fit",
+        profile,
+        "--device",
+        "l4",
+        "--grow",
+        "other",
+        "--allocator",
+        "best-fit",
+        "--scale",
+        "other=0.5",
+        "--json",
+    ]);
+    let answer: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(answer["factor"], 2.39);
+
+    for (args, want) in [
+        (
+            vec!["fit", profile, "--device", "l4", "--grow", "weights"],
+            "weights",
+        ),
+        (
+            vec![
+                "fit",
+                profile,
+                "--device",
+                "l4",
+                "--grow",
+                "other",
+                "--max-split-size-mb",
+                "8",
+            ],
+            "max_split_size_mb",
+        ),
+        (
+            vec![
+                "fit",
+                profile,
+                "--device",
+                "l4",
+                "--grow",
+                "other",
+                "--shard",
+                "optimizer=0",
+            ],
+            "ranks",
+        ),
+    ] {
+        let output = highwater(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+    }
 }
 
 #[test]

@@ -19,6 +19,8 @@
 //! The page is as bounded as the profile: at most [`MAX_CHART_POINTS`] points per curve (the
 //! highest point of each bucket and the peak are kept) and [`MAX_TABLE_ROWS`] rows per table.
 
+pub mod fit;
+
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -602,6 +604,12 @@ fn format_unix_ms(ms: u64) -> String {
 /// assert!(page.starts_with("<!DOCTYPE html>"));
 /// ```
 pub fn render(profile: &Profile) -> String {
+    render_with(profile, "")
+}
+
+/// [`render`] with `extra` (trusted markup, such as [`fit::section`]) added after the last
+/// section.
+pub fn render_with(profile: &Profile, extra: &str) -> String {
     let meta = &profile.meta;
     let program = if meta.program.is_empty() {
         "a run"
@@ -661,6 +669,7 @@ pub fn render(profile: &Profile) -> String {
     span_section(&mut out, profile);
     iterations_section(&mut out, profile);
     devices_section(&mut out, profile);
+    out.push_str(extra);
     let _ = writeln!(
         out,
         "</main><footer>Written by highwater from the profile alone: this file loads nothing \
@@ -688,6 +697,23 @@ pub fn write(profile: &Profile, path: impl AsRef<Path>) -> Result<(), ExportErro
         Output::HtmlReport,
         path.as_ref(),
         render(profile).as_bytes(),
+    )
+}
+
+/// Writes [`render_with`]`(profile, extra)` to `path` atomically.
+///
+/// # Errors
+///
+/// [`ExportError`] naming the file when it cannot be written; `path` keeps what it held before.
+pub fn write_with(
+    profile: &Profile,
+    extra: &str,
+    path: impl AsRef<Path>,
+) -> Result<(), ExportError> {
+    write_output(
+        Output::HtmlReport,
+        path.as_ref(),
+        render_with(profile, extra).as_bytes(),
     )
 }
 

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use highwater::device::{DeviceKind, ParseNameError, Strategy};
+use highwater::device::{Allocator, DeviceKind, Factor, ParseNameError, Strategy};
+use highwater::Category;
 
 /// Read highwater memory profiles: where did the memory go?
 #[derive(Debug, Parser)]
@@ -75,7 +76,11 @@ pub(crate) enum Command {
         max_events: usize,
     },
     /// Replay a run's allocations through a device pool: would it fit, when would it run out,
-    /// how fragmented would it get, under each strategy?
+    /// how fragmented would it get, under each strategy? Also prints the three what-if figures
+    /// (lower bound, offline packing, PyTorch's and TensorFlow's allocators, with their
+    /// fragmentation tax).
+    ///
+    /// Exit code 3 when the run does not fit under --strategy (2 for unreadable input).
     ///
     /// Needs the allocation log (record with `HIGHWATER_ALLOC_LOG=path`); pass the profile that
     /// names it, or the log itself.
@@ -94,9 +99,60 @@ pub(crate) enum Command {
         #[arg(long, value_parser = parse_size)]
         limit: Option<u64>,
         /// Which recorded device's allocations to replay (`cpu` for the heap, `cuda:0`, …).
-        /// Default: the device of the profile's peak, else the log's first device.
+        /// Default: the device of the profile's peak, else the log's first device. `cpu`
+        /// replays the heap's tensor-sized blocks as a proxy for a device (see --min-block).
         #[arg(long)]
         stream: Option<String>,
+        /// With `--stream cpu`: the smallest heap block taken for a tensor.
+        #[arg(long, default_value = "4KiB", value_parser = parse_size)]
+        min_block: u64,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Will it fit? The largest factor on the --grow categories (a doubled batch is
+    /// `--grow activation` at ×2) that still fits the device under --allocator, with the peak,
+    /// the allocator's fragmentation tax there, what fills the device first, and the curve of
+    /// peak against factor.
+    ///
+    /// Exit code 3 when the run as recorded (with --scale/--shard) does not fit (2 for
+    /// unreadable input).
+    Fit {
+        /// A profile recorded with an allocation log, or the log itself.
+        input: PathBuf,
+        /// The device: tpu-v2, tpu-v3, tpu-v4, tpu-v5e, tpu-v5p, a100-40gb, a100-80gb, h100,
+        /// h200, l4.
+        #[arg(long, value_parser = parse_kind)]
+        device: DeviceKind,
+        /// A category to grow: parameter, activation, gradient, optimizer, other (repeat for
+        /// several).
+        #[arg(long, required = true, value_parser = parse_category)]
+        grow: Vec<Category>,
+        /// The allocator: pytorch, pytorch-expandable, tf-bfc, or one of highwater's
+        /// strategies (first-fit, best-fit, worst-fit, buddy, pool-based, adaptive).
+        #[arg(long, default_value = "pytorch", value_parser = parse_allocator)]
+        allocator: Allocator,
+        /// PyTorch's `max_split_size_mb` (more than 20).
+        #[arg(long)]
+        max_split_size_mb: Option<u64>,
+        /// Usable bytes instead of the device's nominal size (`30GiB`, `512MiB`).
+        #[arg(long, value_parser = parse_size)]
+        limit: Option<u64>,
+        /// Which recorded device to replay, as for `simulate` (`cpu`: the CPU proxy).
+        #[arg(long)]
+        stream: Option<String>,
+        /// Scale a category before the search: `parameter=0.5` for bf16 weights (repeatable).
+        #[arg(long, value_parser = parse_scale)]
+        scale: Vec<(Category, Factor)>,
+        /// Shard a category over N ranks: `optimizer=8` for ZeRO stage 1 (repeatable).
+        #[arg(long, value_parser = parse_shard)]
+        shard: Vec<(Category, u64)>,
+        /// With `--stream cpu`: the smallest heap block taken for a tensor.
+        #[arg(long, default_value = "4KiB", value_parser = parse_size)]
+        min_block: u64,
+        /// Also write an HTML report with the figures table and the fit curve.
+        #[arg(long)]
+        html: Option<PathBuf>,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -126,6 +182,47 @@ fn parse_refresh(text: &str) -> Result<Duration, String> {
         return Err(format!("{text:?} is outside 0.05 to 3600 seconds"));
     }
     Ok(Duration::from_secs_f64(seconds))
+}
+
+fn parse_category(text: &str) -> Result<Category, String> {
+    let wanted = text.trim();
+    Category::ALL
+        .into_iter()
+        .find(|c| c.as_str().eq_ignore_ascii_case(wanted))
+        .ok_or_else(|| {
+            let names: Vec<&str> = Category::ALL.iter().map(|c| c.as_str()).collect();
+            format!("unknown category {text:?}; valid: {}", names.join(", "))
+        })
+}
+
+fn parse_allocator(text: &str) -> Result<Allocator, String> {
+    text.parse()
+        .map_err(|error: ParseNameError| error.to_string())
+}
+
+/// `category=factor`.
+fn parse_scale(text: &str) -> Result<(Category, Factor), String> {
+    let (category, factor) = text
+        .split_once('=')
+        .ok_or_else(|| format!("expected CATEGORY=FACTOR such as parameter=0.5, got {text:?}"))?;
+    let factor = factor
+        .parse()
+        .map_err(|e: highwater::device::ParseFactorError| e.to_string())?;
+    Ok((parse_category(category)?, factor))
+}
+
+/// `category=ranks`.
+fn parse_shard(text: &str) -> Result<(Category, u64), String> {
+    let (category, ranks) = text
+        .split_once('=')
+        .ok_or_else(|| format!("expected CATEGORY=RANKS such as optimizer=8, got {text:?}"))?;
+    let ranks: u64 = ranks
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("ranks must be a whole number above 0, got {ranks:?}"))?;
+    Ok((parse_category(category)?, ranks))
 }
 
 fn parse_kind(text: &str) -> Result<DeviceKind, String> {

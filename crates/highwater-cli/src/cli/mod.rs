@@ -1,10 +1,11 @@
 //! The `highwater` command: argument parsing, one file per subcommand (`watch` has its own
-//! module, `crate::watch`), and how failures map to
-//! exit codes. Subcommands only load profiles and call library functions.
+//! module, `crate::watch`), and how failures map to exit codes. Subcommands only load profiles and call library functions.
 
 mod args;
 mod diff;
 mod export;
+mod fit;
+mod replay;
 mod simulate;
 mod spans;
 mod summary;
@@ -23,6 +24,8 @@ use args::Command;
 pub(crate) const EXIT_BAD_INPUT: u8 = 2;
 /// Exit code for every other failure (an output that cannot be written).
 pub(crate) const EXIT_FAILURE: u8 = 1;
+/// Exit code of `simulate` and `fit` when the run does not fit the device (for CI).
+pub(crate) const EXIT_DOES_NOT_FIT: u8 = 3;
 
 /// Runs the parsed command.
 pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
@@ -52,6 +55,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             strategy,
             limit,
             stream,
+            min_block,
             json,
         } => simulate::run(&simulate::Request {
             input: &input,
@@ -59,18 +63,54 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             strategy,
             limit,
             stream: stream.as_deref(),
+            min_block,
             json,
         }),
+        Command::Fit {
+            input,
+            device,
+            grow,
+            allocator,
+            max_split_size_mb,
+            limit,
+            stream,
+            scale,
+            shard,
+            min_block,
+            html,
+            json,
+        } => {
+            let edits = scale
+                .into_iter()
+                .fold(highwater::device::Edits::new(), |e, (c, f)| e.scale(c, f));
+            let edits = shard.into_iter().fold(edits, |e, (c, n)| e.shard(c, n));
+            fit::run(&fit::Request {
+                input: &input,
+                device,
+                grow: &grow,
+                allocator,
+                max_split_size_mb,
+                limit,
+                stream: stream.as_deref(),
+                edits,
+                min_block,
+                html: html.as_deref(),
+                json,
+            })
+        }
         Command::Watch { profile, refresh } => crate::watch::run(&profile, refresh),
     }
 }
 
 /// The exit code for an error returned by [`run`].
 pub(crate) fn exit_code(error: &anyhow::Error) -> u8 {
+    if error.downcast_ref::<replay::DoesNotFit>().is_some() {
+        return EXIT_DOES_NOT_FIT;
+    }
     if error
         .downcast_ref::<highwater::alloc_log::AllocLogError>()
         .is_some()
-        || error.downcast_ref::<simulate::InputError>().is_some()
+        || error.downcast_ref::<replay::InputError>().is_some()
     {
         return EXIT_BAD_INPUT;
     }
@@ -93,7 +133,7 @@ fn locate_log(input: &Path) -> anyhow::Result<(std::path::PathBuf, Option<Profil
     }
     let profile = load(input)?;
     let named = profile.meta.alloc_log.clone().ok_or_else(|| {
-        simulate::InputError(format!(
+        replay::InputError(format!(
             "profile {} has no allocation log; record one with HIGHWATER_ALLOC_LOG=path",
             input.display()
         ))

@@ -1,14 +1,16 @@
-//! `highwater simulate`: replay a run's allocation log through a device pool.
+//! `highwater simulate`: replay a run's allocation log through a device pool, next to the
+//! three what-if figures (lower bound, offline packing, the allocators people run).
 
 use std::path::Path;
 
-use highwater::alloc_log::AllocLog;
 use highwater::device::{
-    compare_strategies, simulate, DeviceKind, SimComparison, SimReport, Strategy,
+    compare_strategies, figures, simulate, Allocator, DeviceKind, SimComparison, SimOpKind,
+    SimReport, Strategy,
 };
 use highwater::units::{format_bytes, format_duration_ns};
-use highwater::Profile;
 use serde_json::json;
+
+use super::replay::{self, DoesNotFit};
 
 /// What to replay, and through what.
 #[derive(Debug)]
@@ -18,74 +20,75 @@ pub(crate) struct Request<'a> {
     pub(crate) strategy: Strategy,
     pub(crate) limit: Option<u64>,
     pub(crate) stream: Option<&'a str>,
+    pub(crate) min_block: u64,
     pub(crate) json: bool,
 }
 
-/// The input cannot be replayed (no log, unknown stream).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub(crate) struct InputError(pub(crate) String);
-
-/// Replays the requested stream and prints the report and the strategy comparison.
+/// Replays the requested stream and prints the report, the strategy comparison and the what-if
+/// figures; a [`DoesNotFit`] error afterwards when the chosen strategy runs out.
 pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
-    let (log_path, profile) = super::locate_log(request.input)?;
-    let peak_device = profile.as_ref().and_then(peak_device);
-    let log = AllocLog::read(&log_path)?;
-    let stream_name = request
-        .stream
-        .map(str::to_string)
-        .or(peak_device.filter(|d| log.device(d).is_some()))
-        .or_else(|| log.devices.first().cloned())
-        .ok_or_else(|| InputError(format!("{} records no allocations", log_path.display())))?;
-    let stream = log.device(&stream_name).ok_or_else(|| {
-        InputError(format!(
-            "{} has no device {stream_name:?}; it has {}",
-            log_path.display(),
-            log.devices.join(", ")
-        ))
-    })?;
-    let ops = log.sim_ops(stream);
+    let stream = replay::load_stream(request.input, request.stream, request.min_block)?;
+    let ops = &stream.ops;
     let capacity = request
         .limit
         .unwrap_or_else(|| request.device.capacity_bytes());
-    let chosen = simulate(&ops, capacity, request.strategy);
-    let all = compare_strategies(&ops, capacity);
+    let chosen = simulate(ops, capacity, request.strategy);
+    let all = compare_strategies(ops, capacity);
+    let whatif = figures(&stream.trace, chosen.capacity, &Allocator::standard());
     let allocations = ops
         .iter()
-        .filter(|op| matches!(op.kind, highwater::device::SimOpKind::Alloc { .. }))
+        .filter(|op| matches!(op.kind, SimOpKind::Alloc { .. }))
         .count();
     if request.json {
-        return super::emit_json(&json!({
-            "log": log_path.display().to_string(),
-            "stream": stream_name,
+        super::emit_json(&json!({
+            "log": stream.log_path.display().to_string(),
+            "stream": stream.name,
             "device": request.device.name(),
             "capacity_bytes": chosen.capacity,
             "allocations": allocations,
             "frees": ops.len() - allocations,
             "report": report_json(&chosen),
             "strategies": all.iter().map(report_json).collect::<Vec<_>>(),
-        }));
+            "cpu_proxy_min_block_bytes": stream.proxy,
+            "figures": replay::figures_json(&whatif),
+        }))?;
+    } else {
+        let first = ops.iter().map(|op| op.ts_ns).min().unwrap_or(0);
+        let last = ops.iter().map(|op| op.ts_ns).max().unwrap_or(0);
+        let mut text = format!(
+            "replaying {} from {} ({allocations} allocations over {}) through {} ({})\n\n",
+            stream.name,
+            stream.log_path.display(),
+            format_duration_ns(last - first),
+            request.device.name(),
+            format_bytes(chosen.capacity),
+        );
+        text.push_str(&report_text(&chosen, first));
+        text.push_str("\nall strategies on the same stream:\n");
+        text.push_str(&SimComparison::from(all).to_string());
+        text.push_str("\n\nwhat it takes (lower bound, offline packing, online allocators):\n");
+        if let Some(min_block) = stream.proxy {
+            text.push_str(&replay::proxy_note(min_block));
+        }
+        text.push_str(&replay::figures_text(&stream.name, &whatif));
+        super::emit(&text)?;
     }
-    let span = ops.last().map_or(0, |op| op.ts_ns) - ops.first().map_or(0, |op| op.ts_ns);
-    let mut text = format!(
-        "replaying {stream_name} from {} ({allocations} allocations over {}) through {} ({})\n\n",
-        log_path.display(),
-        format_duration_ns(span),
-        request.device.name(),
-        format_bytes(chosen.capacity),
-    );
-    text.push_str(&report_text(&chosen));
-    text.push_str("\nall strategies on the same stream:\n");
-    text.push_str(&SimComparison::from(all).to_string());
-    text.push('\n');
-    super::emit(&text)
+    if chosen.fits {
+        Ok(())
+    } else {
+        Err(DoesNotFit(format!(
+            "{} does not fit {} ({}) under {}: {} allocations refused",
+            stream.name,
+            request.device.name(),
+            format_bytes(chosen.capacity),
+            chosen.strategy.name(),
+            chosen.failures
+        ))
+        .into())
+    }
 }
 
-fn peak_device(profile: &Profile) -> Option<String> {
-    Some(profile.summary.peak_device.clone()).filter(|d| !d.is_empty())
-}
-
-fn report_text(report: &SimReport) -> String {
+fn report_text(report: &SimReport, start_ns: u64) -> String {
     let mut text = format!("{}: ", report.strategy.name());
     match &report.first_failure {
         None => text.push_str(&format!(
@@ -94,9 +97,9 @@ fn report_text(report: &SimReport) -> String {
             format_bytes(report.capacity)
         )),
         Some(failure) => text.push_str(&format!(
-            "OUT OF MEMORY at {}: {} requested ({} rounded) with {} in use, {} free, largest free \
-             block {} — cause: {}; {} allocations did not fit\n",
-            format_duration_ns(failure.ts_ns),
+            "OUT OF MEMORY {} into the log: {} requested ({} rounded) with {} in use, {} free, \
+             largest free block {} — cause: {}; {} allocations did not fit\n",
+            format_duration_ns(failure.ts_ns.saturating_sub(start_ns)),
             format_bytes(failure.request),
             format_bytes(failure.rounded),
             format_bytes(failure.in_use),
@@ -107,7 +110,8 @@ fn report_text(report: &SimReport) -> String {
         )),
     }
     text.push_str(&format!(
-        "  fragmentation: max {:.3}, mean {:.3}, final {:.3}; peak requested {}\n",
+        "  fragmentation (1 - largest free block / free bytes): max {:.3}, mean {:.3}, at the \
+         end {:.3}; peak requested {}\n",
         report.max_fragmentation,
         report.mean_fragmentation,
         report.final_fragmentation,
