@@ -21,6 +21,7 @@ use crate::capture::raw::{RawEvent, RawKind};
 use crate::capture::registry::{SlotState, REGISTRY};
 use crate::capture::ring::close_gate;
 use crate::capture::{self, names, RECORDING, UNATTRIBUTED_DROPS};
+use crate::checkpoint::{CheckpointConfig, Checkpointer};
 use crate::model::{Category, SpanLabel};
 use crate::profile::{CaptureStats, Profile, ThreadCapture};
 
@@ -46,6 +47,8 @@ pub(crate) struct CollectorConfig {
     pub(crate) timeline: TimelineConfig,
     /// Where to write the allocation log, if anywhere.
     pub(crate) alloc_log: Option<PathBuf>,
+    /// Checkpoints to write while recording, if any.
+    pub(crate) checkpoint: Option<CheckpointConfig>,
 }
 
 /// Starts the collector thread.
@@ -61,13 +64,19 @@ pub(crate) fn spawn(config: CollectorConfig) -> std::io::Result<(JoinHandle<()>,
     let (control, requests) = crossbeam_channel::unbounded();
     let mut merger = Merger::new(config.calibration, config.timeline.clone());
     merger.log = config.alloc_log.as_deref().map(AllocLogWriter::create);
+    // Started here, before the gate opens, for the same reason as the collector itself.
+    let checkpointer = config
+        .checkpoint
+        .clone()
+        .map(Checkpointer::start)
+        .transpose()?;
     let (ready, internal) = crossbeam_channel::bounded(1);
     let handle = std::thread::Builder::new()
         .name("highwater-collector".into())
         .spawn(move || {
             capture::mark_internal_thread();
             let _ = ready.send(());
-            run(config, merger, requests);
+            run(config, merger, checkpointer, requests);
         })?;
     internal
         .recv()
@@ -75,7 +84,12 @@ pub(crate) fn spawn(config: CollectorConfig) -> std::io::Result<(JoinHandle<()>,
     Ok((handle, control))
 }
 
-fn run(config: CollectorConfig, mut merger: Merger, requests: Receiver<Control>) {
+fn run(
+    config: CollectorConfig,
+    mut merger: Merger,
+    mut checkpointer: Option<Checkpointer>,
+    requests: Receiver<Control>,
+) {
     let lag_ns = config.lag.as_nanos() as u64;
     loop {
         match requests.recv_timeout(config.interval) {
@@ -87,7 +101,11 @@ fn run(config: CollectorConfig, mut merger: Merger, requests: Receiver<Control>)
                 // merge the reuse before the free it depends on.
                 let now = config.calibration.now_ns();
                 merger.drain();
-                merger.merge_until(now.saturating_sub(lag_ns));
+                let watermark = now.saturating_sub(lag_ns);
+                merger.merge_until(watermark);
+                if let Some(checkpointer) = checkpointer.as_mut().filter(|c| c.due()) {
+                    checkpointer.offer(merger.checkpoint(watermark));
+                }
             }
             Ok(Control::Snapshot(reply)) => {
                 // Everything stamped before the request, not everything drained: an event
@@ -100,10 +118,17 @@ fn run(config: CollectorConfig, mut merger: Merger, requests: Receiver<Control>)
                 let _ = reply.send(merger.timeline.finish(end));
             }
             Ok(Control::Stop(reply)) => {
+                // No checkpoint may land after the final profile the session writes.
+                if let Some(checkpointer) = checkpointer.as_mut() {
+                    checkpointer.finish();
+                }
                 let _ = reply.send(merger.stop());
                 return;
             }
             Err(RecvTimeoutError::Disconnected) => {
+                if let Some(checkpointer) = checkpointer.as_mut() {
+                    checkpointer.finish();
+                }
                 merger.stop();
                 return;
             }
@@ -455,6 +480,14 @@ impl Merger {
                 }
             }
         }
+    }
+
+    /// The profile of what is merged up to `end_ns`, for a checkpoint; recording goes on.
+    fn checkpoint(&self, end_ns: u64) -> Profile {
+        let mut profile = self.timeline.finish(end_ns.max(self.newest_ns));
+        profile.capture = self.capture_stats([0; RawKind::COUNT]);
+        profile.meta.threads = self.threads.len() as u32;
+        profile
     }
 
     /// Closes recording, waits for writers in flight, merges everything and builds the profile.

@@ -73,6 +73,8 @@ pub mod alloc_log;
 #[cfg_attr(docsrs, doc(cfg(feature = "candle")))]
 pub mod candle;
 #[cfg(not(loom))]
+mod checkpoint;
+#[cfg(not(loom))]
 mod collector;
 #[cfg(not(loom))]
 mod error;
@@ -89,6 +91,8 @@ mod tracing_layer;
 
 #[cfg(not(loom))]
 pub use alloc::Alloc;
+#[cfg(not(loom))]
+pub use checkpoint::DEFAULT_CHECKPOINT_INTERVAL;
 #[cfg(not(loom))]
 pub use error::Error;
 pub use model::{Category, ParseLabelError, SpanLabel, Step};

@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use crate::analysis::TimelineConfig;
 use crate::capture::ring::enable_asymmetric_barrier;
 use crate::capture::{self, clock, lifecycle};
+use crate::checkpoint::{CheckpointConfig, DEFAULT_CHECKPOINT_INTERVAL};
 use crate::collector::{self, CollectorConfig, Control};
 use crate::error::Error;
 use crate::export::html;
@@ -46,6 +47,7 @@ struct Running {
 /// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | events per thread ring |
 /// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | force the portable clock |
 /// | `HIGHWATER_SIGNALS` | `on`, `off` (also `1`/`0`, …) | write the profile on SIGINT/SIGTERM unless [`SessionBuilder::write_on_signal`] says |
+/// | `HIGHWATER_CHECKPOINT` | seconds (`10`, `0.5`); `0` for none | time between checkpoints, over [`SessionBuilder::checkpoint_every`] |
 ///
 /// # Examples
 ///
@@ -66,6 +68,7 @@ pub struct SessionBuilder {
     signals: Option<bool>,
     html: Option<bool>,
     alloc_log: Option<PathBuf>,
+    checkpoint_every: Option<Duration>,
     timeline: TimelineConfig,
 }
 
@@ -128,6 +131,31 @@ impl SessionBuilder {
         self
     }
 
+    /// Writes the profile so far to the output path every `interval` while recording
+    /// (default [`DEFAULT_CHECKPOINT_INTERVAL`](crate::DEFAULT_CHECKPOINT_INTERVAL);
+    /// `Duration::ZERO` for none), so a run killed with SIGKILL still leaves a profile.
+    /// `HIGHWATER_CHECKPOINT=<seconds>` overrides it.
+    ///
+    /// A checkpoint is a complete profile marked `meta.partial: true` with its time
+    /// (`meta.checkpoint_unix_ms`); the collector's own writer thread writes it atomically, so
+    /// user threads never wait for it. The final profile replaces it. Nothing is written when
+    /// [`SessionBuilder::write_profile`] is off.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), highwater::Error> {
+    /// use std::time::Duration;
+    /// let session = highwater::Session::builder()
+    ///     .checkpoint_every(Duration::from_secs(30))
+    ///     .start()?;
+    /// # drop(session); Ok(()) }
+    /// ```
+    pub fn checkpoint_every(mut self, interval: Duration) -> SessionBuilder {
+        self.checkpoint_every = Some(interval);
+        self
+    }
+
     /// Analysis settings (timeline resolution, table sizes).
     pub fn timeline(mut self, config: TimelineConfig) -> SessionBuilder {
         self.timeline = config;
@@ -173,12 +201,36 @@ impl SessionBuilder {
         install_exit_handler();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));
         let alloc_log = self.alloc_log.or(env.alloc_log);
+        let output = self
+            .output
+            .or(env.output)
+            .unwrap_or_else(|| DEFAULT_OUTPUT.into());
+        let write = self.write.unwrap_or(true);
+        let meta = RunMeta {
+            program: program_name(),
+            highwater_version: env!("CARGO_PKG_VERSION").to_string(),
+            started_unix_ms: crate::checkpoint::unix_ms_now(),
+            clock: clock_name.to_string(),
+            threads: 0,
+            alloc_log: alloc_log.as_ref().map(|path| path.display().to_string()),
+            pid: std::process::id(),
+            partial: false,
+            checkpoint_unix_ms: None,
+        };
+        let checkpoint_every = checkpoint_interval(self.checkpoint_every, env.checkpoint);
         let (collector, control) = collector::spawn(CollectorConfig {
             calibration,
             interval: Duration::from_millis(2),
             lag: Duration::from_millis(5),
             timeline: self.timeline,
-            alloc_log: alloc_log.clone(),
+            alloc_log,
+            checkpoint: checkpoint_every
+                .filter(|_| write)
+                .map(|every| CheckpointConfig {
+                    every,
+                    path: output.clone(),
+                    meta: meta.clone(),
+                }),
         })
         .map_err(|error| {
             disarm_signals();
@@ -187,26 +239,10 @@ impl SessionBuilder {
         *active = Some(Running {
             collector,
             control,
-            output: self
-                .output
-                .or(env.output)
-                .unwrap_or_else(|| DEFAULT_OUTPUT.into()),
-            write: self.write.unwrap_or(true),
+            output,
+            write,
             html: self.html.or(env.html).unwrap_or(false),
-            meta: RunMeta {
-                program: program_name(),
-                highwater_version: env!("CARGO_PKG_VERSION").to_string(),
-                started_unix_ms: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map(|since| since.as_millis() as u64)
-                    .unwrap_or(0),
-                clock: clock_name.to_string(),
-                threads: 0,
-                alloc_log: alloc_log.map(|path| path.display().to_string()),
-                pid: std::process::id(),
-                partial: false,
-                checkpoint_unix_ms: None,
-            },
+            meta,
         });
         capture::open_gate();
         crate::device::set_pool_sink(record_pool_snapshot);
@@ -442,6 +478,8 @@ struct EnvConfig {
     ring_events: Option<usize>,
     force_monotonic: bool,
     signals: Option<bool>,
+    /// `Some(None)`: checkpoints off.
+    checkpoint: Option<Option<Duration>>,
 }
 
 impl EnvConfig {
@@ -492,7 +530,19 @@ impl EnvConfig {
             Some(value) => return Err(invalid("HIGHWATER_CLOCK", value, "tsc or monotonic")),
         };
         let signals = switch("HIGHWATER_SIGNALS")?;
+        let checkpoint = var("HIGHWATER_CHECKPOINT")
+            .map(|value| {
+                crate::checkpoint::parse_interval(&value).ok_or_else(|| {
+                    invalid(
+                        "HIGHWATER_CHECKPOINT",
+                        &value,
+                        "seconds between checkpoints (0.001 to 86400), or 0 for none",
+                    )
+                })
+            })
+            .transpose()?;
         Ok(EnvConfig {
+            checkpoint,
             enabled,
             output,
             html,
@@ -502,6 +552,16 @@ impl EnvConfig {
             signals,
         })
     }
+}
+
+/// Time between checkpoints: the environment's setting over the builder's over the default;
+/// zero (or `HIGHWATER_CHECKPOINT=0`) means none.
+fn checkpoint_interval(
+    builder: Option<Duration>,
+    env: Option<Option<Duration>>,
+) -> Option<Duration> {
+    env.unwrap_or_else(|| Some(builder.unwrap_or(DEFAULT_CHECKPOINT_INTERVAL)))
+        .filter(|every| !every.is_zero())
 }
 
 /// Parses an on/off value.
@@ -516,6 +576,33 @@ pub(crate) fn parse_switch(value: &str) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checkpoint_interval_precedence() {
+        let secs = Duration::from_secs;
+        assert_eq!(
+            checkpoint_interval(None, None),
+            Some(DEFAULT_CHECKPOINT_INTERVAL)
+        );
+        assert_eq!(checkpoint_interval(Some(secs(3)), None), Some(secs(3)));
+        assert_eq!(checkpoint_interval(Some(Duration::ZERO), None), None);
+        assert_eq!(
+            checkpoint_interval(Some(secs(3)), Some(Some(secs(7)))),
+            Some(secs(7))
+        );
+        assert_eq!(checkpoint_interval(Some(secs(3)), Some(None)), None);
+        assert_eq!(
+            checkpoint_interval(Some(Duration::ZERO), Some(Some(secs(1)))),
+            Some(secs(1))
+        );
+        let env = EnvConfig::parse(|name| (name == "HIGHWATER_CHECKPOINT").then(|| "0".into()));
+        assert_eq!(env.unwrap().checkpoint, Some(None));
+        let bad = EnvConfig::parse(|name| (name == "HIGHWATER_CHECKPOINT").then(|| "often".into()));
+        assert!(bad
+            .unwrap_err()
+            .to_string()
+            .contains("HIGHWATER_CHECKPOINT"));
+    }
 
     fn parse(vars: &[(&str, &str)]) -> Result<EnvConfig, Error> {
         EnvConfig::parse(|name| {
