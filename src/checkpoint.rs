@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crossbeam_channel::Sender;
 
 use crate::capture;
-use crate::profile::{Profile, RunMeta};
+use crate::profile::{Profile, RunMeta, Warning};
 
 /// How often a session writes a checkpoint when neither the builder nor `HIGHWATER_CHECKPOINT`
 /// says.
@@ -88,6 +88,9 @@ impl Checkpointer {
             checkpoint_unix_ms: Some(unix_ms_now()),
             ..self.meta.clone()
         };
+        profile.warnings.push(Warning::Partial {
+            recorded_ns: profile.summary.duration_ns,
+        });
         if let Some(to_writer) = &self.to_writer {
             // Full: the writer is still on the last one; skipping keeps memory bounded and
             // the collector draining. Disconnected: the writer is gone; the final write stays.
@@ -183,6 +186,10 @@ mod tests {
             (42, 2, 123)
         );
         assert_eq!(written.meta.program, "train");
+        assert!(written
+            .warnings
+            .iter()
+            .any(|w| matches!(w, Warning::Partial { .. })));
         let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(names.len(), 1, "no temporary file left");
     }

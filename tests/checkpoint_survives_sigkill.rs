@@ -14,6 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::is_child;
+use highwater::profile::Warning;
 use highwater::{Profile, Session, Step};
 
 #[global_allocator]
@@ -116,6 +117,10 @@ fn sigkill_leaves_the_last_checkpoint() {
 
     let left = Profile::load(&path).expect("the last checkpoint loads");
     assert!(left.meta.partial, "a checkpoint says it is partial");
+    assert!(left
+        .warnings
+        .iter()
+        .any(|w| matches!(w, Warning::Partial { .. })));
     assert_eq!(
         left.meta.pid,
         child.id(),
@@ -155,6 +160,10 @@ fn the_final_profile_replaces_the_checkpoints() {
     assert!(child.wait().unwrap().success());
     let last = Profile::load(&path).unwrap();
     assert!(!last.meta.partial, "the final profile is not partial");
+    assert!(!last
+        .warnings
+        .iter()
+        .any(|w| matches!(w, Warning::Partial { .. })));
     assert_eq!(last.meta.checkpoint_unix_ms, None);
     assert_eq!(last.meta.pid, checkpoint.meta.pid);
     assert!(last.summary.alloc_count >= checkpoint.summary.alloc_count);

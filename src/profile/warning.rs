@@ -74,6 +74,13 @@ pub enum Warning {
     },
     /// Recording was disabled (`HIGHWATER=off`): the profile is empty.
     RecordingDisabled,
+    /// The profile is a checkpoint (`meta.partial`) of a run that had not finished when it was
+    /// written: its figures cover the run's first `recorded_ns`. If the run died, it is what
+    /// the run left.
+    Partial {
+        /// Run time the checkpoint covers, ns.
+        recorded_ns: u64,
+    },
     /// A warning from a profile written before warnings were typed: its sentence, as written.
     Note {
         /// The sentence.
@@ -90,6 +97,7 @@ impl Warning {
             Warning::IterationsSampled { .. } => "iterations_sampled",
             Warning::AllocLogIncomplete { .. } => "alloc_log_incomplete",
             Warning::RecordingDisabled => "recording_disabled",
+            Warning::Partial { .. } => "partial",
             Warning::Note { .. } => "note",
         }
     }
@@ -135,6 +143,12 @@ impl fmt::Display for Warning {
             Warning::RecordingDisabled => {
                 f.write_str("recording was disabled (HIGHWATER=off); nothing was recorded")
             }
+            Warning::Partial { recorded_ns } => write!(
+                f,
+                "this profile is a checkpoint taken {} into a run that had not finished: its \
+                 figures stop there (if the run was killed, this is what it left)",
+                crate::units::format_duration_ns(*recorded_ns)
+            ),
             Warning::Note { text } => f.write_str(text),
         }
     }
@@ -186,6 +200,9 @@ mod tests {
                 error: "disk full".into(),
             },
             Warning::RecordingDisabled,
+            Warning::Partial {
+                recorded_ns: 1_500_000_000,
+            },
             Warning::Note {
                 text: "an old sentence".into(),
             },
