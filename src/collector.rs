@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
 use crate::alloc_log::AllocLogWriter;
 use crate::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, Timeline, TimelineConfig};
@@ -20,10 +20,10 @@ use crate::capture::clock::Calibration;
 use crate::capture::raw::{RawEvent, RawKind};
 use crate::capture::registry::{SlotState, REGISTRY};
 use crate::capture::ring::close_gate;
-use crate::capture::{self, names, RECORDING, UNATTRIBUTED_DROPS};
+use crate::capture::{self, names, wake, RECORDING, UNATTRIBUTED_DROPS};
 use crate::checkpoint::{CheckpointConfig, Checkpointer};
 use crate::model::{Category, SpanLabel};
-use crate::profile::{CaptureStats, Profile, ThreadCapture};
+use crate::profile::{CaptureMode, CaptureStats, Profile, ThreadCapture};
 
 /// What the session asks of the collector.
 #[derive(Debug)]
@@ -90,10 +90,22 @@ fn run(
     mut checkpointer: Option<Checkpointer>,
     requests: Receiver<Control>,
 ) {
+    /// Tells waiting producers that nobody drains any more, however `run` ends (a panic in the
+    /// analysis included), so none waits for a collector that is gone.
+    struct StopServing;
+    impl Drop for StopServing {
+        fn drop(&mut self) {
+            capture::collector_stopped();
+        }
+    }
+    let _serving = StopServing;
     let lag_ns = config.lag.as_nanos() as u64;
     loop {
-        match requests.recv_timeout(config.interval) {
-            Err(RecvTimeoutError::Timeout) => {
+        // Read the bell before looking for work: a producer or a request that rings it after
+        // this read cuts the sleep below short.
+        let bell = wake::collector_bell();
+        match requests.try_recv() {
+            Err(TryRecvError::Empty) => {
                 // Read the clock before draining, not after: an event missing from this drain
                 // was published after its ring was drained, so anything that happened after it
                 // (another thread reusing a freed address) is stamped later than `now` and waits
@@ -106,6 +118,7 @@ fn run(
                 if let Some(checkpointer) = checkpointer.as_mut().filter(|c| c.due()) {
                     checkpointer.offer(merger.checkpoint(watermark));
                 }
+                wake::collector_sleep(bell, config.interval);
             }
             Ok(Control::Snapshot(reply)) => {
                 // Everything stamped before the request, not everything drained: an event
@@ -125,7 +138,7 @@ fn run(
                 let _ = reply.send(merger.stop());
                 return;
             }
-            Err(RecvTimeoutError::Disconnected) => {
+            Err(TryRecvError::Disconnected) => {
                 if let Some(checkpointer) = checkpointer.as_mut() {
                     checkpointer.finish();
                 }
@@ -491,27 +504,54 @@ impl Merger {
     }
 
     /// Closes recording, waits for writers in flight, merges everything and builds the profile.
+    ///
+    /// Writers in flight may be waiting for room in their ring, so the stopper drains (which
+    /// frees room and wakes them) until it reads every ring idle, then drains once more.
     fn stop(&mut self) -> Profile {
         close_gate(&RECORDING);
-        for slot in REGISTRY.slots() {
-            slot.ring.wait_idle();
+        loop {
+            let busy = REGISTRY.slots().iter().any(|slot| slot.ring.is_busy());
+            self.drain();
+            if !busy {
+                break;
+            }
+            std::thread::yield_now();
         }
-        self.drain();
         self.merge_until(u64::MAX);
         let end_ns = self.calibration.now_ns().max(self.newest_ns);
         let unattributed: [u64; RawKind::COUNT] = std::array::from_fn(|kind| {
             UNATTRIBUTED_DROPS[kind].swap(0, std::sync::atomic::Ordering::Relaxed)
         });
-        // Heads of two-event records are counted by their second half (see `charge_drops`).
-        let unattributed_total: u64 = (0..RawKind::COUNT as u8)
-            .filter(|&kind| !RawKind::from_byte(kind).is_some_and(RawKind::is_head))
-            .map(|kind| unattributed[usize::from(kind)])
-            .sum();
-        if unattributed_total > 0 {
-            self.timeline.note_dropped(unattributed_total);
+        let reentrant = capture::take_reentrant_drops();
+        // Records, not events: heads of two-event records are counted by their second half
+        // (see `charge_drops`).
+        let records = |counts: &[u64; RawKind::COUNT]| -> u64 {
+            (0..RawKind::COUNT as u8)
+                .filter(|&kind| !RawKind::from_byte(kind).is_some_and(RawKind::is_head))
+                .map(|kind| counts[usize::from(kind)])
+                .sum()
+        };
+        let unattributed_total = records(&unattributed);
+        let reentrant_total = records(&reentrant);
+        if unattributed_total + reentrant_total > 0 {
+            self.timeline
+                .note_dropped(unattributed_total + reentrant_total);
         }
         let mut profile = self.timeline.finish(end_ns);
-        profile.capture = self.capture_stats(unattributed);
+        // Re-entrant records have no ring to be charged to: they join the unattributed ones in
+        // `dropped_by_kind` and have their own total.
+        let loose = std::array::from_fn(|kind| unattributed[kind] + reentrant[kind]);
+        profile.capture = CaptureStats {
+            unattributed_dropped: unattributed_total,
+            reentrant_dropped: reentrant_total,
+            producer_waits: capture::take_waits(),
+            mode: if capture::lossless() {
+                CaptureMode::Lossless
+            } else {
+                CaptureMode::DropWhenFull
+            },
+            ..self.capture_stats(loose)
+        };
         if let Some(Err((path, error))) = self.log.take().map(AllocLogWriter::finish) {
             profile
                 .warnings

@@ -96,7 +96,7 @@ pub use checkpoint::DEFAULT_CHECKPOINT_INTERVAL;
 #[cfg(not(loom))]
 pub use error::Error;
 pub use model::{Category, ParseLabelError, SpanLabel, Step};
-pub use profile::Profile;
+pub use profile::{CaptureMode, Profile};
 #[cfg(not(loom))]
 pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};
 #[cfg(not(loom))]

@@ -307,15 +307,73 @@ pub struct PoolPoint {
     pub fragmentation: f64,
 }
 
+/// What a thread does when its event ring is full.
+///
+/// Set with [`SessionBuilder::capture_mode`] or `HIGHWATER_CAPTURE` (`lossless` or `drop`; the
+/// variable wins). The profile says which mode ran in `capture.mode`.
+///
+/// # Examples
+///
+/// ```no_run
+/// # fn main() -> Result<(), highwater::Error> {
+/// use highwater::{CaptureMode, Session};
+/// // Never slow the program down, at the price of possibly wrong figures.
+/// let session = Session::builder().capture_mode(CaptureMode::DropWhenFull).start()?;
+/// # drop(session); Ok(()) }
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CaptureMode {
+    /// The thread waits until the collector has drained its ring (spinning briefly, then
+    /// sleeping), so no event is lost. The default. A thread only waits while the collector
+    /// serves it: never on highwater's own threads, in a forked child, inside a signal handler
+    /// that interrupted a record, or once the session has stopped.
+    #[default]
+    Lossless,
+    /// The event is dropped and counted. The program is never slowed down, but the figures can
+    /// be wrong both ways: a dropped allocation hides a block (the peak comes out low), and a
+    /// dropped free leaves a block that looks live for ever (the peak can come out high).
+    DropWhenFull,
+}
+
+impl CaptureMode {
+    /// The mode of profiles written before the mode was recorded: they all dropped.
+    pub(crate) fn before_modes() -> CaptureMode {
+        CaptureMode::DropWhenFull
+    }
+
+    pub(crate) fn parse(value: &str) -> Option<CaptureMode> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "lossless" => Some(CaptureMode::Lossless),
+            "drop" | "drop_when_full" => Some(CaptureMode::DropWhenFull),
+            _ => None,
+        }
+    }
+}
+
 /// How capture went: what each thread recorded and what was lost.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CaptureStats {
-    /// Events per ring before one is dropped.
+    /// What a thread did when its ring was full: waited for the collector (`"lossless"`) or
+    /// dropped the event (`"drop_when_full"`). Profiles written before this field existed were
+    /// all captured dropping.
+    #[serde(default = "CaptureMode::before_modes")]
+    pub mode: CaptureMode,
+    /// Events per thread ring.
     pub ring_events: u64,
     /// Events dropped, by kind (`alloc`, `free`, `realloc`, `span`, `other`).
     pub dropped_by_kind: BTreeMap<String, u64>,
     /// Of those, events dropped with no thread to charge them to (no free ring, thread exiting).
     pub unattributed_dropped: u64,
+    /// Of those, records a thread tried to make while it was already inside a push (a signal
+    /// handler that allocates while the interrupted code is recording): counted, not recorded,
+    /// as recording them would interleave two writers on the thread's ring.
+    #[serde(default)]
+    pub reentrant_dropped: u64,
+    /// Times a thread found its ring full and waited for the collector (lossless mode).
+    #[serde(default)]
+    pub producer_waits: u64,
     /// Per recording thread, in order of first event.
     pub threads: Vec<ThreadCapture>,
 }

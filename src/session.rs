@@ -13,12 +13,12 @@ use parking_lot::Mutex;
 
 use crate::analysis::TimelineConfig;
 use crate::capture::ring::enable_asymmetric_barrier;
-use crate::capture::{self, clock, lifecycle};
+use crate::capture::{self, clock, lifecycle, wake};
 use crate::checkpoint::{CheckpointConfig, DEFAULT_CHECKPOINT_INTERVAL};
 use crate::collector::{self, CollectorConfig, Control};
 use crate::error::Error;
 use crate::export::html;
-use crate::profile::{Profile, RunMeta, Warning};
+use crate::profile::{CaptureMode, Profile, RunMeta, Warning};
 
 /// Where the profile goes when neither the builder nor `HIGHWATER_OUT` says.
 pub const DEFAULT_OUTPUT: &str = "highwater-profile.json";
@@ -44,7 +44,8 @@ struct Running {
 /// | `HIGHWATER_OUT` | a path | where the profile goes unless [`SessionBuilder::output`] says |
 /// | `HIGHWATER_ALLOC_LOG` | a path | also write the allocation log there ([`crate::alloc_log`]) |
 /// | `HIGHWATER_HTML` | `1`/`0` (also `on`/`off`, `true`/`false`) | also write the HTML report next to the profile |
-/// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | events per thread ring |
+/// | `HIGHWATER_CAPTURE` | `lossless`, `drop` | what a full ring does: wait for the collector (default) or drop and count ([`CaptureMode`]); overrides [`SessionBuilder::capture_mode`] |
+/// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | events per thread ring (default 65536, 2 MiB per thread) |
 /// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | force the portable clock |
 /// | `HIGHWATER_SIGNALS` | `on`, `off` (also `1`/`0`, …) | write the profile on SIGINT/SIGTERM unless [`SessionBuilder::write_on_signal`] says |
 /// | `HIGHWATER_CHECKPOINT` | seconds (`10`, `0.5`); `0` for none | time between checkpoints, over [`SessionBuilder::checkpoint_every`] |
@@ -64,6 +65,7 @@ struct Running {
 pub struct SessionBuilder {
     output: Option<PathBuf>,
     ring_events: Option<usize>,
+    capture_mode: Option<CaptureMode>,
     write: Option<bool>,
     signals: Option<bool>,
     html: Option<bool>,
@@ -80,10 +82,19 @@ impl SessionBuilder {
         self
     }
 
-    /// Events each thread's ring holds before it drops (a power of two, 1024 to 16 Mi;
-    /// default 256 Ki, 8 MiB of address space per thread).
+    /// Events each thread's ring holds (a power of two, 1024 to 16 Mi; default 64 Ki, 2 MiB
+    /// per thread). A full ring waits for the collector or drops, by the [`CaptureMode`]; a
+    /// bigger ring means fewer waits (or drops) under bursts, at 32 bytes per event per thread.
+    /// `HIGHWATER_RING_EVENTS` overrides it.
     pub fn ring_events(mut self, events: usize) -> SessionBuilder {
         self.ring_events = Some(events);
+        self
+    }
+
+    /// What a thread does when its ring is full (default [`CaptureMode::Lossless`]: it waits
+    /// for the collector). `HIGHWATER_CAPTURE` overrides it.
+    pub fn capture_mode(mut self, mode: CaptureMode) -> SessionBuilder {
+        self.capture_mode = Some(mode);
         self
     }
 
@@ -179,10 +190,12 @@ impl SessionBuilder {
         if !env.enabled {
             return Ok(Session { recording: false });
         }
-        let ring_events = self
+        // The person running the binary has the last word: variables override the builder.
+        let ring_events = env
             .ring_events
-            .or(env.ring_events)
+            .or(self.ring_events)
             .unwrap_or(lifecycle::DEFAULT_RING_EVENTS);
+        let capture_mode = env.capture_mode.or(self.capture_mode).unwrap_or_default();
         check_ring_events(ring_events).map_err(|reason| Error::Setting {
             setting: "ring_events",
             reason,
@@ -197,6 +210,7 @@ impl SessionBuilder {
         let clock_name = clock::init(env.force_monotonic);
         lifecycle::set_ring_capacity(ring_events);
         lifecycle::install();
+        capture::begin_session(capture_mode == CaptureMode::Lossless);
         enable_asymmetric_barrier();
         install_exit_handler();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));
@@ -233,6 +247,7 @@ impl SessionBuilder {
                 }),
         })
         .map_err(|error| {
+            capture::collector_stopped();
             disarm_signals();
             Error::Spawn(error)
         })?;
@@ -301,6 +316,7 @@ impl Session {
                 .control
                 .send(Control::Snapshot(reply))
                 .map_err(|_| Error::CollectorLost)?;
+            wake::ring_collector();
             let mut profile = profile.recv().map_err(|_| Error::CollectorLost)?;
             profile.meta = running.meta.clone();
             Ok(profile)
@@ -393,6 +409,7 @@ fn finish_running(running: Running) -> Result<Profile, Error> {
     crate::device::clear_pool_sink();
     let (reply, profile) = crossbeam_channel::bounded(1);
     let sent = running.control.send(Control::Stop(reply)).is_ok();
+    wake::ring_collector();
     let profile = if sent { profile.recv().ok() } else { None };
     let _ = running.collector.join();
     let mut profile = profile.ok_or(Error::CollectorLost)?;
@@ -476,6 +493,7 @@ struct EnvConfig {
     html: Option<bool>,
     alloc_log: Option<PathBuf>,
     ring_events: Option<usize>,
+    capture_mode: Option<CaptureMode>,
     force_monotonic: bool,
     signals: Option<bool>,
     /// `Some(None)`: checkpoints off.
@@ -524,6 +542,12 @@ impl EnvConfig {
                 Some(events)
             }
         };
+        let capture_mode = var("HIGHWATER_CAPTURE")
+            .map(|value| {
+                CaptureMode::parse(&value)
+                    .ok_or_else(|| invalid("HIGHWATER_CAPTURE", &value, "lossless or drop"))
+            })
+            .transpose()?;
         let force_monotonic = match var("HIGHWATER_CLOCK").as_deref().map(str::trim) {
             None | Some("tsc") => false,
             Some("monotonic") => true,
@@ -548,6 +572,7 @@ impl EnvConfig {
             html,
             alloc_log,
             ring_events,
+            capture_mode,
             force_monotonic,
             signals,
         })
@@ -604,6 +629,28 @@ mod tests {
             .contains("HIGHWATER_CHECKPOINT"));
     }
 
+    #[test]
+    fn capture_mode_comes_from_the_variable() {
+        assert_eq!(parse(&[]).unwrap().capture_mode, None);
+        for (value, mode) in [
+            ("lossless", CaptureMode::Lossless),
+            ("drop", CaptureMode::DropWhenFull),
+            (" Drop ", CaptureMode::DropWhenFull),
+            ("drop_when_full", CaptureMode::DropWhenFull),
+        ] {
+            let config = parse(&[("HIGHWATER_CAPTURE", value)]).unwrap();
+            assert_eq!(config.capture_mode, Some(mode), "{value}");
+        }
+    }
+
+    #[test]
+    fn capture_mode_is_written_as_the_issue_names_it() {
+        let name = |mode| serde_json::to_string(&mode).unwrap();
+        assert_eq!(name(CaptureMode::Lossless), "\"lossless\"");
+        assert_eq!(name(CaptureMode::DropWhenFull), "\"drop_when_full\"");
+        assert_eq!(CaptureMode::default(), CaptureMode::Lossless);
+    }
+
     fn parse(vars: &[(&str, &str)]) -> Result<EnvConfig, Error> {
         EnvConfig::parse(|name| {
             vars.iter()
@@ -636,6 +683,7 @@ mod tests {
             ("HIGHWATER_OUT", " "),
             ("HIGHWATER_SIGNALS", "sometimes"),
             ("HIGHWATER_HTML", "sometimes"),
+            ("HIGHWATER_CAPTURE", "sometimes"),
         ] {
             let message = parse(&[(var, value)]).unwrap_err().to_string();
             assert!(message.contains(var), "{message}");

@@ -2,7 +2,8 @@
 //!
 //! The global allocator here is a detector wrapped around highwater's `Alloc`: it notes when it
 //! is entered while already inside itself on the same thread. If recording an event allocated
-//! through the global allocator, that nested call would come back through the detector.
+//! through the global allocator, that nested call would come back through the detector. The
+//! rings are small, so the lossless wait for room (spin, then futex) runs too.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -75,7 +76,7 @@ fn busy_work() {
 #[test]
 fn recording_never_allocates_through_the_global_allocator() {
     let session = Session::builder()
-        .ring_events(1 << 12)
+        .ring_events(1 << 10)
         .write_profile(false)
         .start()
         .unwrap();
@@ -93,6 +94,12 @@ fn recording_never_allocates_through_the_global_allocator() {
         "the workload should exercise the hook: {calls} calls"
     );
     assert!(profile.summary.alloc_count > 0);
+    assert!(
+        profile.capture.producer_waits > 0,
+        "four busy threads on 1024-event rings should have waited for room: {:?}",
+        profile.capture
+    );
+    assert_eq!(profile.summary.dropped_events, 0);
     assert_eq!(
         NESTED.load(Ordering::SeqCst),
         0,

@@ -1,13 +1,15 @@
 //! Four threads allocate at once into deliberately small rings: for every thread, the events
 //! the profile recorded plus the events it reports dropped equal the operations the thread
 //! performed, as counted by the inner allocator, independently of highwater's event stream.
+//! Dropping when full, the small rings drop; lossless (the default), they drop nothing and the
+//! profile records exactly what was performed.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use highwater::profile::Warning;
-use highwater::{Alloc, Session, Step};
+use highwater::{Alloc, CaptureMode, Session, Step};
 
 /// Per-thread operation counts kept by the inner allocator for every thread from its first
 /// operation, in a fixed table keyed by OS thread id (no allocation, no lock).
@@ -90,10 +92,54 @@ static ALLOC: Alloc<Counting> = Alloc::new(Counting);
 const WORKERS: usize = 4;
 const ROUNDS: usize = 50_000;
 
+/// One session at a time: the tests of this file share the process.
+static ONE_SESSION: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn recorded_plus_dropped_equals_performed_per_thread() {
+    let (dropped, profile) = run(CaptureMode::DropWhenFull);
+    assert!(
+        dropped > 0,
+        "1024-event rings under four busy threads should have dropped something"
+    );
+    assert_eq!(profile.capture.mode, CaptureMode::DropWhenFull);
+    // Every drop is counted once, by kind and in the summary, and the profile says so once.
+    let reported: u64 = profile.capture.dropped_by_kind.values().sum();
+    assert_eq!(profile.summary.dropped_events, reported);
+    let notices: Vec<_> = profile
+        .warnings
+        .iter()
+        .filter(|w| matches!(w, Warning::DroppedEvents { .. }))
+        .collect();
+    assert_eq!(notices, [&Warning::DroppedEvents { events: reported }]);
+}
+
+#[test]
+fn lossless_small_rings_record_everything_performed() {
+    let (dropped, profile) = run(CaptureMode::Lossless);
+    assert_eq!(profile.capture.mode, CaptureMode::Lossless);
+    assert_eq!(dropped, 0, "{:?}", profile.capture);
+    assert_eq!(profile.summary.dropped_events, 0);
+    assert_eq!(profile.capture.unattributed_dropped, 0);
+    assert!(
+        profile.capture.producer_waits > 0,
+        "1024-event rings under four busy threads should have made some thread wait"
+    );
+    assert!(!profile
+        .warnings
+        .iter()
+        .any(|w| matches!(w, Warning::DroppedEvents { .. })));
+}
+
+/// Runs the workers in a session of `mode`, checks recorded + dropped = performed per thread
+/// and kind, and returns the workers' drops and the profile.
+fn run(mode: CaptureMode) -> (u64, highwater::Profile) {
+    let _one = ONE_SESSION
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let session = Session::builder()
         .ring_events(1024)
+        .capture_mode(mode)
         .write_profile(false)
         .start()
         .unwrap();
@@ -119,7 +165,7 @@ fn recorded_plus_dropped_equals_performed_per_thread() {
     let tids: Vec<u64> = workers.into_iter().map(|w| w.join().unwrap()).collect();
     let profile = session.finish().unwrap();
 
-    let mut any_dropped = false;
+    let mut dropped = 0;
     for tid in tids {
         let row = (0..64)
             .find(|&row| COUNTS.tids[row].load(Ordering::SeqCst) == tid)
@@ -156,19 +202,7 @@ fn recorded_plus_dropped_equals_performed_per_thread() {
             performed(&COUNTS.reallocs),
             "reallocs of thread {tid}: {thread:?}; {context}"
         );
-        any_dropped |= thread.dropped_allocs + thread.dropped_frees > 0;
+        dropped += thread.dropped_allocs + thread.dropped_frees + thread.dropped_reallocs;
     }
-    assert!(
-        any_dropped,
-        "1024-event rings under four busy threads should have dropped something"
-    );
-    // Every drop is counted once, by kind and in the summary, and the profile says so once.
-    let reported: u64 = profile.capture.dropped_by_kind.values().sum();
-    assert_eq!(profile.summary.dropped_events, reported);
-    let notices: Vec<_> = profile
-        .warnings
-        .iter()
-        .filter(|w| matches!(w, Warning::DroppedEvents { .. }))
-        .collect();
-    assert_eq!(notices, [&Warning::DroppedEvents { events: reported }]);
+    (dropped, profile)
 }

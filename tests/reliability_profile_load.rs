@@ -12,7 +12,7 @@ use highwater::profile::{
     CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, ProfileError,
     RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint, Warning,
 };
-use highwater::{Category, Profile};
+use highwater::{CaptureMode, Category, Profile};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -124,9 +124,12 @@ fn rich_profile() -> Profile {
             fragmentation: 0.5,
         }],
         capture: CaptureStats {
+            mode: CaptureMode::DropWhenFull,
             ring_events: 1 << 18,
             dropped_by_kind: [("alloc".to_string(), 2)].into(),
             unattributed_dropped: 1,
+            reentrant_dropped: 0,
+            producer_waits: 0,
             threads: vec![ThreadCapture {
                 thread: 0,
                 os_tid: 4242,

@@ -444,8 +444,10 @@ fn drops_made_before_the_collector_first_runs_are_counted() {
             let tids: Vec<u64> = receive.iter().collect();
             for round in 0..20 {
                 let before_start: Vec<_> = tids.iter().map(|&tid| completed(tid)).collect();
+                // Dropping, so the drops this regression is about happen.
                 let session = Session::builder()
                     .ring_events(1024)
+                    .capture_mode(highwater::CaptureMode::DropWhenFull)
                     .write_profile(false)
                     .start()
                     .unwrap();

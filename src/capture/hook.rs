@@ -1,16 +1,19 @@
 //! The hook side of capture: per-thread state and the functions user threads call.
 //!
-//! The per-thread state is one `Cell` in a `const`-initialised thread-local of a type with no
-//! destructor, so reading it never allocates or registers anything, even during thread exit.
+//! The per-thread state is one `const`-initialised thread-local of a type with no destructor,
+//! so reading it never allocates or registers anything, even during thread exit. It holds the
+//! thread's [`ThreadState`] and the re-entry flag `in_push`, set around every push: a signal
+//! handler that records while the interrupted code is inside a push would be a second producer
+//! on the thread's ring, so it sees the flag and counts its events instead (`REENTRANT_DROPS`).
 
 use std::cell::Cell;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{compiler_fence, AtomicU64};
 
 use super::raw::{RawEvent, RawKind};
 use super::registry::REGISTRY;
-use super::ring::Pushed;
+use super::ring::{Pushed, Ring, WhenFull};
 use super::sync::{AtomicBool, Ordering};
-use super::{clock, lifecycle};
+use super::{clock, lifecycle, wake};
 use crate::model::{CategoryScope, SpanLabel};
 
 /// Open while a session records. Read on every hook call (Relaxed first, then SeqCst inside
@@ -21,6 +24,22 @@ pub(crate) static RECORDING: AtomicBool = AtomicBool::new(false);
 /// [`RawKind`]. Rare, so a shared read-modify-write is fine here.
 pub(crate) static UNATTRIBUTED_DROPS: [AtomicU64; RawKind::COUNT] =
     [const { AtomicU64::new(0) }; RawKind::COUNT];
+
+/// Events a thread tried to record while it was already inside a push (a signal handler that
+/// allocates), by [`RawKind`]. Counted, never written: the interrupted push owns the ring.
+static REENTRANT_DROPS: [AtomicU64; RawKind::COUNT] = [const { AtomicU64::new(0) }; RawKind::COUNT];
+
+/// Times a producer found its ring full and waited for the collector.
+static WAITS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether a full ring waits for the collector (lossless) rather than dropping. Set by the
+/// session before it opens the gate.
+static LOSSLESS: AtomicBool = AtomicBool::new(true);
+
+/// Whether the collector drains rings now, so a producer waiting for room will get it. Set by
+/// the session before the collector starts; cleared when the collector ends (however it ends)
+/// and in a forked child.
+static COLLECTOR_SERVING: AtomicBool = AtomicBool::new(false);
 
 /// `ThreadState::ring` before the thread has claimed a ring.
 const NO_RING: u16 = 0;
@@ -63,21 +82,36 @@ impl ThreadState {
     };
 }
 
-thread_local! {
-    static STATE: Cell<ThreadState> = const { Cell::new(ThreadState::NEW) };
+/// Everything capture keeps per thread.
+#[derive(Debug)]
+struct PerThread {
+    state: Cell<ThreadState>,
+    /// Set from before a push touches the ring (or claims one) until after it published: a
+    /// record that finds it set interrupted that push on this same thread. A single byte,
+    /// written apart from `state`, so the interrupted code never writes back a stale copy of it.
+    in_push: Cell<bool>,
 }
 
-const _: () = assert!(!std::mem::needs_drop::<ThreadState>());
+thread_local! {
+    static THREAD: PerThread = const {
+        PerThread {
+            state: Cell::new(ThreadState::NEW),
+            in_push: Cell::new(false),
+        }
+    };
+}
+
+const _: () = assert!(!std::mem::needs_drop::<PerThread>());
 
 /// Reads this thread's state; `None` only if the thread-local is unreachable.
 #[inline(always)]
 fn state() -> Option<ThreadState> {
-    STATE.try_with(Cell::get).ok()
+    THREAD.try_with(|thread| thread.state.get()).ok()
 }
 
 #[inline(always)]
 fn set_state(state: ThreadState) {
-    let _ = STATE.try_with(|cell| cell.set(state));
+    let _ = THREAD.try_with(|thread| thread.state.set(state));
 }
 
 /// Whether a session is recording right now (a cheap first check for callers).
@@ -92,6 +126,60 @@ fn drop_unattributed(kinds: &[RawKind]) {
     for kind in kinds {
         UNATTRIBUTED_DROPS[*kind as usize].fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// Counts events recorded from inside another push on the same thread.
+#[cold]
+fn drop_reentrant(kinds: &[RawKind]) {
+    for kind in kinds {
+        REENTRANT_DROPS[*kind as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The session's answers to a producer whose ring lacks room.
+struct SessionPolicy;
+
+impl WhenFull for SessionPolicy {
+    #[inline]
+    fn lossless(&self) -> bool {
+        LOSSLESS.load(Ordering::Relaxed)
+    }
+
+    fn collector_serves(&self) -> bool {
+        COLLECTOR_SERVING.load(Ordering::Acquire) && lifecycle::is_owner_process()
+    }
+
+    fn wake_collector(&self) {
+        wake::ring_collector();
+    }
+
+    fn note_wait(&self) {
+        WAITS.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn fit_storage(&self, ring: &Ring) {
+        let wanted = lifecycle::ring_capacity();
+        if ring.capacity() != wanted && ring.is_empty() {
+            install_storage(ring, wanted);
+        }
+    }
+}
+
+/// Gives `ring` storage for `capacity` events and frees what it had. Returns `false` (and
+/// keeps the old storage) when the system refuses the mapping.
+fn install_storage(ring: &Ring, capacity: u64) -> bool {
+    let Some(slots) = lifecycle::alloc_ring_storage(capacity) else {
+        return false;
+    };
+    // SAFETY: the caller owns the ring and is not writing slots, and the ring is empty (checked
+    // by the caller, or a claimed ring, which the collector drained before freeing it); `slots`
+    // holds `capacity` zeroed slots, a power of two (the session checked the setting).
+    if let Some((old, old_capacity)) = unsafe { ring.replace_storage(slots, capacity) } {
+        // SAFETY: `old` came from `alloc_ring_storage(old_capacity)`, and nobody reads it any
+        // more (`replace_storage`'s contract).
+        unsafe { lifecycle::free_ring_storage(old, old_capacity) };
+    }
+    true
 }
 
 /// Writes the events built by `build` into this thread's ring, or counts them as dropped.
@@ -111,9 +199,30 @@ fn emit<const N: usize>(
     if !RECORDING.load(Ordering::Relaxed) {
         return;
     }
+    // Small closures, one per thread-local access, so each inlines (one closure around the
+    // whole push would be compiled out of line).
+    let entered = THREAD.try_with(|thread| !thread.in_push.replace(true));
+    match entered {
+        Ok(true) => {}
+        Ok(false) => return drop_reentrant(&kinds),
+        Err(_) => return drop_unattributed(&kinds),
+    }
+    // A handler that ran before the flag was set has finished its push; one that runs after
+    // sees the flag. The fences keep the compiler from moving the flag across the ring accesses.
+    compiler_fence(Ordering::SeqCst);
+    push_now(kinds, build);
+    compiler_fence(Ordering::SeqCst);
+    let _ = THREAD.try_with(|thread| thread.in_push.set(false));
+}
+
+/// Finds (or claims) this thread's ring and pushes into it; runs with `in_push` set.
+#[inline(always)]
+fn push_now<const N: usize>(
+    kinds: [RawKind; N],
+    build: impl FnOnce(ThreadState, u64) -> [RawEvent; N],
+) {
     let Some(mut current) = state() else {
-        drop_unattributed(&kinds);
-        return;
+        return drop_unattributed(&kinds);
     };
     if current.paused || current.internal {
         return;
@@ -134,8 +243,13 @@ fn emit<const N: usize>(
     };
     let ring = &REGISTRY.slots()[index].ring;
     // SAFETY: this thread claimed ring `index` (its state says so) and has not retired it, so it
-    // is the ring's only producer; `claim_ring` installed storage before recording the claim.
-    let _: Pushed = unsafe { ring.push(&RECORDING, kinds, || build(current, clock::ticks())) };
+    // is the ring's only producer (`in_push` keeps a signal handler on this thread out);
+    // `claim_ring` installed storage before recording the claim.
+    let _: Pushed = unsafe {
+        ring.push(&RECORDING, kinds, &SessionPolicy, || {
+            build(current, clock::ticks())
+        })
+    };
 }
 
 /// Claims a ring for this thread (cold path: once per thread). Returns its index.
@@ -153,18 +267,15 @@ fn claim_ring(current: &mut ThreadState) -> Option<usize> {
     let generation = REGISTRY.generation();
     let claimed = REGISTRY.claim().and_then(|index| {
         let ring = &REGISTRY.slots()[index].ring;
-        if !ring.has_storage() {
-            let capacity = lifecycle::ring_capacity();
-            let Some(slots) = lifecycle::alloc_ring_storage(capacity) else {
-                // Without storage the slot is useless to us, and the collector skips slots
-                // without storage, so it must go back or it is lost to every thread.
-                REGISTRY.abandon(index);
-                return None;
-            };
-            // SAFETY: we own the slot (claimed it) and it has no storage; `slots` holds
-            // `capacity` zeroed slots that are never freed; `capacity` is a power of two.
-            unsafe { ring.install(slots, capacity) };
+        let capacity = lifecycle::ring_capacity();
+        // A ring reused from an earlier session gets this session's size.
+        if ring.capacity() != capacity && !install_storage(ring, capacity) && !ring.has_storage() {
+            // Without storage the slot is useless to us, and the collector skips slots
+            // without storage, so it must go back or it is lost to every thread.
+            REGISTRY.abandon(index);
+            return None;
         }
+        ring.reset_producer();
         REGISTRY.slots()[index].set_owner_tid(lifecycle::os_thread_id());
         lifecycle::watch_thread_exit(index);
         Some(index)
@@ -187,6 +298,48 @@ pub(crate) fn retire_current_thread(index: usize) {
         set_state(current);
     }
     REGISTRY.retire(index);
+}
+
+/// Prepares capture for a session, before its collector starts and its gate opens: sets the
+/// mode, marks the collector as serving, clears the session's counters and makes every
+/// producer's next push re-read its ring (so a ring kept from an earlier session is resized).
+pub(crate) fn begin_session(lossless: bool) {
+    LOSSLESS.store(lossless, Ordering::Relaxed);
+    for counter in UNATTRIBUTED_DROPS.iter().chain(&REENTRANT_DROPS) {
+        counter.store(0, Ordering::Relaxed);
+    }
+    WAITS.store(0, Ordering::Relaxed);
+    // No producer pushes while the gate is closed, so these stores race with nobody.
+    for slot in REGISTRY.slots() {
+        slot.ring.reset_producer();
+    }
+    COLLECTOR_SERVING.store(true, Ordering::Release);
+}
+
+/// The collector no longer drains: parked producers wake, see it and stop waiting. Called when
+/// the collector ends (or never started) and in a forked child.
+pub(crate) fn collector_stopped() {
+    COLLECTOR_SERVING.store(false, Ordering::SeqCst);
+    // Stop serving, then read `parked`: the other half of `SoundPark`'s pair.
+    super::sync::fence(Ordering::SeqCst);
+    for slot in REGISTRY.slots() {
+        slot.ring.release_parked();
+    }
+}
+
+/// Whether producers wait for room in this session.
+pub(crate) fn lossless() -> bool {
+    LOSSLESS.load(Ordering::Relaxed)
+}
+
+/// Takes the session's counts of events dropped by re-entry, by [`RawKind`].
+pub(crate) fn take_reentrant_drops() -> [u64; RawKind::COUNT] {
+    std::array::from_fn(|kind| REENTRANT_DROPS[kind].swap(0, Ordering::Relaxed))
+}
+
+/// Takes the session's count of producer waits for room.
+pub(crate) fn take_waits() -> u64 {
+    WAITS.swap(0, Ordering::Relaxed)
 }
 
 /// Records a heap allocation that the inner allocator just made.
@@ -459,4 +612,71 @@ pub(crate) fn record_pool_state(
         0,
         [capacity, reserved, largest_free, fragmentation.to_bits()],
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Drop mode, no collector: a full ring drops at once.
+    struct Dropping;
+
+    impl WhenFull for Dropping {
+        fn lossless(&self) -> bool {
+            false
+        }
+        fn collector_serves(&self) -> bool {
+            false
+        }
+        fn wake_collector(&self) {}
+        fn note_wait(&self) {}
+        fn fit_storage(&self, _ring: &Ring) {}
+    }
+
+    fn push(ring: &Ring, ticks: u64) -> Pushed {
+        let gate = AtomicBool::new(true);
+        let event = RawEvent {
+            ticks,
+            ..RawEvent::default()
+        };
+        // SAFETY: this test is the ring's only producer; storage is installed.
+        unsafe { ring.push(&gate, [RawKind::Alloc], &Dropping, || [event]) }
+    }
+
+    fn drain(ring: &Ring) -> Vec<u64> {
+        let mut out = Vec::new();
+        // SAFETY: this test is the ring's only consumer; storage is installed.
+        unsafe { ring.drain(&mut out) };
+        out.into_iter().map(|event| event.ticks).collect()
+    }
+
+    /// Issue 10, item 4: a ring reused with another size used to keep its old storage while the
+    /// profile reported the new size. Replaced, it holds exactly the new number of events.
+    #[test]
+    fn a_reused_ring_holds_exactly_the_new_size() {
+        let ring = Ring::new();
+        assert!(install_storage(&ring, 1 << 16));
+        for ticks in 0..5000 {
+            assert_eq!(push(&ring, ticks), Pushed::Recorded);
+        }
+        assert_eq!(drain(&ring).len(), 5000);
+        assert!(ring.is_empty());
+        assert!(install_storage(&ring, 1024));
+        assert_eq!(ring.capacity(), 1024);
+        for ticks in 0..1024 {
+            assert_eq!(push(&ring, ticks), Pushed::Recorded, "event {ticks}");
+        }
+        assert_eq!(
+            push(&ring, 1024),
+            Pushed::Dropped,
+            "a 1024-event ring took 1025"
+        );
+        assert_eq!(drain(&ring), (0..1024).collect::<Vec<_>>());
+        // And it grows back.
+        assert!(install_storage(&ring, 1 << 12));
+        for ticks in 0..4096 {
+            assert_eq!(push(&ring, ticks), Pushed::Recorded, "event {ticks}");
+        }
+        assert_eq!(drain(&ring), (0..4096).collect::<Vec<_>>());
+    }
 }

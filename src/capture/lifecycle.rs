@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use super::raw::RawEvent;
 use super::sync::SlotCell;
 
-/// Default events per ring: 256 Ki events, 8 MiB of address space per recording thread,
-/// touched only as far as it fills.
-pub(crate) const DEFAULT_RING_EVENTS: usize = 1 << 18;
+/// Default events per ring: 64 Ki events, 2 MiB per recording thread (touched as it fills, and
+/// all of it once the ring has wrapped). Lossless capture waits for the collector when a ring is
+/// full, so a bigger ring buys fewer waits, not fewer losses; see `BENCHMARKS.md`.
+pub(crate) const DEFAULT_RING_EVENTS: usize = 1 << 16;
 
 static RING_EVENTS: AtomicUsize = AtomicUsize::new(DEFAULT_RING_EVENTS);
 
@@ -27,7 +28,8 @@ pub(crate) fn ring_capacity() -> u64 {
 }
 
 /// Maps zeroed storage for `capacity` slots outside the global allocator; `None` if the system
-/// refuses. Never freed: rings are reused by later threads.
+/// refuses. Kept while the ring keeps its size (rings are reused by later threads and
+/// sessions); freed with [`free_ring_storage`] when a ring changes size.
 pub(crate) fn alloc_ring_storage(capacity: u64) -> Option<*mut SlotCell<RawEvent>> {
     let bytes = usize::try_from(capacity)
         .ok()?
@@ -60,6 +62,29 @@ pub(crate) fn alloc_ring_storage(capacity: u64) -> Option<*mut SlotCell<RawEvent
         // allocator's hook, so this does not re-enter capture.
         let pointer = unsafe { System.alloc_zeroed(layout) };
         (!pointer.is_null()).then(|| pointer.cast())
+    }
+}
+
+/// Frees storage from [`alloc_ring_storage`].
+///
+/// # Safety
+///
+/// `slots` came from `alloc_ring_storage(capacity)` and nothing reads or writes it any more.
+pub(crate) unsafe fn free_ring_storage(slots: *mut SlotCell<RawEvent>, capacity: u64) {
+    let bytes = capacity as usize * std::mem::size_of::<SlotCell<RawEvent>>();
+    #[cfg(unix)]
+    {
+        // SAFETY: `slots` is the start of a mapping of `bytes` bytes (the caller's contract),
+        // which nobody uses any more. A failure leaves the mapping in place: harmless.
+        unsafe { libc::munmap(slots.cast(), bytes) };
+    }
+    #[cfg(not(unix))]
+    {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        if let Ok(layout) = Layout::from_size_align(bytes, 64) {
+            // SAFETY: allocated by `alloc_ring_storage` from System with this layout.
+            unsafe { System.dealloc(slots.cast(), layout) };
+        }
     }
 }
 
@@ -139,4 +164,6 @@ extern "C" fn on_thread_exit(value: *mut libc::c_void) {
 extern "C" fn in_forked_child() {
     FORKED_CHILD.store(true, Ordering::Relaxed);
     super::hook::RECORDING.store(false, Ordering::SeqCst);
+    // No collector runs here: nobody may wait for one.
+    super::hook::collector_stopped();
 }

@@ -1,16 +1,63 @@
-//! Model checks of the ring, the stop protocol and the registry (`RUSTFLAGS="--cfg loom"`).
+//! Model checks of the ring, the waiting protocol, the stop protocol and the registry
+//! (`RUSTFLAGS="--cfg loom"`).
 //!
 //! Each model runs the real code under every interleaving loom explores; each protocol has a
 //! deliberately broken variant that loom must catch (`#[should_panic]`), so a model that stops
-//! exploring would be noticed.
+//! exploring would be noticed. Under loom a producer's timed park is an untimed one (see
+//! `wake`), so the waiting models prove that no wait needs its timeout to end.
 
 use loom::sync::Arc;
 use loom::thread;
 
 use super::raw::{RawEvent, RawKind};
 use super::registry::{Registry, Slot, SlotState};
-use super::ring::{close_gate, GateProtocol, Pushed, Ring};
+use super::ring::{
+    close_gate, GateProtocol, ParkProtocol, Pushed, Ring, Sound, SoundPark, WhenFull,
+};
 use super::sync::{AtomicBool, AtomicU64, Ordering, SlotCell};
+use super::wake::WaitWord;
+
+/// The session's answers to a producer with a full ring, as a model sets them, and the
+/// collector's doorbell.
+struct Policy {
+    lossless: bool,
+    serving: AtomicBool,
+    bell: WaitWord,
+}
+
+impl Policy {
+    fn new(lossless: bool) -> Policy {
+        Policy {
+            lossless,
+            serving: AtomicBool::new(true),
+            bell: WaitWord::new(0),
+        }
+    }
+
+    fn ring_bell(&self) {
+        self.bell.word().fetch_add(1, Ordering::Release);
+        self.bell.wake_all();
+    }
+}
+
+impl WhenFull for Policy {
+    fn lossless(&self) -> bool {
+        self.lossless
+    }
+    fn collector_serves(&self) -> bool {
+        self.serving.load(Ordering::Acquire)
+    }
+    fn wake_collector(&self) {
+        self.ring_bell();
+    }
+    fn note_wait(&self) {}
+    fn fit_storage(&self, _ring: &Ring) {}
+}
+
+/// Drop mode: the models that do not wait.
+fn dropping() -> Policy {
+    Policy::new(false)
+}
 
 /// A ring with `capacity` slots and the storage that backs it.
 struct Fixture {
@@ -26,7 +73,7 @@ impl Fixture {
         let ring = Ring::new();
         // SAFETY: `storage` holds `capacity` slots and lives as long as the fixture (it is
         // never resized); nobody uses the ring yet.
-        unsafe { ring.install(storage.as_mut_ptr(), capacity) };
+        unsafe { ring.replace_storage(storage.as_mut_ptr(), capacity) };
         Fixture {
             ring,
             _storage: storage,
@@ -59,7 +106,11 @@ fn ring_delivers_events_in_order_or_counts_them() {
             thread::spawn(move || {
                 for ticks in 1..=3 {
                     // SAFETY: this thread is the ring's only producer.
-                    unsafe { fixture.ring.push(&gate, [RawKind::Alloc], || event(ticks)) };
+                    unsafe {
+                        fixture
+                            .ring
+                            .push(&gate, [RawKind::Alloc], &dropping(), || event(ticks))
+                    };
                 }
             })
         };
@@ -86,13 +137,18 @@ fn stop_model<P: GateProtocol>() {
             let (fixture, gate) = (fixture.clone(), gate.clone());
             // SAFETY: this thread is the ring's only producer.
             thread::spawn(move || unsafe {
-                fixture
-                    .ring
-                    .push_with::<1, P>(&gate, [RawKind::Alloc], || event(1))
+                fixture.ring.push_with::<1, P, SoundPark>(
+                    &gate,
+                    [RawKind::Alloc],
+                    &dropping(),
+                    || event(1),
+                )
             })
         };
         close_gate(&gate);
-        fixture.ring.wait_idle();
+        while fixture.ring.is_busy() {
+            thread::yield_now();
+        }
         let seen_at_stop = drain(&fixture.ring).len();
         let outcome = producer.join().unwrap();
         if outcome == Pushed::Recorded {
@@ -106,7 +162,7 @@ fn stop_model<P: GateProtocol>() {
 
 #[test]
 fn stop_sees_every_recorded_event() {
-    stop_model::<super::ring::Sound>();
+    stop_model::<Sound>();
 }
 
 /// Marks busy and reads the gate without ordering the two: the store-buffering outcome lets
@@ -179,7 +235,11 @@ fn handover_model(drain_before_free: bool) {
             thread::spawn(move || {
                 if let Some(index) = table.claim() {
                     // SAFETY: this thread owns the ring (it claimed slot `index`).
-                    unsafe { fixture.ring.push(&gate, [RawKind::Alloc], || event(ticks)) };
+                    unsafe {
+                        fixture
+                            .ring
+                            .push(&gate, [RawKind::Alloc], &dropping(), || event(ticks))
+                    };
                     if retire {
                         table.retire(index);
                     }
@@ -218,4 +278,167 @@ fn retired_ring_is_drained_before_reuse() {
 #[should_panic(expected = "charged to the retired thread")]
 fn freeing_before_draining_loses_events() {
     handover_model(false);
+}
+
+/// Runs `model` under loom with at most three preemptions per execution: the waiting models
+/// have two sleeping threads and a mutex-modelled futex each, and unbounded they do not finish.
+/// Loom's documentation recommends a small bound; the bugs it must find (a missed wake) need
+/// one or two preemptions.
+fn bounded(model: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(3);
+    builder.check(model);
+}
+
+/// A lossless producer pushes two events through a one-slot ring while the collector drains,
+/// then sleeps on its bell until a producer rings it (the last ring stands for its interval
+/// timer). Every event arrives, in order, none is dropped, and nobody sleeps for ever: with a
+/// park that can miss the collector's wake, loom finds the deadlock.
+fn waiting_model<W: ParkProtocol + 'static>() {
+    bounded(|| {
+        // Leaked, not shared by `Arc`: when loom reports the broken variant's deadlock it
+        // unwinds, and dropping loom objects during that unwind aborts the process.
+        let fixture: &'static Fixture = Box::leak(Box::new(Fixture::new(1)));
+        let gate: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(true)));
+        let policy: &'static Policy = Box::leak(Box::new(Policy::new(true)));
+        let producer = {
+            thread::spawn(move || {
+                for ticks in 1..=2 {
+                    // SAFETY: this thread is the ring's only producer.
+                    let pushed = unsafe {
+                        fixture.ring.push_with::<1, Sound, W>(
+                            &gate,
+                            [RawKind::Alloc],
+                            &*policy,
+                            || event(ticks),
+                        )
+                    };
+                    assert_eq!(pushed, Pushed::Recorded);
+                }
+            })
+        };
+        let collector = {
+            thread::spawn(move || {
+                let mut seen = Vec::new();
+                loop {
+                    let bell = policy.bell.word().load(Ordering::Acquire);
+                    seen.extend(drain(&fixture.ring));
+                    if seen.len() == 2 {
+                        return seen;
+                    }
+                    policy.bell.wait(bell, None);
+                }
+            })
+        };
+        producer.join().unwrap();
+        policy.ring_bell();
+        let seen = collector.join().unwrap();
+        let ticks: Vec<u64> = seen.iter().map(|e| e.ticks).collect();
+        assert_eq!(ticks, [1, 2]);
+        assert_eq!(fixture.ring.dropped()[RawKind::Alloc as usize], 0);
+    });
+}
+
+#[test]
+fn a_waiting_producer_is_woken_by_the_drain() {
+    waiting_model::<SoundPark>();
+}
+
+/// Checks for room *before* registering as parked, then sleeps with no timeout: a drain between
+/// the check and the registration sees nobody parked and wakes nobody.
+struct CheckThenRegister;
+
+impl ParkProtocol for CheckThenRegister {
+    fn park(parked: &WaitWord, ready: &dyn Fn() -> bool) -> bool {
+        if ready() {
+            return true;
+        }
+        parked.word().store(1, Ordering::Relaxed);
+        parked.wait(1, None);
+        parked.word().store(0, Ordering::Relaxed);
+        false
+    }
+}
+
+#[test]
+#[should_panic(expected = "deadlock")]
+fn a_park_that_checks_before_registering_can_sleep_for_ever() {
+    waiting_model::<CheckThenRegister>();
+}
+
+/// The session stops while a lossless producer waits for room in a full ring: the stopper
+/// closes the gate and keeps draining while the producer is busy, so the producer finishes its
+/// push and the final drain has its event. (The ring holds one slot, already taken.)
+#[test]
+fn stop_releases_a_waiting_producer_and_keeps_its_event() {
+    loom::model(|| {
+        let fixture = Arc::new(Fixture::new(1));
+        let gate = Arc::new(AtomicBool::new(true));
+        let policy = Arc::new(Policy::new(true));
+        // SAFETY: nothing else uses the ring yet.
+        let first = unsafe {
+            fixture
+                .ring
+                .push(&gate, [RawKind::Alloc], &dropping(), || event(1))
+        };
+        assert_eq!(first, Pushed::Recorded);
+        let producer = {
+            let (fixture, gate, policy) = (fixture.clone(), gate.clone(), policy.clone());
+            // SAFETY: this thread is the ring's only producer from now on.
+            thread::spawn(move || unsafe {
+                fixture
+                    .ring
+                    .push(&gate, [RawKind::Alloc], &*policy, || event(2))
+            })
+        };
+        close_gate(&gate);
+        let mut seen = Vec::new();
+        loop {
+            let busy = fixture.ring.is_busy();
+            seen.extend(drain(&fixture.ring));
+            if !busy {
+                break;
+            }
+            thread::yield_now();
+        }
+        let outcome = producer.join().unwrap();
+        assert_ne!(
+            outcome,
+            Pushed::Dropped,
+            "a lossless producer dropped at stop"
+        );
+        let expected = if outcome == Pushed::Recorded { 2 } else { 1 };
+        assert_eq!(seen.len(), expected, "the stop lost a recorded event");
+    });
+}
+
+/// The collector goes away (it ended, or this is a forked child) while a producer waits for
+/// room: it stops serving and releases parked producers, which give up and count the event.
+#[test]
+fn a_collector_that_stops_serving_releases_waiters() {
+    loom::model(|| {
+        let fixture = Arc::new(Fixture::new(1));
+        let gate = Arc::new(AtomicBool::new(true));
+        let policy = Arc::new(Policy::new(true));
+        // SAFETY: nothing else uses the ring yet.
+        unsafe {
+            fixture
+                .ring
+                .push(&gate, [RawKind::Alloc], &dropping(), || event(1))
+        };
+        let producer = {
+            let (fixture, gate, policy) = (fixture.clone(), gate.clone(), policy.clone());
+            // SAFETY: this thread is the ring's only producer from now on.
+            thread::spawn(move || unsafe {
+                fixture
+                    .ring
+                    .push(&gate, [RawKind::Alloc], &*policy, || event(2))
+            })
+        };
+        policy.serving.store(false, Ordering::Relaxed);
+        super::sync::fence(Ordering::SeqCst);
+        fixture.ring.release_parked();
+        assert_eq!(producer.join().unwrap(), Pushed::Dropped);
+        assert_eq!(fixture.ring.dropped()[RawKind::Alloc as usize], 1);
+    });
 }

@@ -1,14 +1,18 @@
 //! Capture: what runs inside user threads, including inside the allocator hook.
 //!
 //! Every entry point here follows the hot-path rules of `docs/ARCHITECTURE.md`: it never
-//! allocates through the global allocator, never takes a lock, never blocks and never panics.
-//! It writes fixed-size [`RawEvent`]s into the calling thread's [`Ring`](ring::Ring), and when
-//! it cannot (full ring, no free ring, thread exiting) it counts the event as dropped.
+//! allocates through the global allocator, never takes a lock, never blocks indefinitely and
+//! never panics.
+//! It writes fixed-size [`RawEvent`]s into the calling thread's [`Ring`](ring::Ring). When the
+//! ring is full it waits, boundedly, for the collector (lossless mode, the default) or counts the
+//! event as dropped (drop mode); where it cannot record at all (no free ring, thread exiting,
+//! re-entered from a signal handler) it counts the event.
 
 pub(crate) mod raw;
 pub(crate) mod registry;
 pub(crate) mod ring;
 pub(crate) mod sync;
+pub(crate) mod wake;
 
 #[cfg(not(loom))]
 pub(crate) mod clock;

@@ -1,0 +1,438 @@
+//! Lossless capture: a thread whose ring is full waits for the collector, and the waiting never
+//! deadlocks or loses what it decided to record — when the session stops while threads wait,
+//! in a forked child, in thread-exit destructors, and when a signal handler allocates while the
+//! interrupted code is inside a push (re-entry: counted, never written into the ring).
+//!
+//! Every test runs in its own child process under the watchdog of `common::isolated`, so a hang
+//! fails the test instead of CI. Counts come from the counting harness, outside highwater.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::{gettid, isolated, Counting, Watched, ALLOC, FREE, KIND_NAMES, REALLOC};
+use highwater::{Alloc, CaptureMode, Session};
+
+/// The inner allocator: the system's, except inside this file's signal handler, which takes
+/// blocks from a bump arena (the system allocator is not async-signal-safe: a handler that
+/// interrupted `malloc` would deadlock in it). Arena blocks are never reused.
+struct SignalSafe;
+
+const ARENA_BYTES: usize = 256 << 20;
+static ARENA: AtomicUsize = AtomicUsize::new(0);
+static ARENA_USED: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// Set while this thread runs the signal handler.
+    static IN_HANDLER: Cell<bool> = const { Cell::new(false) };
+}
+
+fn arena() -> usize {
+    let base = ARENA.load(Ordering::Acquire);
+    if base != 0 {
+        return base;
+    }
+    // SAFETY: an anonymous private mapping with no address hint; checked against MAP_FAILED.
+    let mapped = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            ARENA_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(mapped, libc::MAP_FAILED, "mmap of the handler's arena");
+    ARENA.store(mapped as usize, Ordering::Release);
+    mapped as usize
+}
+
+fn in_arena(block: *mut u8) -> bool {
+    let base = ARENA.load(Ordering::Acquire);
+    base != 0 && (base..base + ARENA_BYTES).contains(&(block as usize))
+}
+
+// SAFETY: system blocks are the system allocator's, forwarded unchanged; arena blocks are
+// distinct, aligned ranges of one mapping that lives for the whole process, never reused.
+unsafe impl GlobalAlloc for SignalSafe {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if !IN_HANDLER.with(Cell::get) {
+            // SAFETY: caller's contract.
+            return unsafe { System.alloc(layout) };
+        }
+        let size = layout.size().next_multiple_of(layout.align().max(16)) + layout.align();
+        let offset = ARENA_USED.fetch_add(size, Ordering::Relaxed);
+        if offset + size > ARENA_BYTES {
+            return std::ptr::null_mut();
+        }
+        let start = ARENA.load(Ordering::Acquire) + offset;
+        start.next_multiple_of(layout.align()) as *mut u8
+    }
+
+    unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
+        if !in_arena(block) {
+            // SAFETY: a system block (caller's contract).
+            unsafe { System.dealloc(block, layout) }
+        }
+    }
+
+    unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if !in_arena(block) && !IN_HANDLER.with(Cell::get) {
+            // SAFETY: a system block (caller's contract).
+            return unsafe { System.realloc(block, layout, new_size) };
+        }
+        // SAFETY: caller's contract; `new_size` with the old alignment is a valid layout.
+        let moved =
+            unsafe { self.alloc(Layout::from_size_align_unchecked(new_size, layout.align())) };
+        if !moved.is_null() {
+            // SAFETY: both blocks hold at least the smaller size; they do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(block, moved, layout.size().min(new_size));
+                self.dealloc(block, layout);
+            }
+        }
+        moved
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Watched<Alloc<Counting<SignalSafe>>> = Watched(Alloc::new(Counting(SignalSafe)));
+
+/// Signals handled, and allocations the handler made.
+static HANDLED: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn allocate_in_handler(_: libc::c_int) {
+    IN_HANDLER.with(|flag| flag.set(true));
+    let boxed = black_box(Box::new([7u8; 40]));
+    drop(boxed);
+    let mut grown: Vec<u8> = black_box(Vec::with_capacity(8));
+    grown.extend_from_slice(&[1; 8]);
+    grown.reserve(64);
+    drop(black_box(grown));
+    IN_HANDLER.with(|flag| flag.set(false));
+    HANDLED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Sets SIGALRM's disposition and the real-time interval timer (`0`: off).
+fn alarm_every(micros: i64, handler: libc::sighandler_t) {
+    // SAFETY: a zeroed sigaction with a handler of the right signature (or SIG_IGN); the timer
+    // values are valid.
+    unsafe {
+        let mut action: libc::sigaction = std::mem::zeroed();
+        action.sa_sigaction = handler;
+        action.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut action.sa_mask);
+        assert_eq!(
+            libc::sigaction(libc::SIGALRM, &action, std::ptr::null_mut()),
+            0
+        );
+        let tick = libc::timeval {
+            tv_sec: 0,
+            tv_usec: micros as libc::suseconds_t,
+        };
+        let timer = libc::itimerval {
+            it_interval: tick,
+            it_value: tick,
+        };
+        assert_eq!(
+            libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()),
+            0
+        );
+    }
+}
+
+/// Blocks or unblocks SIGALRM on the calling thread (threads it spawns inherit the mask).
+fn mask_alarm(block: bool) {
+    // SAFETY: a valid signal set holding SIGALRM; pthread_sigmask only changes this thread.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGALRM);
+        let how = if block {
+            libc::SIG_BLOCK
+        } else {
+            libc::SIG_UNBLOCK
+        };
+        assert_eq!(libc::pthread_sigmask(how, &set, std::ptr::null_mut()), 0);
+    }
+}
+
+/// Regression (issue 10): a handler that allocated while the interrupted code was inside a
+/// push acted as a second producer on the thread's ring and lost events without counting them.
+/// With a 20 µs SIGALRM whose handler allocates, reallocates and frees while the thread
+/// allocates in a loop: recorded + counted = performed, exactly, per kind; some re-entries
+/// happened and were counted as such; no ordering repair was needed (a corrupted ring would
+/// show as lost, duplicated or garbled events).
+#[test]
+fn a_signal_handler_allocating_mid_push_is_counted_exactly() {
+    isolated(
+        "a_signal_handler_allocating_mid_push_is_counted_exactly",
+        || {
+            arena();
+            let tid = gettid();
+            black_box(vec![0u8; 1]); // this thread's counting row, before the session
+                                     // The collector inherits the blocked mask, so only this thread takes the signal.
+            mask_alarm(true);
+            let session = Session::builder().write_profile(false).start().unwrap();
+            // What this thread performs between here and `finish` (which runs paused) is in the
+            // session; the thread's counters also hold its whole life before.
+            let before = common::performed(&[tid]);
+            alarm_every(20, allocate_in_handler as *const () as libc::sighandler_t);
+            mask_alarm(false);
+            let mut kept = Vec::new();
+            let mut round = 0usize;
+            while HANDLED.load(Ordering::Relaxed) < 20_000 && round < 20_000_000 {
+                let mut block = black_box(vec![round as u8; 16 + round % 48]);
+                block.push(1);
+                if round.is_multiple_of(256) {
+                    kept.push(block);
+                }
+                round += 1;
+            }
+            mask_alarm(true);
+            alarm_every(0, libc::SIG_IGN);
+            drop(kept);
+            let after = common::performed(&[tid]);
+            let profile = session.finish().unwrap();
+
+            let performed: [u64; 3] = std::array::from_fn(|kind| after[kind] - before[kind]);
+            let (recorded, dropped, _, _) = common::recorded_and_dropped(&profile, tid);
+            let (loose, _) = common::unattributed(&profile);
+            let capture = &profile.capture;
+            assert_eq!(capture.mode, CaptureMode::Lossless);
+            assert_eq!(capture.unattributed_dropped, 0, "{capture:?}");
+            assert_eq!(dropped, [0; 3], "a lossless ring dropped: {capture:?}");
+            // Only re-entries are counted without a ring here.
+            assert_eq!(
+                loose.iter().sum::<u64>(),
+                capture.reentrant_dropped,
+                "{capture:?}"
+            );
+            for kind in [ALLOC, FREE, REALLOC] {
+                assert_eq!(
+                    recorded[kind] + loose[kind],
+                    performed[kind],
+                    "{} events: recorded {} + counted as re-entrant {} != performed {}",
+                    KIND_NAMES[kind],
+                    recorded[kind],
+                    loose[kind],
+                    performed[kind]
+                );
+            }
+            assert!(
+                capture.reentrant_dropped > 0,
+                "{} signals and no re-entry: the test did not interrupt a push",
+                HANDLED.load(Ordering::Relaxed)
+            );
+            assert_eq!(profile.summary.reorder_repairs, 0);
+            assert!(profile.summary.unknown_frees <= loose[ALLOC] + loose[REALLOC]);
+            println!(
+                "FIGURES {} signals, {} of {} records counted as re-entrant",
+                HANDLED.load(Ordering::Relaxed),
+                capture.reentrant_dropped,
+                performed.iter().sum::<u64>()
+            );
+        },
+    );
+}
+
+/// Counters of `tid`, summed over its rows.
+fn counters(tid: u64, pick: fn(&common::Row) -> &[AtomicU64; 3]) -> [u64; 3] {
+    let mut total = [0; 3];
+    for row in common::rows_of(tid) {
+        for (kind, sum) in total.iter_mut().enumerate() {
+            *sum += pick(row)[kind].load(Ordering::SeqCst);
+        }
+    }
+    total
+}
+
+/// Four threads allocate flat out into 1024-event rings, so they keep waiting for the
+/// collector, and the session stops while they do. The stop ends, and loses nothing: every
+/// operation completed before `finish` was called is recorded, none is dropped, and nothing is
+/// recorded that was not started.
+#[test]
+fn stopping_while_producers_wait_ends_and_loses_nothing() {
+    isolated(
+        "stopping_while_producers_wait_ends_and_loses_nothing",
+        || {
+            static STOP: AtomicBool = AtomicBool::new(false);
+            let session = Session::builder()
+                .ring_events(1024)
+                .write_profile(false)
+                .start()
+                .unwrap();
+            let (send, receive) = std::sync::mpsc::channel();
+            let workers: Vec<_> = (0..4)
+                .map(|worker| {
+                    let send = send.clone();
+                    std::thread::spawn(move || {
+                        send.send(gettid()).unwrap();
+                        drop(send);
+                        let mut round = 0usize;
+                        while !STOP.load(Ordering::Relaxed) {
+                            let mut block = black_box(vec![worker as u8; 8 + round % 64]);
+                            block.reserve(round % 128);
+                            round += 1;
+                        }
+                    })
+                })
+                .collect();
+            drop(send);
+            let tids: Vec<u64> = receive.iter().collect();
+            std::thread::sleep(Duration::from_millis(100));
+            let completed: Vec<_> = tids
+                .iter()
+                .map(|&t| counters(t, |r| &r.completed))
+                .collect();
+            let profile = session.finish().unwrap();
+            let started: Vec<_> = tids.iter().map(|&t| counters(t, |r| &r.started)).collect();
+            STOP.store(true, Ordering::Relaxed);
+            for worker in workers {
+                worker.join().unwrap();
+            }
+            assert!(
+                profile.capture.producer_waits > 0,
+                "four flat-out threads on 1024-event rings never waited: {:?}",
+                profile.capture
+            );
+            assert_eq!(profile.summary.dropped_events, 0, "{:?}", profile.capture);
+            for (i, &tid) in tids.iter().enumerate() {
+                let (recorded, dropped, _, _) = common::recorded_and_dropped(&profile, tid);
+                assert_eq!(dropped, [0; 3]);
+                for kind in [ALLOC, FREE, REALLOC] {
+                    assert!(
+                        completed[i][kind] <= recorded[kind] && recorded[kind] <= started[i][kind],
+                        "{} events of thread {tid}: recorded {} outside [{}, {}]",
+                        KIND_NAMES[kind],
+                        recorded[kind],
+                        completed[i][kind],
+                        started[i][kind]
+                    );
+                }
+            }
+        },
+    );
+}
+
+/// A forked child of a process whose threads wait for room (1024-event rings) allocates far
+/// more than a ring holds, from two threads, and exits 0 without hanging: no collector serves
+/// it, so nothing in it waits.
+#[test]
+fn a_forked_child_never_waits_for_a_collector() {
+    isolated("a_forked_child_never_waits_for_a_collector", || {
+        static STOP: AtomicBool = AtomicBool::new(false);
+        let session = Session::builder()
+            .ring_events(1024)
+            .write_profile(false)
+            .start()
+            .unwrap();
+        let busy: Vec<_> = (0..2)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    while !STOP.load(Ordering::Relaxed) {
+                        black_box(vec![0u8; 24]);
+                    }
+                })
+            })
+            .collect();
+        for _ in 0..3 {
+            for round in 0..5_000 {
+                black_box(vec![0u8; 8 + round % 32]);
+            }
+            // SAFETY: the child only allocates, runs one thread and leaves with `_exit`.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                let work = || {
+                    for round in 0..50_000usize {
+                        black_box(vec![1u8; 8 + round % 64]);
+                    }
+                };
+                let helper = std::thread::spawn(work);
+                work();
+                let code = if helper.join().is_ok() { 0 } else { 4 };
+                // SAFETY: ends the child without running the parent's exit handlers.
+                unsafe { libc::_exit(code) };
+            }
+            let mut status = 0;
+            let mut waited = Duration::ZERO;
+            loop {
+                // SAFETY: `pid` is our child; `status` is writable.
+                let done = unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+                if done == pid {
+                    break;
+                }
+                assert!(waited < Duration::from_secs(60), "the forked child hung");
+                std::thread::sleep(Duration::from_millis(10));
+                waited += Duration::from_millis(10);
+            }
+            assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "the forked child did not exit cleanly (wait status {status:#x})"
+            );
+        }
+        STOP.store(true, Ordering::Relaxed);
+        for thread in busy {
+            thread.join().unwrap();
+        }
+        let profile = session.finish().unwrap();
+        assert_eq!(profile.summary.dropped_events, 0, "{:?}", profile.capture);
+    });
+}
+
+thread_local! {
+    /// Allocates a burst far larger than a ring when its thread exits.
+    static BURST_AT_EXIT: BurstAtExit = const { BurstAtExit };
+}
+
+struct BurstAtExit;
+
+impl Drop for BurstAtExit {
+    fn drop(&mut self) {
+        for round in 0..20_000usize {
+            black_box(vec![2u8; 8 + round % 64]);
+        }
+    }
+}
+
+/// Threads with 1024-event rings allocate twenty rings' worth in a thread-local destructor at
+/// exit, while they still own their ring (std's destructors run before the ring is handed
+/// back): they wait for room instead of dropping, every exit ends, and recorded +
+/// unattributed (after the hand-back) = performed, exactly, with no ring-full drop.
+#[test]
+fn thread_exit_destructors_wait_and_end() {
+    isolated("thread_exit_destructors_wait_and_end", || {
+        let session = Session::builder()
+            .ring_events(1024)
+            .write_profile(false)
+            .start()
+            .unwrap();
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    BURST_AT_EXIT.with(|_| {});
+                    black_box(vec![0u8; 16]);
+                    gettid()
+                })
+            })
+            .collect();
+        let tids: Vec<u64> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        let profile = session.finish().unwrap();
+        let dropped = common::check_workers(&profile, &tids, None, None);
+        let attributed: u64 = profile
+            .capture
+            .threads
+            .iter()
+            .map(|t| t.dropped_allocs + t.dropped_frees + t.dropped_reallocs)
+            .sum();
+        assert_eq!(attributed, 0, "{:?}", profile.capture);
+        assert_eq!(dropped, profile.capture.unattributed_dropped);
+        assert!(profile.capture.producer_waits > 0, "{:?}", profile.capture);
+    });
+}
