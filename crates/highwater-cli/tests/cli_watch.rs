@@ -2,9 +2,11 @@
 //! profile (checkpoints, then the final profile or a SIGKILL), with the screen read through
 //! `tmux capture-pane`.
 //!
-//! The child is this test binary run again on its ignored `writer_child` test. It writes one
-//! checkpoint, says so with a marker file and waits for the parent's go-ahead before the next,
-//! so each screen can be checked against the checkpoint it should show.
+//! The child is this test binary run again on one of its ignored tests: `writer_child` writes
+//! one hand-made checkpoint, says so with a marker file and waits for the parent's go-ahead
+//! before the next, so each screen can be checked against the checkpoint it should show;
+//! `training_child` records a real session (this binary's global allocator is highwater's)
+//! that checkpoints every 200 ms while its live memory grows.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,8 +16,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 mod sample;
 
 use highwater::units::format_bytes;
-use highwater::{Category, Profile};
+use highwater::{Category, Profile, Session, Step};
 use sample::sample_profile;
+
+#[global_allocator]
+static ALLOC: highwater::Alloc = highwater::Alloc::system();
 
 const MIB: u64 = 1 << 20;
 /// Longest a screen or a marker is waited for; the view refreshes every 100 ms.
@@ -77,6 +82,29 @@ fn writer_child() {
     profile_at(CHECKPOINTS + 1, false).write(&profile).unwrap();
 }
 
+/// Not a test of its own: a training run, recorded, that keeps 1 MiB more every step until the
+/// parent creates `stop`.
+#[test]
+#[ignore = "the child process of the watch tests"]
+fn training_child() {
+    let profile = PathBuf::from(std::env::var(PROFILE_VAR).expect("run by the watch tests"));
+    let control = PathBuf::from(std::env::var(CONTROL_VAR).expect("run by the watch tests"));
+    let session = Session::builder()
+        .output(&profile)
+        .checkpoint_every(Duration::from_millis(200))
+        .start()
+        .unwrap();
+    let mut kept: Vec<Vec<u8>> = Vec::new();
+    let deadline = Instant::now() + PATIENCE;
+    while !control.join("stop").exists() && Instant::now() < deadline {
+        let _step = highwater::profile!("step", Step::Forward);
+        kept.push(std::hint::black_box(vec![1u8; MIB as usize]));
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    drop(kept);
+    session.finish().unwrap();
+}
+
 /// A tmux server of the test's own (its own socket), running `highwater watch`, and the child
 /// writing the profile; both are ended when dropped.
 struct Run {
@@ -89,7 +117,7 @@ struct Run {
 }
 
 impl Run {
-    fn start(name: &str) -> Run {
+    fn start(name: &str, child_test: &str) -> Run {
         let dir = tempfile::tempdir().unwrap();
         let profile = dir.path().join("highwater-profile.json");
         let control = dir.path().join("control");
@@ -117,7 +145,7 @@ impl Run {
         // The view starts before the run: it waits for the profile to appear.
         run.wait_for_screen(&["status: waiting for a profile".to_string()]);
         let child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "writer_child", "--ignored", "--quiet"])
+            .args(["--exact", child_test, "--ignored", "--quiet"])
             .env(PROFILE_VAR, &run.profile)
             .env(CONTROL_VAR, &run.control)
             .stdout(Stdio::null())
@@ -223,7 +251,7 @@ fn figures(profile: &Profile, status: &str) -> Vec<String> {
 
 #[test]
 fn follows_checkpoints_then_says_the_run_finished() {
-    let mut run = Run::start("finish");
+    let mut run = Run::start("finish", "writer_child");
     run.follow_checkpoints();
     // The last go-ahead lets the child write its final profile and exit.
     assert!(run.child().wait().unwrap().success(), "the writer failed");
@@ -239,7 +267,7 @@ fn follows_checkpoints_then_says_the_run_finished() {
 
 #[test]
 fn says_the_run_died_when_its_writer_is_killed() {
-    let mut run = Run::start("killed");
+    let mut run = Run::start("killed", "writer_child");
     wait_for_file(&run.marker("written-1"));
     std::fs::write(run.marker("next-1"), "").unwrap();
     wait_for_file(&run.marker("written-2"));
@@ -277,4 +305,48 @@ fn refuses_no_terminal_and_a_bad_refresh() {
         let stderr = String::from_utf8_lossy(&bad.stderr);
         assert!(stderr.contains("--refresh"), "{stderr}");
     }
+}
+
+/// The `live now:` figure on the screen, as shown.
+fn live_now(screen: &str) -> Option<String> {
+    let start = screen.find("live now: ")? + "live now: ".len();
+    let rest = &screen[start..];
+    Some(rest[..rest.find("  ")?].to_string())
+}
+
+#[test]
+fn follows_a_recording_session_to_its_final_profile() {
+    let mut run = Run::start("session", "training_child");
+    let first = run.wait_for_screen(&["status: running".to_string()]);
+    let first_live = live_now(&first).expect("live now on the screen");
+    // Live memory grows by 1 MiB a step: the figure on the screen moves.
+    let start = Instant::now();
+    let moved = loop {
+        let screen = run.screen();
+        if live_now(&screen).is_some_and(|live| live != first_live)
+            && screen.contains("status: running")
+        {
+            break screen;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "live now stayed {first_live}:\n{screen}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(moved.contains("step"), "the span is listed:\n{moved}");
+    std::fs::write(run.marker("stop"), "").unwrap();
+    assert!(
+        run.child().wait().unwrap().success(),
+        "the training child failed"
+    );
+    let last = Profile::load(&run.profile).unwrap();
+    assert!(!last.meta.partial);
+    let screen = run.wait_for_screen(&figures(&last, "status: finished"));
+    let step = last.spans.iter().find(|s| s.name == "step").unwrap();
+    assert!(
+        screen.contains(&format_bytes(step.peak_bytes)),
+        "the span's peak as the final profile has it:\n{screen}"
+    );
+    run.quit();
 }
