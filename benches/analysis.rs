@@ -18,6 +18,16 @@
 //! `Profile::load` (file sizes too), and rendered as the HTML report and the Chrome trace;
 //! the baseline's document is written and read as pretty JSON with serde_json the same way.
 //!
+//! **Live map.** One more row applies 1 M allocations that stay live and reports the heap the
+//! `Timeline` holds per live block (the budget is 48 bytes).
+//!
+//! **Before and after.** `HIGHWATER_BENCH_TIMELINE_ONLY=1` runs only the whole-stream replay
+//! and the live-map row, and prints one JSON line (`timeline-only: {...}`): with
+//! `benches/support/compare_main.sh` the same bench source is built against `main` and against
+//! the working tree and the two binaries run alternately, so the ratio comes from one run under
+//! the same load. Replay rates are given per second of wall time and per second of the
+//! replaying thread's CPU time (steadier on a shared machine).
+//!
 //! Not criterion: one replay of the whole stream takes seconds and the baseline tens of
 //! seconds, so each case runs a fixed number of times (`HIGHWATER_BENCH_REPEAT`, default 3;
 //! the baseline once) and the median is reported. Results are printed and written as JSON to
@@ -128,6 +138,8 @@ fn secs(duration: Duration) -> f64 {
 struct Replay {
     profile: Profile,
     apply: Duration,
+    /// CPU time of this thread during the apply loop.
+    apply_cpu: Duration,
     finish: Duration,
     /// Heap the `Timeline` held after the last event, before `finish`.
     retained: u64,
@@ -140,10 +152,12 @@ fn replay(stream: &stream::Stream, count: usize) -> Replay {
     let mut timeline = Timeline::new(TimelineConfig::default());
     stream.prepare(&mut timeline);
     let began = Instant::now();
+    let began_cpu = thread_cpu_time();
     for event in &stream.events[..count] {
         timeline.apply(event);
     }
     let apply = began.elapsed();
+    let apply_cpu = thread_cpu_time().saturating_sub(began_cpu);
     let retained = HELD.load(Ordering::Relaxed).saturating_sub(before);
     let began = Instant::now();
     let profile = timeline.finish(stream.end_ns(count));
@@ -153,6 +167,7 @@ fn replay(stream: &stream::Stream, count: usize) -> Replay {
     Replay {
         profile,
         apply,
+        apply_cpu,
         finish,
         retained,
         peak_heap,
@@ -178,6 +193,8 @@ fn replay_case(stream: &stream::Stream, count: usize, repeat: usize) -> (Value, 
         "apply_s": secs(mid.apply),
         "finish_s": secs(mid.finish),
         "events_per_s": count as f64 / total,
+        "apply_cpu_s": secs(mid.apply_cpu),
+        "apply_events_per_cpu_s": count as f64 / secs(mid.apply_cpu).max(1e-9),
         "retained_heap_bytes": mid.retained,
         "peak_heap_bytes": mid.peak_heap,
         "most_live_blocks": most_live,
@@ -185,6 +202,50 @@ fn replay_case(stream: &stream::Stream, count: usize, repeat: usize) -> (Value, 
         "peak_bytes": mid.profile.summary.peak_bytes,
     });
     (value, mid.profile)
+}
+
+/// CPU time the calling thread has used.
+fn thread_cpu_time() -> Duration {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `now` is a valid, writable timespec; the clock id is a constant Linux defines.
+    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    assert_eq!(status, 0, "the thread CPU clock is readable");
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+}
+
+/// Heap a `Timeline` holds per live block once `blocks` allocations are live (no spans).
+fn live_map_case(blocks: u64) -> Value {
+    use highwater::analysis::{DeviceId, Event, EventKind};
+    use highwater::Category;
+    let before = heap_mark();
+    let mut timeline = Timeline::new(TimelineConfig::default());
+    let began = Instant::now();
+    for i in 0..blocks {
+        timeline.apply(&Event {
+            ts_ns: i,
+            thread: (i % 4) as u32,
+            span: 0,
+            kind: EventKind::Alloc {
+                device: DeviceId::CPU,
+                addr: 0x7f00_0000_0000 + i * 48,
+                size: 32 + i % 512,
+                category: Category::from_index((i % 5) as u8),
+            },
+        });
+    }
+    let elapsed = began.elapsed();
+    let retained = HELD.load(Ordering::Relaxed).saturating_sub(before);
+    drop(timeline);
+    json!({
+        "name": "live_map",
+        "live_blocks": blocks,
+        "retained_heap_bytes": retained,
+        "bytes_per_live_block": retained as f64 / blocks as f64,
+        "seconds": secs(elapsed),
+    })
 }
 
 /// Times `f` `repeat` times; the median, and the last result.
@@ -242,6 +303,7 @@ fn main() {
     let prefix = env_usize("HIGHWATER_BENCH_PREFIX", prefix).min(events);
     let repeat = env_usize("HIGHWATER_BENCH_REPEAT", 3);
     let out = output_dir();
+    let timeline_only = std::env::var_os("HIGHWATER_BENCH_TIMELINE_ONLY").is_some();
 
     let began = Instant::now();
     let stream = stream::generate(events, SEED);
@@ -253,6 +315,16 @@ fn main() {
         stream.iterations,
         secs(generated)
     );
+
+    if timeline_only {
+        let (full, _) = replay_case(&stream, events, repeat);
+        let live_map = live_map_case(if measuring { 1_000_000 } else { 10_000 });
+        println!(
+            "timeline-only: {}",
+            json!({ "replay": full, "live_map": live_map })
+        );
+        return;
+    }
 
     // highwater's Timeline: the prefix, then the whole stream.
     let (ours_prefix, profile_prefix) = replay_case(&stream, prefix, repeat);
@@ -308,6 +380,8 @@ fn main() {
     let out_full = output_case("highwater_full", events, &profile_full, dir.path());
     println!("output, {events} events: {out_full}");
     let out_baseline = candle_graph::output_case(&baseline_profile, prefix, dir.path());
+    let live_map = live_map_case(if measuring { 1_000_000 } else { 10_000 });
+    println!("live map: {live_map}");
     println!("output, baseline, {prefix} events: {out_baseline}");
     drop(baseline_profile);
     drop(doc);
@@ -325,6 +399,7 @@ fn main() {
         },
         "replay": [ours_prefix, ours_full, baseline],
         "output": [out_prefix, out_full, out_baseline],
+        "live_map": live_map,
     });
     if !measuring {
         println!("smoke run (no --bench): results not written");

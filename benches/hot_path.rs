@@ -287,15 +287,174 @@ fn interleaved() {
 
 criterion_group!(benches, hot_path);
 
+// ---------------------------------------------------------------------------------------------
+// Measurement (`highwater::measure`, issue 15): what a closure's meter costs the thread that
+// measures, and what it costs a thread that does not. Kept apart from the recording rows above.
+// ---------------------------------------------------------------------------------------------
+
+/// Times `iters` alloc + free pairs of 64 bytes through highwater's hook on the calling thread
+/// (a measurement follows the calling thread only, so these are not spawned).
+fn pairs_here(iters: u64) -> Duration {
+    let began = Instant::now();
+    for _ in 0..iters {
+        // SAFETY: PAIR has a non-zero size; each block is freed with its layout.
+        unsafe {
+            let block = HIGHWATER.alloc(PAIR);
+            black_box(block);
+            HIGHWATER.dealloc(block, PAIR);
+        }
+    }
+    began.elapsed()
+}
+
+/// The same pairs inside `highwater::measure`, checked to have been counted.
+fn pairs_measured(iters: u64) -> Duration {
+    let (time, m) = highwater::measure(|| pairs_here(iters));
+    assert_eq!(m.allocations, iters, "every pair was measured");
+    time
+}
+
+/// Runs `f` on this thread while another thread sits inside a measurement, so the hook's
+/// "any thread measuring" check is true and this thread reads its thread-local.
+fn while_another_thread_measures<R>(f: impl FnOnce() -> R) -> R {
+    let started = Arc::new(Barrier::new(2));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let measurer = {
+        let (started, stop) = (started.clone(), stop.clone());
+        std::thread::spawn(move || {
+            highwater::measure(|| {
+                started.wait();
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })
+        })
+    };
+    started.wait();
+    let result = f();
+    stop.store(true, Ordering::Relaxed);
+    measurer.join().unwrap();
+    result
+}
+
+/// The measurement rows: unmeasured, measured, and unmeasured while another thread measures.
+fn measure_costs(c: &mut Criterion) {
+    let mut group = c.benchmark_group("measure_64B");
+    group
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20);
+    group.bench_function("unmeasured", |b| b.iter_custom(pairs_here));
+    group.bench_function("measured", |b| b.iter_custom(pairs_measured));
+    group.bench_function("other_thread_measuring", |b| {
+        b.iter_custom(|iters| while_another_thread_measures(|| pairs_here(iters)))
+    });
+    group.finish();
+}
+
+/// The ratios the issue states, in short interleaved batches (as `interleaved`): a measured
+/// closure against the same loop unmeasured, and a non-measuring thread while another thread
+/// measures against no measurement anywhere, plus the system allocator for scale. Prints the
+/// median batch of each and the ratios, and writes them to `HIGHWATER_BENCH_MEASURE_OUT`
+/// (default `target/highwater-bench/measure.json`).
+fn measure_interleaved() {
+    const ROUNDS: usize = 60;
+    const ITERS: u64 = 200_000;
+    let system = || {
+        let began = Instant::now();
+        for _ in 0..ITERS {
+            // SAFETY: as in `pairs_here`.
+            unsafe {
+                let block = System.alloc(PAIR);
+                black_box(block);
+                System.dealloc(block, PAIR);
+            }
+        }
+        began.elapsed()
+    };
+    let mut samples: [Vec<f64>; 4] = Default::default();
+    for round in 0..ROUNDS {
+        for turn in 0..4 {
+            let index = (round + turn) % 4;
+            let time = match index {
+                0 => system(),
+                1 => pairs_here(ITERS),
+                2 => pairs_measured(ITERS),
+                _ => while_another_thread_measures(|| pairs_here(ITERS)),
+            };
+            samples[index].push(time.as_nanos() as f64 / ITERS as f64);
+        }
+    }
+    let sorted: Vec<Vec<f64>> = samples
+        .iter()
+        .map(|batches| {
+            let mut batches = batches.clone();
+            batches.sort_by(f64::total_cmp);
+            batches
+        })
+        .collect();
+    let names = ["system", "unmeasured", "measured", "other_thread_measuring"];
+    let fastest: Vec<f64> = sorted.iter().map(|batches| batches[0]).collect();
+    let medians: Vec<f64> = sorted
+        .iter()
+        .map(|batches| batches[batches.len() / 2])
+        .collect();
+    for (index, name) in names.iter().enumerate() {
+        println!(
+            "measure interleaved {name}: fastest {:.2} ns/pair, median {:.2} ({ROUNDS} batches \
+             of {ITERS})",
+            fastest[index], medians[index]
+        );
+    }
+    let ratio = |of: usize, to: usize| (fastest[of] / fastest[to], medians[of] / medians[to]);
+    let (measured_fastest, measured_median) = ratio(2, 1);
+    let (bystander_fastest, bystander_median) = ratio(3, 1);
+    let (unmeasured_fastest, unmeasured_median) = ratio(1, 0);
+    println!(
+        "measure interleaved ratios (fastest, median): measured/unmeasured \
+         {measured_fastest:.3} {measured_median:.3}, other_thread_measuring/unmeasured \
+         {bystander_fastest:.3} {bystander_median:.3}, unmeasured/system \
+         {unmeasured_fastest:.3} {unmeasured_median:.3}"
+    );
+    let figures = |values: &[f64]| {
+        names
+            .iter()
+            .zip(values)
+            .map(|(name, ns)| format!("\"{name}\":{ns:.3}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let json = format!(
+        "{{\"pairs_per_batch\":{ITERS},\"batches\":{ROUNDS},\"fastest_ns\":{{{}}},\
+         \"median_ns\":{{{}}},\"measured_over_unmeasured_median\":{measured_median:.4},\
+         \"other_thread_measuring_over_unmeasured_median\":{bystander_median:.4}}}\n",
+        figures(&fastest),
+        figures(&medians)
+    );
+    let out = std::env::var_os("HIGHWATER_BENCH_MEASURE_OUT").map_or_else(
+        || std::path::PathBuf::from("target/highwater-bench/measure.json"),
+        std::path::PathBuf::from,
+    );
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent).expect("create the results directory");
+    }
+    std::fs::write(&out, json).expect("write the results");
+    println!("results: {}", out.display());
+}
+
+criterion_group!(measure_benches, measure_costs);
+
 fn main() {
     tracking_allocator::AllocationRegistry::set_global_tracker(CountingTracker::default())
         .expect("no other tracking-allocator tracker is set in this process");
     tracking_allocator::AllocationRegistry::enable_tracking();
 
     benches();
+    measure_benches();
     Criterion::default().configure_from_args().final_summary();
     // Only under `cargo bench` (criterion's test mode runs each benchmark once and stops).
     if std::env::args().any(|arg| arg == "--bench") {
         interleaved();
+        measure_interleaved();
     }
 }

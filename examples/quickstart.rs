@@ -5,6 +5,9 @@
 //! cargo run --release --example quickstart
 //! ```
 
+use std::path::PathBuf;
+
+use highwater::units::{format_bytes, format_count, format_duration_ns};
 use highwater::{Category, Session, Step};
 
 #[global_allocator]
@@ -16,9 +19,8 @@ fn buffer(floats: usize) -> Vec<f32> {
 }
 
 fn main() -> Result<(), highwater::Error> {
-    let session = Session::builder()
-        .output("highwater-profile.json")
-        .start()?;
+    // The profile goes to $HIGHWATER_OUT, else ./highwater-profile.json.
+    let session = Session::start()?;
 
     let weights = {
         let _load = highwater::profile!("load_weights", Category::Parameter);
@@ -50,19 +52,26 @@ fn main() -> Result<(), highwater::Error> {
     }
 
     let profile = session.finish()?;
-    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    let summary = &profile.summary;
     println!(
-        "peak {:.1} MiB at {:.1} ms on {}",
-        mib(profile.summary.peak_bytes),
-        profile.summary.peak_timestamp_ns as f64 / 1e6,
-        profile.summary.peak_device
+        "peak {} at {} on {}",
+        format_bytes(summary.peak_bytes),
+        format_duration_ns(summary.peak_timestamp_ns),
+        summary.peak_device
     );
-    for (category, bytes) in &profile.summary.peak_by_category {
-        println!("  {category:<10} {:>8.1} MiB", mib(*bytes));
+    for (category, bytes) in &summary.peak_by_category {
+        println!("  {category:<11}{:>12}", format_bytes(*bytes));
     }
+    // An explicit HIGHWATER_OUT overrides the builder's `.output()` (the project's rule).
+    let written_to = std::env::var_os("HIGHWATER_OUT")
+        .filter(|path| !path.is_empty())
+        .map_or_else(|| PathBuf::from("highwater-profile.json"), PathBuf::from);
     println!(
-        "{} allocations, {} frees, {} dropped events; profile written to highwater-profile.json",
-        profile.summary.alloc_count, profile.summary.free_count, profile.summary.dropped_events
+        "{} allocations, {} frees, {} events dropped; profile: {}",
+        format_count(summary.alloc_count),
+        format_count(summary.free_count),
+        format_count(summary.dropped_events),
+        written_to.display()
     );
     drop(moments);
     Ok(())

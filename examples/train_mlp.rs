@@ -10,6 +10,8 @@
 //! cargo run --release --features candle --example train_mlp
 //! cargo run --release --features candle --example train_mlp -- --leak        # keep one activation per step
 //! cargo run --release --features candle --example train_mlp -- --steps 100
+//! cargo run --release --features candle --example train_mlp -- --out runs/mlp.json
+//! HIGHWATER_OUT=runs/mlp.json cargo run --release --features candle --example train_mlp  # wins over --out
 //! HIGHWATER=off cargo run --release --features candle --example train_mlp   # same run, not recorded
 //! ```
 
@@ -19,8 +21,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use candle_core::{DType, Device};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use highwater::export::vocabulary as words;
 use highwater::profile::PeakRow;
-use highwater::units::{format_bytes, format_bytes_delta, format_shape};
+use highwater::units::{format_bytes, format_bytes_delta, format_duration_ns, format_shape};
 use highwater::{Category, Profile, Session, Step};
 
 #[path = "support/mlp.rs"]
@@ -34,7 +37,8 @@ static ALLOC: highwater::Alloc = highwater::Alloc::system();
 struct Args {
     steps: usize,
     leak: bool,
-    out: PathBuf,
+    /// `--out`: where the code asks the profile to go (`HIGHWATER_OUT` overrides it).
+    out: Option<PathBuf>,
     /// Timing mode: alternate recorded and unrecorded blocks of steps in one process.
     ab: bool,
     /// Timing mode: recorded blocks with checkpoints off, at the default interval and at 1 s.
@@ -64,7 +68,7 @@ impl Args {
         let mut args = Args {
             steps: 200,
             leak: false,
-            out: PathBuf::from("highwater-profile.json"),
+            out: None,
             ab: false,
             checkpoint_ab: false,
         };
@@ -80,10 +84,14 @@ impl Args {
                 "--leak" => args.leak = true,
                 "--ab" => args.ab = true,
                 "--checkpoint-ab" => args.checkpoint_ab = true,
-                "--out" => args.out = argv.next().context("--out needs a path")?.into(),
+                "--out" => args.out = Some(argv.next().context("--out needs a path")?.into()),
                 "-h" | "--help" => {
                     println!(
                         "usage: train_mlp [--steps N] [--leak] [--out PATH] [--ab] [--checkpoint-ab]"
+                    );
+                    println!(
+                        "  --out PATH  where the profile goes (default highwater-profile.json); \
+                         HIGHWATER_OUT overrides it"
                     );
                     println!(
                         "  --ab  timing only: blocks of {AB_BLOCK} steps alternate recorded and \
@@ -177,8 +185,12 @@ fn train(args: &Args) -> Result<Run> {
                 session.finish()?;
             }
             let mode = CHECKPOINT_ORDER[(step / CHECKPOINT_BLOCK) % CHECKPOINT_ORDER.len()];
+            let out = args
+                .out
+                .clone()
+                .unwrap_or_else(|| "highwater-profile.json".into());
             let session = Session::builder()
-                .output(&args.out)
+                .output(out)
                 .checkpoint_every(CHECKPOINT_MODES[mode].1)
                 .start()?;
             ab_session = Some(session).filter(Session::is_recording);
@@ -249,7 +261,18 @@ fn main() -> Result<()> {
     if args.checkpoint_ab {
         return time_checkpoints(&args);
     }
-    let session = Session::builder().output(&args.out).start()?;
+    let mut builder = Session::builder();
+    if let Some(out) = &args.out {
+        builder = builder.output(out);
+    }
+    let session = builder.start()?;
+    // The project's precedence rule: an explicit HIGHWATER_OUT overrides what the code asked
+    // for, so that is where the profile goes, and what to print.
+    let written_to = std::env::var_os("HIGHWATER_OUT")
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| args.out.clone())
+        .unwrap_or_else(|| PathBuf::from("highwater-profile.json"));
     let recording = session.is_recording();
     let run = train(&args)?;
     let profile = session.finish()?;
@@ -276,7 +299,7 @@ fn main() -> Result<()> {
         if recording { "on" } else { "off" },
     );
     if recording {
-        print_summary(&profile, &args.out);
+        print_summary(&profile, &written_to);
     } else {
         println!("HIGHWATER=off: nothing recorded, no profile written");
     }
@@ -412,9 +435,11 @@ fn ab_ratio(times: &[Duration], recorded: &[bool]) -> Option<Ab> {
 }
 
 fn print_rows<'a>(rows: impl Iterator<Item = &'a PeakRow>) {
+    let [bytes, category, op, shape, dtype, count, path] = words::LIVE_AT_PEAK_HEADER;
+    println!("  {bytes:>10}  {category:<10} {op:<13} {shape:<11} {dtype:<5} {count:<4} {path}");
     for row in rows {
         println!(
-            "  {:>10}  {:<10} {:<13} {:<11} {:<4} x{:<3} {}",
+            "  {:>10}  {:<10} {:<13} {:<11} {:<5} x{:<3} {}",
             format_bytes(row.bytes),
             row.category.as_str(),
             row.op.as_deref().unwrap_or("-"),
@@ -422,7 +447,7 @@ fn print_rows<'a>(rows: impl Iterator<Item = &'a PeakRow>) {
             row.dtype.as_deref().unwrap_or("-"),
             row.count,
             if row.span_path.is_empty() {
-                "(no span)"
+                words::OUTSIDE_SPANS
             } else {
                 &row.span_path
             },
@@ -434,16 +459,24 @@ fn print_summary(profile: &Profile, out: &std::path::Path) {
     let summary = &profile.summary;
     println!();
     println!(
-        "peak {} at {:.1} ms on {}",
+        "peak {} at {} on {}",
         format_bytes(summary.peak_bytes),
-        summary.peak_timestamp_ns as f64 / 1e6,
+        format_duration_ns(summary.peak_timestamp_ns),
         summary.peak_device
     );
     for (category, bytes) in &summary.peak_by_category {
         println!("  {category:<11}{:>12}", format_bytes(*bytes));
     }
+    println!(
+        "{}: {} ({})",
+        words::KEPT_FOR_BACKWARD.to_lowercase(),
+        format_bytes(summary.autograd_retained_bytes),
+        words::KEPT_FOR_BACKWARD_EXPLAINED
+    );
 
-    println!("\ntop spans by peak (residual = live bytes left at exit, per call):");
+    println!(
+        "\ntop spans by peak (residual/call: bytes a call allocated and still held at its exit):"
+    );
     let mut spans: Vec<_> = profile.spans.iter().collect();
     spans.sort_by_key(|s| std::cmp::Reverse((s.peak_bytes, s.calls)));
     for span in spans.iter().take(5) {

@@ -2,7 +2,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
-use crate::capture;
+use crate::{capture, measure};
 
 /// A global allocator that records every allocation, reallocation and free of the allocator it
 /// wraps while a [`Session`](crate::Session) runs, and passes straight through otherwise.
@@ -59,6 +59,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Alloc<A> {
         let block = unsafe { self.inner.alloc(layout) };
         if !block.is_null() {
             capture::record_alloc(block as usize, layout.size());
+            measure::on_alloc(block as usize, layout.size());
         }
         block
     }
@@ -69,6 +70,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Alloc<A> {
         let block = unsafe { self.inner.alloc_zeroed(layout) };
         if !block.is_null() {
             capture::record_alloc(block as usize, layout.size());
+            measure::on_alloc(block as usize, layout.size());
         }
         block
     }
@@ -76,6 +78,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Alloc<A> {
     #[inline]
     unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
         capture::record_free(block as usize, layout.size());
+        measure::on_free(block as usize, layout.size());
         // SAFETY: forwarded under the caller's contract for `GlobalAlloc::dealloc`.
         unsafe { self.inner.dealloc(block, layout) }
     }
@@ -84,7 +87,11 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Alloc<A> {
     unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if !capture::recording() {
             // SAFETY: forwarded under the caller's contract for `GlobalAlloc::realloc`.
-            return unsafe { self.inner.realloc(block, layout, new_size) };
+            let moved = unsafe { self.inner.realloc(block, layout, new_size) };
+            if !moved.is_null() {
+                measure::on_realloc(block as usize, layout.size(), moved as usize, new_size);
+            }
+            return moved;
         }
         // Read the clock before the old block can be freed and handed to another thread.
         let ticks = capture::clock::ticks();
@@ -98,6 +105,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Alloc<A> {
                 moved as usize,
                 new_size,
             );
+            measure::on_realloc(block as usize, layout.size(), moved as usize, new_size);
         }
         moved
     }

@@ -15,6 +15,10 @@
 //! | `0` alloc (`0x10 + 0x10 × category index` when the category is known) | device `u16`, timestamp ns `u64`, key (address or tensor id) `u64`, bytes `u64` |
 //! | `1` free | device `u16`, timestamp ns `u64`, key `u64`, bytes `u64` |
 //! | `2` device name | device `u16`, length `u16`, UTF-8 name; before the device's first use |
+//! | `3 + 0x10 × (category index + 1)` category | device `u16`, timestamp ns `u64`, key `u64`, `0` `u64`: a live block was given this category (`mark_parameters` and the like) |
+//!
+//! A reader applies a category record to the block it names: [`AllocRecord::category`] is the
+//! block's category as last set while it was live.
 
 use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -28,6 +32,7 @@ pub const MAGIC: &[u8; 8] = b"HWALLOC1";
 const ALLOC: u8 = 0;
 const FREE: u8 = 1;
 const DEVICE: u8 = 2;
+const CATEGORY: u8 = 3;
 
 /// Largest log [`AllocLog::read`] accepts (about 160 M records).
 pub const MAX_LOG_BYTES: u64 = 4 << 30;
@@ -54,7 +59,8 @@ pub struct AllocRecord {
     pub bytes: u64,
     /// Whether the block became live (else it died).
     pub alloc: bool,
-    /// The block's category when it became live, when known.
+    /// The block's category, when known: the one it became live with, or the last one a
+    /// category record gave it while it was live.
     pub category: Option<Category>,
 }
 
@@ -119,6 +125,8 @@ impl AllocLog {
             return Err(invalid(0, "missing the HWALLOC1 magic"));
         }
         let mut log = AllocLog::default();
+        // (device, key) of each live block → the index of its alloc record, for category records.
+        let mut live: std::collections::HashMap<(u16, u64), usize> = Default::default();
         let mut offset = 8u64;
         let mut newest_ts = 0u64;
         let mut tag = [0u8; 1];
@@ -128,7 +136,7 @@ impl AllocLog {
             }
             let (kind, category) = (tag[0] & 0x0F, tag[0] >> 4);
             match (kind, category) {
-                (ALLOC, 0..=5) | (FREE, 0) => {
+                (ALLOC, 0..=5) | (FREE, 0) | (CATEGORY, 1..=5) => {
                     let mut body = [0u8; 26];
                     input
                         .read_exact(&mut body)
@@ -142,7 +150,7 @@ impl AllocLog {
                         bytes.copy_from_slice(&body[at..at + 8]);
                         u64::from_le_bytes(bytes)
                     };
-                    let (ts_ns, bytes) = (word(2), word(18));
+                    let (ts_ns, bytes, key) = (word(2), word(18), word(10));
                     if ts_ns.saturating_add(MAX_TIMESTAMP_STEP_BACK_NS) < newest_ts {
                         let detail = format!(
                             "record stamped {ts_ns} ns, {} ns before an earlier record: the log \
@@ -156,15 +164,27 @@ impl AllocLog {
                         let detail = format!("record of {bytes} bytes, above i64::MAX");
                         return Err(invalid(offset, &detail));
                     }
+                    let category = category.checked_sub(1).map(Category::from_index);
+                    offset += 27;
+                    if kind == CATEGORY {
+                        if let Some(&index) = live.get(&(device, key)) {
+                            log.records[index].category = category;
+                        }
+                        continue;
+                    }
+                    if kind == ALLOC {
+                        live.insert((device, key), log.records.len());
+                    } else {
+                        live.remove(&(device, key));
+                    }
                     log.records.push(AllocRecord {
                         device,
                         ts_ns,
-                        key: word(10),
+                        key,
                         bytes,
                         alloc: kind == ALLOC,
-                        category: category.checked_sub(1).map(Category::from_index),
+                        category,
                     });
-                    offset += 27;
                 }
                 (DEVICE, 0) => {
                     let mut head = [0u8; 4];
@@ -292,6 +312,36 @@ impl AllocLogWriter {
         key: u64,
         bytes: u64,
     ) {
+        let tag = match (alloc, category) {
+            (true, Some(category)) => ALLOC | ((category.index() as u8 + 1) << 4),
+            (true, None) => ALLOC,
+            (false, _) => FREE,
+        };
+        self.write_record(tag, device, device_name, ts_ns, key, bytes);
+    }
+
+    /// Appends that the live block `key` on `device` now has `category`.
+    pub(crate) fn set_category(
+        &mut self,
+        device: u16,
+        device_name: impl FnOnce() -> String,
+        category: Category,
+        ts_ns: u64,
+        key: u64,
+    ) {
+        let tag = CATEGORY | ((category.index() as u8 + 1) << 4);
+        self.write_record(tag, device, device_name, ts_ns, key, 0);
+    }
+
+    fn write_record(
+        &mut self,
+        tag: u8,
+        device: u16,
+        device_name: impl FnOnce() -> String,
+        ts_ns: u64,
+        key: u64,
+        bytes: u64,
+    ) {
         let Some(out) = self.out.as_mut() else {
             return;
         };
@@ -316,11 +366,7 @@ impl AllocLogWriter {
         }
         let result = result.and_then(|()| {
             let mut record = [0u8; 27];
-            record[0] = match (alloc, category) {
-                (true, Some(category)) => ALLOC | ((category.index() as u8 + 1) << 4),
-                (true, None) => ALLOC,
-                (false, _) => FREE,
-            };
+            record[0] = tag;
             record[1..3].copy_from_slice(&self.index[slot].to_le_bytes());
             record[3..11].copy_from_slice(&ts_ns.to_le_bytes());
             record[11..19].copy_from_slice(&key.to_le_bytes());
@@ -390,6 +436,25 @@ mod tests {
             kinds,
             vec![(0, true, 10), (1, true, 11), (0, false, 12), (1, false, 13)]
         );
+    }
+
+    #[test]
+    fn a_category_record_recategorises_the_live_block_it_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.alloc");
+        let mut log = AllocLogWriter::create(&path);
+        let other = Some(Category::Other);
+        log.record(0, || "cpu".into(), true, other, 10, 0x1000, 64);
+        log.set_category(0, || unreachable!(), Category::Parameter, 11, 0x1000);
+        // A block not live (freed, or never seen) is not changed by one.
+        log.record(0, || unreachable!(), true, other, 12, 0x2000, 8);
+        log.record(0, || unreachable!(), false, None, 13, 0x2000, 8);
+        log.set_category(0, || unreachable!(), Category::Gradient, 14, 0x2000);
+        log.set_category(0, || unreachable!(), Category::Gradient, 15, 0x3000);
+        log.finish().unwrap();
+        let read = AllocLog::read(&path).unwrap();
+        let categories: Vec<Option<Category>> = read.records.iter().map(|r| r.category).collect();
+        assert_eq!(categories, [Some(Category::Parameter), other, None]);
     }
 
     #[test]

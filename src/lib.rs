@@ -30,6 +30,9 @@
 //! - [`Profile`]: the document written at the end ([`profile`](mod@profile) holds its parts); [`export`]
 //!   renders it (Chrome trace, HTML, PyTorch snapshot), [`units`] formats its figures, and the
 //!   `highwater` command (package `highwater-cli`) reads it.
+//! - [`measure`] / [`Measurement`]: exact heap figures of a closure on the calling thread, for
+//!   tests; [`Budget`], [`assert_peak_below!`], [`assert_no_leak!`] and [`LeakCheck`] turn
+//!   them into assertions with readable failures.
 //! - [`analysis::Timeline`]: the pure analysis every figure comes from.
 //! - [`device`]: device memory pools with admission control and what-if replay.
 //!
@@ -79,6 +82,8 @@ mod collector;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
+mod measure;
+#[cfg(not(loom))]
 pub mod ops;
 #[cfg(not(loom))]
 mod session;
@@ -95,6 +100,11 @@ pub use alloc::Alloc;
 pub use checkpoint::DEFAULT_CHECKPOINT_INTERVAL;
 #[cfg(not(loom))]
 pub use error::Error;
+#[cfg(not(loom))]
+pub use measure::{
+    measure, Budget, BudgetExceeded, IterationReport, LeakCheck, LeakDetected, Measurement,
+    SpanFigures,
+};
 pub use model::{Category, ParseLabelError, SpanLabel, Step};
 pub use profile::{CaptureMode, Profile};
 #[cfg(not(loom))]

@@ -8,6 +8,7 @@
 use std::marker::PhantomData;
 
 use crate::capture;
+use crate::measure::meter;
 use crate::model::SpanLabel;
 
 /// Opens a span on the current thread until the returned [`SpanGuard`] is dropped.
@@ -45,6 +46,8 @@ macro_rules! profile {
 #[derive(Debug)]
 pub struct SpanGuard {
     restore: capture::SpanRestore,
+    /// Which measurements on this thread the span was opened in.
+    measured: meter::SpanMark,
     /// Spans belong to the thread that opened them.
     _not_send: PhantomData<*const ()>,
 }
@@ -56,6 +59,7 @@ impl SpanGuard {
     pub fn enter(name: &'static str, label: SpanLabel) -> SpanGuard {
         SpanGuard {
             restore: capture::span_enter(name, label),
+            measured: meter::span_enter(name),
             _not_send: PhantomData,
         }
     }
@@ -63,6 +67,7 @@ impl SpanGuard {
 
 impl Drop for SpanGuard {
     fn drop(&mut self) {
+        meter::span_exit(self.measured);
         capture::span_exit(self.restore);
     }
 }

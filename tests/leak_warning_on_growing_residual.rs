@@ -51,16 +51,35 @@ fn growing_residual_warns_and_names_the_iteration_span() {
                 window,
                 grew,
                 total_bytes,
+                iterations,
+                run_growth_bytes,
                 ..
-            } => Some((span.as_str(), *window, *grew, *total_bytes)),
+            } => Some((
+                (span.as_str(), *window, *grew, *total_bytes),
+                (*iterations, *run_growth_bytes, w.to_string()),
+            )),
             _ => None,
         })
         .unwrap_or_else(|| panic!("no leak warning in {:#?}", profile.warnings));
     // The rule looks at the last 16 iterations; every one of them kept an activation.
-    let (span, window, grew, total_bytes) = leak;
+    let ((span, window, grew, total_bytes), (iterations, run_growth, sentence)) = leak.clone();
+    let leak = leak.0;
     assert_eq!((span, window, grew), ("train_step", 16, 16));
     assert!(
         (16 * KEPT as i64..16 * (KEPT as i64 + 1024)).contains(&total_bytes),
         "{leak:?}"
+    );
+    // And what the whole run kept, in human units, not only the last 16 iterations'.
+    let (first, last) = (&profile.iterations[0], &profile.iterations[23]);
+    assert_eq!(iterations, 24);
+    assert_eq!(run_growth, last.live_bytes as i64 - first.live_bytes as i64);
+    assert!(run_growth >= 23 * KEPT as i64, "{run_growth}");
+    assert!(!sentence.contains(" bytes"), "raw bytes in {sentence}");
+    assert!(
+        sentence.contains(&format!(
+            "{} over all 24, from the first iteration's end",
+            highwater::units::format_bytes_delta(run_growth)
+        )),
+        "{sentence}"
     );
 }

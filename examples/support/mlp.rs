@@ -11,9 +11,9 @@ pub const BATCH: usize = 128;
 pub const BATCHES: usize = 8;
 /// Op names per layer: matmul, bias add, activation.
 pub const OPS: [[&str; 3]; 3] = [
-    ["fc1.matmul", "fc1.bias", "fc1.relu"],
-    ["fc2.matmul", "fc2.bias", "fc2.relu"],
-    ["fc3.matmul", "fc3.bias", "fc3.relu"],
+    ["fc1.matmul", "fc1.bias_add", "fc1.relu"],
+    ["fc2.matmul", "fc2.bias_add", "fc2.relu"],
+    ["fc3.matmul", "fc3.bias_add", "fc3.relu"],
 ];
 
 pub struct Mlp {

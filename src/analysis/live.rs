@@ -1,16 +1,33 @@
 //! The live map, and what was live at the peak without copying the live set at every new peak.
 //!
+//! # A compact live map
+//!
+//! A live block costs 32 bytes in a slab ([`Block`]: address, size, allocation time, a context
+//! id and a peak epoch) plus one `u32` slot index in its device's hash table, whose buckets
+//! are 5 bytes: about 42 bytes per live block at a million blocks (the test
+//! `a_million_live_blocks_cost_at_most_48_bytes_each` measures it). What the blocks of one
+//! span instance, op and category share (device, thread, owner, span node, op, category) is
+//! stored once, as a [`Context`] the blocks refer to by id, counted so that contexts no block
+//! or peak row needs any more are swept and their ids reused.
+//!
 //! # Live at the peak, incrementally
 //!
-//! Every live entry carries a sequence number: the index of the event that made it (or last
-//! changed its category). When a new global peak is set at event `p`, the set of blocks live at
-//! that instant is exactly the live entries with `seq <= p`. Later events can only end such
-//! entries or change them, so whenever one is ended or recategorised we move a copy of it, as it
-//! was, into a side list; a newer peak clears the list. At any time, live-at-peak is the live
-//! entries with `seq <= p` plus the side list. Each entry enters the side list at most once per
-//! peak, so the cost is O(1) amortised per event and the memory O(blocks live at the peak).
+//! Every block carries the *epoch* it became what it is (allocated, or last recategorised):
+//! the number of global peaks marked before. Marking a new peak bumps the epoch, so the blocks
+//! live at the latest peak are exactly the live blocks with an older epoch than the current
+//! one. (An epoch is a peak count, not an event index, so it fits in 32 bits; on the rare
+//! wrap every live block is renumbered to 0 or 1, which keeps the comparison.) Later events can
+//! only end such blocks or change them, so whenever one is ended or recategorised it is folded,
+//! as it was, into the side rows: bytes and count per context, and the few largest blocks; a
+//! newer peak clears them. At any time, live-at-peak is the live blocks of an older epoch plus
+//! the side rows. The side rows are O(contexts + top allocations) in memory, whatever the
+//! number of blocks live at the peak; each event costs O(1) amortised.
 
-use rustc_hash::FxHashMap;
+use std::hash::{BuildHasher, Hash};
+
+use hashbrown::hash_table::Entry;
+use hashbrown::HashTable;
+use rustc_hash::{FxBuildHasher, FxHashMap};
 
 use crate::model::Category;
 
@@ -25,7 +42,7 @@ pub(crate) struct Origin {
     /// Span tree node, [`NONE`] outside every (known) span.
     pub(crate) node: u32,
     /// The timeline's id of the (op name, shape, dtype) of the innermost open op, [`NONE`]
-    /// when no op was open. One id instead of three keeps a live entry within a cache line.
+    /// when no op was open.
     pub(crate) op: u32,
 }
 
@@ -37,15 +54,13 @@ impl Origin {
     };
 }
 
-/// One live block.
-#[derive(Debug, Clone, Copy)]
+/// One live block, as the timeline sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LiveEntry {
     /// Bytes.
     pub(crate) size: u64,
     /// Timestamp of the allocation, ns (decides whether a late free belongs to this life).
     pub(crate) ts: u64,
-    /// Index of the event that allocated it or last changed its category (peak accounting).
-    pub(crate) seq: u64,
     /// Thread that allocated it.
     pub(crate) thread: u32,
     /// Span instance that owns it for residual accounting, [`NONE`] outside spans.
@@ -54,6 +69,195 @@ pub(crate) struct LiveEntry {
     pub(crate) origin: Origin,
     /// Its category now.
     pub(crate) category: Category,
+}
+
+/// What blocks share: everything about a live block but its address, size and time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Context {
+    device: DeviceId,
+    category: Category,
+    thread: u32,
+    owner: u32,
+    origin: Origin,
+}
+
+/// A live block in the slab. 32 bytes.
+#[derive(Debug, Clone, Copy, Default)]
+struct Block {
+    /// Address or tensor id; for a free slab slot, the next free slot ([`NONE`]: none).
+    addr: u64,
+    size: u64,
+    ts: u64,
+    /// Its [`Context`] id.
+    context: u32,
+    /// Peaks marked before it became what it is.
+    epoch: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Block>() == 32);
+
+/// Blocks per slab page: the slab grows a page at a time, never by doubling.
+const PAGE: usize = 4096;
+
+/// Blocks in pages, addressed by `u32` index, with a free list through the free slots.
+#[derive(Debug, Default)]
+struct Slab {
+    pages: Vec<Box<[Block; PAGE]>>,
+    /// Slots ever handed out (the next fresh index).
+    used: u32,
+    /// Head of the free list ([`NONE`]: empty).
+    free: Option<u32>,
+}
+
+impl Slab {
+    #[inline]
+    fn get(&self, index: u32) -> &Block {
+        &self.pages[index as usize / PAGE][index as usize % PAGE]
+    }
+
+    #[inline]
+    fn get_mut(&mut self, index: u32) -> &mut Block {
+        &mut self.pages[index as usize / PAGE][index as usize % PAGE]
+    }
+
+    /// The index the next [`Slab::insert`] returns.
+    #[inline]
+    fn next_index(&self) -> u32 {
+        self.free.unwrap_or(self.used)
+    }
+
+    fn insert(&mut self, block: Block) -> u32 {
+        if let Some(index) = self.free {
+            let next = self.get(index).addr;
+            self.free = (next != u64::from(NONE)).then_some(next as u32);
+            *self.get_mut(index) = block;
+            return index;
+        }
+        let index = self.used;
+        if (index as usize).is_multiple_of(PAGE) {
+            self.pages.push(Box::new([Block::default(); PAGE]));
+        }
+        self.used += 1;
+        *self.get_mut(index) = block;
+        index
+    }
+
+    fn remove(&mut self, index: u32) -> Block {
+        let next = self.free.map_or(u64::from(NONE), u64::from);
+        let slot = self.get_mut(index);
+        let block = *slot;
+        slot.addr = next;
+        self.free = Some(index);
+        block
+    }
+
+    #[cfg(test)]
+    fn heap_bytes(&self) -> usize {
+        self.pages.capacity() * std::mem::size_of::<usize>()
+            + self.pages.len() * std::mem::size_of::<[Block; PAGE]>()
+    }
+}
+
+/// Threads whose last context is remembered.
+const RECENT: usize = 8;
+
+/// Interned contexts with reference counts (live blocks and side rows that use each).
+#[derive(Debug, Default)]
+struct Contexts {
+    table: Vec<(Context, u32)>,
+    ids: FxHashMap<Context, u32>,
+    /// Ids of swept contexts, for reuse.
+    free: Vec<u32>,
+    /// Contexts with a non-zero count.
+    in_use: usize,
+    /// The last context interned per thread (by thread number modulo [`RECENT`]): a thread's
+    /// consecutive blocks mostly share one, while threads interleave.
+    recent: [Option<(Context, u32)>; RECENT],
+}
+
+impl Contexts {
+    /// The id of `context`, with one more reference.
+    #[inline]
+    fn acquire(&mut self, context: Context) -> u32 {
+        let slot = context.thread as usize % RECENT;
+        let id = match self.recent[slot] {
+            Some((recent, id)) if recent == context => id,
+            _ => {
+                let id = self.intern(context);
+                self.recent[slot] = Some((context, id));
+                id
+            }
+        };
+        self.retain(id);
+        id
+    }
+
+    fn intern(&mut self, context: Context) -> u32 {
+        if let Some(&id) = self.ids.get(&context) {
+            return id;
+        }
+        // Sweep unused contexts once they outnumber the used ones (amortised O(1)): counts
+        // that reach zero are not removed at once, since a context often comes right back.
+        if self.free.is_empty() && self.table.len() >= 2 * self.in_use + 1024 {
+            self.sweep();
+        }
+        let id = match self.free.pop() {
+            Some(id) => {
+                self.table[id as usize] = (context, 0);
+                id
+            }
+            None => {
+                self.table.push((context, 0));
+                u32::try_from(self.table.len() - 1).unwrap_or(NONE)
+            }
+        };
+        self.ids.insert(context, id);
+        id
+    }
+
+    fn sweep(&mut self) {
+        let Contexts {
+            table, ids, free, ..
+        } = self;
+        ids.retain(|_, id| {
+            let unused = table[*id as usize].1 == 0;
+            if unused {
+                free.push(*id);
+            }
+            !unused
+        });
+        self.recent = [None; RECENT];
+    }
+
+    #[inline]
+    fn retain(&mut self, id: u32) {
+        let count = &mut self.table[id as usize].1;
+        *count += 1;
+        if *count == 1 {
+            self.in_use += 1;
+        }
+    }
+
+    #[inline]
+    fn release(&mut self, id: u32) {
+        let count = &mut self.table[id as usize].1;
+        *count -= 1;
+        if *count == 0 {
+            self.in_use -= 1;
+        }
+    }
+
+    #[inline]
+    fn get(&self, id: u32) -> Context {
+        self.table[id as usize].0
+    }
+
+    #[cfg(test)]
+    fn heap_bytes(&self) -> usize {
+        self.table.capacity() * std::mem::size_of::<(Context, u32)>()
+            + self.ids.capacity() * (std::mem::size_of::<(Context, u32)>() + 1)
+            + self.free.capacity() * 4
+    }
 }
 
 /// What a free did to the live map.
@@ -68,25 +272,114 @@ pub(crate) enum Freed {
     Unknown,
 }
 
+/// A block in the list of the largest at the peak.
+#[derive(Debug, Clone, Copy)]
+struct Ranked {
+    device: DeviceId,
+    addr: u64,
+    block: Block,
+}
+
+/// The largest first, then allocated earlier, then by key.
+fn rank_order(a: &Ranked, b: &Ranked) -> std::cmp::Ordering {
+    b.block
+        .size
+        .cmp(&a.block.size)
+        .then(a.block.ts.cmp(&b.block.ts))
+        .then(a.device.cmp(&b.device))
+        .then(a.addr.cmp(&b.addr))
+}
+
 /// Live blocks keyed by (device, address), with the live-at-peak bookkeeping.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct LiveSet {
-    map: FxHashMap<(DeviceId, u64), LiveEntry>,
-    /// Sequence number of the event that set the current global peak.
-    peak_seq: Option<u64>,
-    /// Blocks live at the peak that were ended or changed since, as they were at the peak.
-    since_peak: Vec<(DeviceId, LiveEntry)>,
+    /// Per device (by id): slab index of each live block, hashed by address.
+    index: Vec<HashTable<u32>>,
+    slab: Slab,
+    contexts: Contexts,
+    live: usize,
+    /// Peaks marked so far (wrapping: see [`LiveSet::mark_peak`]).
+    epoch: u32,
+    /// Some peak was marked.
+    peaked: bool,
+    /// Blocks live at the peak that were ended or changed since, as they were at the peak:
+    /// bytes and count per context...
+    since_peak: FxHashMap<u32, (u64, u64)>,
+    /// ...and the largest of them, at most `top` (sorted by [`rank_order`]).
+    since_peak_top: Vec<Ranked>,
+    top: usize,
+}
+
+#[inline]
+fn hash(addr: u64) -> u64 {
+    FxBuildHasher.hash_one(addr)
 }
 
 impl LiveSet {
-    fn was_live_at_peak(&self, entry: &LiveEntry) -> bool {
-        self.peak_seq.is_some_and(|peak| entry.seq <= peak)
+    /// An empty set that can list the `top` largest blocks at the peak.
+    pub(crate) fn new(top: usize) -> LiveSet {
+        LiveSet {
+            index: Vec::new(),
+            slab: Slab::default(),
+            contexts: Contexts::default(),
+            live: 0,
+            epoch: 0,
+            peaked: false,
+            since_peak: FxHashMap::default(),
+            since_peak_top: Vec::new(),
+            top,
+        }
     }
 
-    fn remember(&mut self, device: DeviceId, entry: LiveEntry) {
-        if self.was_live_at_peak(&entry) {
-            self.since_peak.push((device, entry));
+    #[inline]
+    fn was_live_at_peak(&self, block: &Block) -> bool {
+        self.peaked && block.epoch != self.epoch
+    }
+
+    fn entry(&self, block: &Block) -> LiveEntry {
+        let context = self.contexts.get(block.context);
+        LiveEntry {
+            size: block.size,
+            ts: block.ts,
+            thread: context.thread,
+            owner: context.owner,
+            origin: context.origin,
+            category: context.category,
         }
+    }
+
+    /// Folds a block that was live at the peak into the side rows; the rows take over the
+    /// block's reference to its context.
+    fn remember(&mut self, device: DeviceId, block: Block) {
+        let row = self.since_peak.entry(block.context).or_insert((0, 0));
+        let new_row = row.1 == 0;
+        row.0 = row.0.saturating_add(block.size);
+        row.1 += 1;
+        if !new_row {
+            self.contexts.release(block.context);
+        }
+        if self.top == 0 {
+            return;
+        }
+        let ranked = Ranked {
+            device,
+            addr: block.addr,
+            block,
+        };
+        let kept = &mut self.since_peak_top;
+        if kept.len() == self.top {
+            match kept.last() {
+                Some(worst) if rank_order(&ranked, worst).is_lt() => {
+                    if let Some(dropped) = kept.pop() {
+                        self.contexts.release(dropped.block.context);
+                    }
+                }
+                _ => return,
+            }
+        }
+        let at = kept.partition_point(|other| rank_order(other, &ranked).is_lt());
+        kept.insert(at, ranked);
+        self.contexts.retain(block.context);
     }
 
     /// Makes `entry` live at `(device, addr)`; returns the entry it displaced, if the key was
@@ -97,81 +390,178 @@ impl LiveSet {
         addr: u64,
         entry: LiveEntry,
     ) -> Option<LiveEntry> {
-        let old = self.map.insert((device, addr), entry)?;
-        self.remember(device, old);
-        Some(old)
+        let context = self.contexts.acquire(Context {
+            device,
+            category: entry.category,
+            thread: entry.thread,
+            owner: entry.owner,
+            origin: entry.origin,
+        });
+        let block = Block {
+            addr,
+            size: entry.size,
+            ts: entry.ts,
+            context,
+            epoch: self.epoch,
+        };
+        let LiveSet { index, slab, .. } = self;
+        let slot = usize::from(device.0);
+        if slot >= index.len() {
+            index.resize_with(slot + 1, HashTable::new);
+        }
+        // One probe: the slot index the block will get is known before it is stored.
+        let next = slab.next_index();
+        let found = match index[slot].entry(
+            hash(addr),
+            |&i| slab.get(i).addr == addr,
+            |&i| hash(slab.get(i).addr),
+        ) {
+            Entry::Occupied(found) => *found.get(),
+            Entry::Vacant(vacant) => {
+                vacant.insert(next);
+                let at = slab.insert(block);
+                debug_assert_eq!(at, next);
+                self.live += 1;
+                return None;
+            }
+        };
+        let old = std::mem::replace(self.slab.get_mut(found), block);
+        let displaced = self.entry(&old);
+        self.end_block(device, old);
+        Some(displaced)
+    }
+
+    /// A block stopped being what it was at the peak (ended, or about to change): side rows
+    /// keep it if it counted there; otherwise its context reference is dropped.
+    fn end_block(&mut self, device: DeviceId, block: Block) {
+        if self.was_live_at_peak(&block) {
+            self.remember(device, block);
+        } else {
+            self.contexts.release(block.context);
+        }
     }
 
     /// Ends the block at `(device, addr)` for a free stamped `ts`.
     pub(crate) fn free(&mut self, device: DeviceId, addr: u64, ts: u64) -> Freed {
-        use std::collections::hash_map::Entry;
-        match self.map.entry((device, addr)) {
-            Entry::Vacant(_) => Freed::Unknown,
-            Entry::Occupied(live) if ts < live.get().ts => Freed::Straggler,
-            Entry::Occupied(live) => {
-                let entry = live.remove();
-                self.remember(device, entry);
-                Freed::Ended(entry)
-            }
+        let LiveSet { index, slab, .. } = self;
+        let Some(table) = index.get_mut(usize::from(device.0)) else {
+            return Freed::Unknown;
+        };
+        let Ok(found) = table.find_entry(hash(addr), |&i| slab.get(i).addr == addr) else {
+            return Freed::Unknown;
+        };
+        let at = *found.get();
+        if ts < slab.get(at).ts {
+            return Freed::Straggler;
         }
+        found.remove();
+        let block = slab.remove(at);
+        self.live -= 1;
+        let entry = self.entry(&block);
+        self.end_block(device, block);
+        Freed::Ended(entry)
     }
 
-    /// Changes the category of a live block at event `seq`; returns `(size, old category)`
-    /// when the block is live and its category changed.
+    fn find(&self, device: DeviceId, addr: u64) -> Option<u32> {
+        let table = self.index.get(usize::from(device.0))?;
+        table
+            .find(hash(addr), |&i| self.slab.get(i).addr == addr)
+            .copied()
+    }
+
+    /// Changes the category of a live block; returns `(size, old category)` when the block is
+    /// live and its category changed.
     pub(crate) fn set_category(
         &mut self,
         device: DeviceId,
         addr: u64,
         category: Category,
-        seq: u64,
     ) -> Option<(u64, Category)> {
-        let peak = self.peak_seq;
-        let entry = self.map.get_mut(&(device, addr))?;
-        if entry.category == category {
+        let at = self.find(device, addr)?;
+        let before = *self.slab.get(at);
+        let old = self.contexts.get(before.context);
+        if old.category == category {
             return None;
         }
-        let before = *entry;
-        entry.category = category;
-        // From the peak's point of view the block is now a new one: keep the old one in the
-        // side list and give the live one this event's sequence number.
-        entry.seq = seq;
-        if peak.is_some_and(|peak| before.seq <= peak) {
-            self.since_peak.push((device, before));
-        }
-        Some((before.size, before.category))
+        let context = self.contexts.acquire(Context { category, ..old });
+        // From the peak's point of view the block is now a new one: the side rows keep it as
+        // it was, and the live one gets the current epoch.
+        self.end_block(device, before);
+        let block = self.slab.get_mut(at);
+        block.context = context;
+        block.epoch = self.epoch;
+        Some((before.size, old.category))
     }
 
     /// Sets the op (name, shape, dtype id) of a live block; unknown blocks are ignored.
     pub(crate) fn annotate(&mut self, device: DeviceId, addr: u64, op: u32) {
-        if let Some(entry) = self.map.get_mut(&(device, addr)) {
-            entry.origin.op = op;
+        let Some(at) = self.find(device, addr) else {
+            return;
+        };
+        let before = self.slab.get(at).context;
+        let mut context = self.contexts.get(before);
+        context.origin.op = op;
+        let after = self.contexts.acquire(context);
+        self.contexts.release(before);
+        self.slab.get_mut(at).context = after;
+    }
+
+    /// Records that the latest event set a new global peak: every block live now counts at it.
+    pub(crate) fn mark_peak(&mut self) {
+        if self.epoch == u32::MAX {
+            // Renumber before wrapping: once this peak is marked every live block is older than
+            // the current epoch, whatever its number was.
+            for table in &self.index {
+                for &at in table {
+                    self.slab.get_mut(at).epoch = 0;
+                }
+            }
+            self.epoch = 0;
+        }
+        self.epoch += 1;
+        self.peaked = true;
+        if !self.since_peak.is_empty() || !self.since_peak_top.is_empty() {
+            for &context in self.since_peak.keys() {
+                self.contexts.release(context);
+            }
+            self.since_peak.clear();
+            for ranked in self.since_peak_top.drain(..) {
+                self.contexts.release(ranked.block.context);
+            }
         }
     }
 
-    /// Records that the event `seq` set a new global peak.
-    pub(crate) fn mark_peak(&mut self, seq: u64) {
-        self.peak_seq = Some(seq);
-        self.since_peak.clear();
-    }
-
-    /// Every block that was live at the current peak, as it was then.
-    pub(crate) fn at_peak(&self) -> impl Iterator<Item = (DeviceId, &LiveEntry)> + '_ {
-        let still_live = self
-            .map
+    /// Live blocks at the current peak: (device, address, block).
+    fn still_live_at_peak(&self) -> impl Iterator<Item = (DeviceId, &Block)> + '_ {
+        self.index
             .iter()
-            .filter(|(_, entry)| self.was_live_at_peak(entry))
-            .map(|(&(device, _), entry)| (device, entry));
-        still_live.chain(
-            self.since_peak
-                .iter()
-                .map(|(device, entry)| (*device, entry)),
-        )
+            .enumerate()
+            .flat_map(move |(device, table)| {
+                let device = DeviceId(u16::try_from(device).unwrap_or(u16::MAX));
+                table
+                    .iter()
+                    .map(move |&at| self.slab.get(at))
+                    .filter(|block| self.was_live_at_peak(block))
+                    .map(move |block| (device, block))
+            })
     }
 
     /// Number of live blocks.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        self.live
+    }
+
+    /// Heap bytes the live map holds (tables, slab, contexts, side rows).
+    #[cfg(test)]
+    pub(crate) fn heap_bytes(&self) -> usize {
+        let tables: usize = self.index.iter().map(HashTable::allocation_size).sum();
+        tables
+            + self.index.capacity() * std::mem::size_of::<HashTable<u32>>()
+            + self.slab.heap_bytes()
+            + self.contexts.heap_bytes()
+            + self.since_peak.capacity() * (std::mem::size_of::<(u32, (u64, u64))>() + 1)
+            + self.since_peak_top.capacity() * std::mem::size_of::<Ranked>()
     }
 }
 
@@ -185,16 +575,23 @@ pub(crate) struct GroupKey {
 
 /// Aggregates live-at-peak blocks by [`GroupKey`]: `(key, bytes, count)`, in no order.
 pub(crate) fn group_at_peak(live: &LiveSet) -> Vec<(GroupKey, u64, u64)> {
+    let mut by_context: FxHashMap<u32, (u64, u64)> = live.since_peak.clone();
+    for (_, block) in live.still_live_at_peak() {
+        let row = by_context.entry(block.context).or_default();
+        row.0 = row.0.saturating_add(block.size);
+        row.1 += 1;
+    }
     let mut groups: FxHashMap<GroupKey, (u64, u64)> = FxHashMap::default();
-    for (device, entry) in live.at_peak() {
+    for (context, (bytes, count)) in by_context {
+        let context = live.contexts.get(context);
         let key = GroupKey {
-            origin: entry.origin,
-            category: entry.category,
-            device,
+            origin: context.origin,
+            category: context.category,
+            device: context.device,
         };
         let group = groups.entry(key).or_default();
-        group.0 = group.0.saturating_add(entry.size);
-        group.1 += 1;
+        group.0 = group.0.saturating_add(bytes);
+        group.1 += count;
     }
     groups
         .into_iter()
@@ -202,35 +599,39 @@ pub(crate) fn group_at_peak(live: &LiveSet) -> Vec<(GroupKey, u64, u64)> {
         .collect()
 }
 
-/// The `n` largest blocks live at the peak, largest first (ties: allocated earlier first).
+/// The `n` largest blocks live at the peak, largest first (ties: allocated earlier first,
+/// then by device and address).
 pub(crate) fn largest_at_peak(live: &LiveSet, n: usize) -> Vec<(DeviceId, LiveEntry)> {
-    let mut all: Vec<(DeviceId, LiveEntry)> = live.at_peak().map(|(d, e)| (d, *e)).collect();
-    let order = |a: &(DeviceId, LiveEntry), b: &(DeviceId, LiveEntry)| {
-        b.1.size
-            .cmp(&a.1.size)
-            .then(a.1.seq.cmp(&b.1.seq))
-            .then(a.0.cmp(&b.0))
-    };
     if n == 0 {
         return Vec::new();
     }
+    let mut all: Vec<Ranked> = live
+        .still_live_at_peak()
+        .map(|(device, block)| Ranked {
+            device,
+            addr: block.addr,
+            block: *block,
+        })
+        .chain(live.since_peak_top.iter().copied())
+        .collect();
     if all.len() > n {
-        all.select_nth_unstable_by(n - 1, order);
+        all.select_nth_unstable_by(n - 1, rank_order);
         all.truncate(n);
     }
-    all.sort_unstable_by(order);
-    all
+    all.sort_unstable_by(rank_order);
+    all.into_iter()
+        .map(|ranked| (ranked.device, live.entry(&ranked.block)))
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn entry(size: u64, ts: u64, seq: u64) -> LiveEntry {
+    fn entry(size: u64, ts: u64) -> LiveEntry {
         LiveEntry {
             size,
             ts,
-            seq,
             thread: 0,
             owner: NONE,
             origin: Origin::NOWHERE,
@@ -239,31 +640,36 @@ mod tests {
     }
 
     fn sizes_at_peak(live: &LiveSet) -> Vec<u64> {
-        let mut sizes: Vec<u64> = live.at_peak().map(|(_, e)| e.size).collect();
+        let mut sizes: Vec<u64> = largest_at_peak(live, usize::MAX >> 1)
+            .iter()
+            .map(|(_, e)| e.size)
+            .collect();
         sizes.sort_unstable();
+        let grouped: u64 = group_at_peak(live).iter().map(|(_, bytes, _)| bytes).sum();
+        assert_eq!(grouped, sizes.iter().sum::<u64>(), "rows and blocks agree");
         sizes
     }
 
     #[test]
     fn blocks_freed_after_the_peak_still_count_at_the_peak() {
         let cpu = DeviceId::CPU;
-        let mut live = LiveSet::default();
-        live.insert(cpu, 1, entry(10, 0, 0));
-        live.insert(cpu, 2, entry(20, 1, 1));
-        live.mark_peak(1);
+        let mut live = LiveSet::new(8);
+        live.insert(cpu, 1, entry(10, 0));
+        live.insert(cpu, 2, entry(20, 1));
+        live.mark_peak();
         assert!(matches!(live.free(cpu, 1, 2), Freed::Ended(_)));
-        live.insert(cpu, 3, entry(5, 3, 3));
+        live.insert(cpu, 3, entry(5, 3));
         assert_eq!(sizes_at_peak(&live), vec![10, 20]);
-        // A higher peak forgets the side list.
-        live.insert(cpu, 4, entry(100, 4, 4));
-        live.mark_peak(4);
+        // A higher peak forgets the side rows.
+        live.insert(cpu, 4, entry(100, 4));
+        live.mark_peak();
         assert_eq!(sizes_at_peak(&live), vec![5, 20, 100]);
     }
 
     #[test]
     fn a_free_older_than_the_block_is_a_straggler() {
-        let mut live = LiveSet::default();
-        live.insert(DeviceId::CPU, 1, entry(10, 50, 0));
+        let mut live = LiveSet::new(8);
+        live.insert(DeviceId::CPU, 1, entry(10, 50));
         assert!(matches!(live.free(DeviceId::CPU, 1, 49), Freed::Straggler));
         assert!(matches!(live.free(DeviceId(1), 1, 60), Freed::Unknown));
         assert_eq!(live.len(), 1);
@@ -272,32 +678,135 @@ mod tests {
     }
 
     #[test]
-    fn recategorised_blocks_count_at_the_peak_as_they_were() {
-        let mut live = LiveSet::default();
-        live.insert(DeviceId::CPU, 1, entry(10, 0, 0));
-        live.mark_peak(0);
-        let changed = live.set_category(DeviceId::CPU, 1, Category::Parameter, 1);
-        assert_eq!(changed, Some((10, Category::Other)));
-        let at_peak: Vec<Category> = live.at_peak().map(|(_, e)| e.category).collect();
-        assert_eq!(at_peak, vec![Category::Other]);
+    fn the_same_address_on_two_devices_is_two_blocks() {
+        let mut live = LiveSet::new(8);
+        assert_eq!(live.insert(DeviceId::CPU, 7, entry(10, 0)), None);
+        assert_eq!(live.insert(DeviceId(3), 7, entry(20, 1)), None);
+        assert_eq!(
+            live.insert(DeviceId(3), 7, entry(30, 2)),
+            Some(entry(20, 1))
+        );
+        let Freed::Ended(ended) = live.free(DeviceId::CPU, 7, 5) else {
+            panic!("the CPU block was live");
+        };
+        assert_eq!(ended, entry(10, 0));
+        assert_eq!(live.len(), 1);
     }
 
     #[test]
-    fn a_live_map_slot_fits_in_a_cache_line() {
-        assert!(std::mem::size_of::<((DeviceId, u64), LiveEntry)>() <= 64);
+    fn recategorised_blocks_count_at_the_peak_as_they_were() {
+        let mut live = LiveSet::new(8);
+        live.insert(DeviceId::CPU, 1, entry(10, 0));
+        live.mark_peak();
+        let changed = live.set_category(DeviceId::CPU, 1, Category::Parameter);
+        assert_eq!(changed, Some((10, Category::Other)));
+        let at_peak: Vec<Category> = largest_at_peak(&live, 8)
+            .iter()
+            .map(|(_, e)| e.category)
+            .collect();
+        assert_eq!(at_peak, vec![Category::Other]);
+        let rows: Vec<(Category, u64)> = group_at_peak(&live)
+            .iter()
+            .map(|(key, bytes, _)| (key.category, *bytes))
+            .collect();
+        assert_eq!(rows, vec![(Category::Other, 10)]);
+        // After a new peak the block counts as it is now.
+        live.mark_peak();
+        assert_eq!(largest_at_peak(&live, 8)[0].1.category, Category::Parameter);
+    }
+
+    #[test]
+    fn side_rows_keep_bytes_per_context_and_only_the_largest_blocks() {
+        let cpu = DeviceId::CPU;
+        let mut live = LiveSet::new(2);
+        for addr in 0..100u64 {
+            live.insert(cpu, addr, entry(addr + 1, addr));
+        }
+        live.mark_peak();
+        for addr in 0..100u64 {
+            assert!(matches!(live.free(cpu, addr, 200), Freed::Ended(_)));
+        }
+        assert_eq!(live.since_peak.len(), 1);
+        assert_eq!(live.since_peak_top.len(), 2);
+        let rows = group_at_peak(&live);
+        assert_eq!(rows.len(), 1);
+        assert_eq!((rows[0].1, rows[0].2), ((1..=100).sum::<u64>(), 100));
+        let top: Vec<u64> = largest_at_peak(&live, 2)
+            .iter()
+            .map(|(_, e)| e.size)
+            .collect();
+        assert_eq!(top, vec![100, 99]);
+    }
+
+    #[test]
+    fn contexts_no_block_uses_are_swept_and_reused() {
+        let cpu = DeviceId::CPU;
+        let mut live = LiveSet::new(4);
+        for owner in 0..100_000u32 {
+            let mut e = entry(8, u64::from(owner));
+            e.owner = owner;
+            live.insert(cpu, 1, e);
+            assert!(matches!(live.free(cpu, 1, u64::MAX), Freed::Ended(_)));
+        }
+        assert!(
+            live.contexts.table.len() < 4096,
+            "{}",
+            live.contexts.table.len()
+        );
+    }
+
+    #[test]
+    fn the_epoch_wraps_without_losing_who_was_live_at_the_peak() {
+        let cpu = DeviceId::CPU;
+        let mut live = LiveSet::new(8);
+        live.insert(cpu, 1, entry(10, 0));
+        live.epoch = u32::MAX - 1;
+        live.mark_peak();
+        live.insert(cpu, 2, entry(20, 1));
+        live.mark_peak();
+        assert_eq!(live.epoch, 1);
+        live.insert(cpu, 3, entry(30, 2));
+        assert_eq!(sizes_at_peak(&live), vec![10, 20]);
     }
 
     #[test]
     fn largest_keeps_the_top_n_in_order() {
-        let mut live = LiveSet::default();
+        let mut live = LiveSet::new(3);
         for (i, size) in [5u64, 50, 7, 50, 1].into_iter().enumerate() {
-            live.insert(DeviceId::CPU, i as u64, entry(size, 0, i as u64));
+            live.insert(DeviceId::CPU, i as u64, entry(size, i as u64));
         }
-        live.mark_peak(10);
+        live.mark_peak();
         let top: Vec<(u64, u64)> = largest_at_peak(&live, 3)
             .iter()
-            .map(|(_, e)| (e.size, e.seq))
+            .map(|(_, e)| (e.size, e.ts))
             .collect();
         assert_eq!(top, vec![(50, 1), (50, 3), (7, 2)]);
+    }
+
+    /// The budget: recording adds at most 48 bytes per live allocation.
+    #[test]
+    fn a_million_live_blocks_cost_at_most_48_bytes_each() {
+        const BLOCKS: u64 = 1_000_000;
+        let mut live = LiveSet::new(32);
+        for (i, addr) in (0..BLOCKS).map(|i| (i, 0x7f00_0000_0000 + i * 48)) {
+            let mut e = entry(32 + i % 512, i);
+            // A few thousand contexts: span instances and ops as a training step has them.
+            e.owner = (i % 4096) as u32;
+            e.category = Category::from_index((i % 5) as u8);
+            live.insert(DeviceId::CPU, addr, e);
+        }
+        live.mark_peak();
+        // Free and reallocate a tenth, so the free list is used as well.
+        for i in (0..BLOCKS).step_by(10) {
+            let addr = 0x7f00_0000_0000 + i * 48;
+            assert!(matches!(
+                live.free(DeviceId::CPU, addr, i + BLOCKS),
+                Freed::Ended(_)
+            ));
+            live.insert(DeviceId::CPU, addr, entry(64, i + BLOCKS));
+        }
+        assert_eq!(live.len() as u64, BLOCKS);
+        let per_block = live.heap_bytes() as f64 / BLOCKS as f64;
+        assert!(per_block <= 48.0, "{per_block:.1} bytes per live block");
     }
 }

@@ -298,9 +298,9 @@ impl Timeline {
     /// An empty timeline that knows only the `cpu` device.
     pub fn new(config: TimelineConfig) -> Timeline {
         Timeline {
+            live: LiveSet::new(config.top_allocations),
             config,
             names: Interner::new(),
-            live: LiveSet::default(),
             devices: Vec::new(),
             spans: Spans::default(),
             threads: FxHashMap::default(),
@@ -390,7 +390,7 @@ impl Timeline {
                     category,
                     is_alloc: true,
                 };
-                self.make_live(event, seq, block);
+                self.make_live(event, block);
                 self.changed(device, ts, seq);
             }
             EventKind::Free { device, addr, .. } => {
@@ -442,7 +442,7 @@ impl Timeline {
                     category,
                     is_alloc: false,
                 };
-                self.make_live(event, seq, block);
+                self.make_live(event, block);
                 self.changed(device, ts, seq);
             }
             EventKind::SetCategory {
@@ -451,7 +451,7 @@ impl Timeline {
                 category,
             } => {
                 self.device(device);
-                if let Some((size, old)) = self.live.set_category(device, addr, category, seq) {
+                if let Some((size, old)) = self.live.set_category(device, addr, category) {
                     let state = self.device(device);
                     state.sub(old, size);
                     state.add(category, size);
@@ -586,7 +586,7 @@ impl Timeline {
 
     /// Inserts a live block for an alloc or the new side of a realloc; a block already live at
     /// the key is ended (as if freed now) and counted as a repair.
-    fn make_live(&mut self, event: &Event, seq: u64, block: NewBlock) {
+    fn make_live(&mut self, event: &Event, block: NewBlock) {
         let NewBlock {
             device,
             addr,
@@ -599,7 +599,6 @@ impl Timeline {
         let entry = LiveEntry {
             size,
             ts: event.ts_ns,
-            seq,
             thread: event.thread,
             owner,
             origin,
@@ -656,7 +655,7 @@ impl Timeline {
                 device: Some(device),
                 by_category,
             };
-            self.live.mark_peak(seq);
+            self.live.mark_peak();
         }
         let measure = if live >= self.measure || self.devices.len() == 1 {
             live
@@ -1107,12 +1106,17 @@ fn leak_warning(iterations: &[IterationResidual]) -> Option<Warning> {
         return None;
     }
     let span = iterations.first().map_or("", |i| i.span.as_str());
+    // What the run kept in all: from the end of the first iteration to the end of the last.
+    let (first, last) = (iterations.first()?, iterations.last()?);
     Some(Warning::GrowingResidual {
         span: span.to_string(),
         window: window.len() as u64,
         grew: grew as u64,
         total_bytes: total,
         per_iteration_bytes: total / window.len() as i64,
+        // The list may be a sample; indices count every iteration.
+        iterations: last.index.saturating_add(1),
+        run_growth_bytes: super::iterations::signed_delta(first.live_bytes, last.live_bytes),
     })
 }
 
@@ -1629,6 +1633,8 @@ mod tests {
                 grew: 9,
                 total_bytes: 9 * 1024,
                 per_iteration_bytes: 1024,
+                iterations: 10,
+                run_growth_bytes: 9 * 1024,
             }]
         );
         let fine = steady.finish();
@@ -1751,6 +1757,8 @@ mod tests {
             grew: 16,
             total_bytes: 16 * 16,
             per_iteration_bytes: 16,
+            iterations: 200_000,
+            run_growth_bytes: 3_200_000 - profile.iterations[0].live_bytes as i64,
         }));
     }
 }

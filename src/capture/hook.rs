@@ -9,12 +9,12 @@
 use std::cell::Cell;
 use std::sync::atomic::{compiler_fence, AtomicU64};
 
-use super::raw::{RawEvent, RawKind};
+use super::raw::{PoolReport, RawEvent, RawKind};
 use super::registry::REGISTRY;
 use super::ring::{Pushed, Ring, WhenFull};
 use super::sync::{AtomicBool, Ordering};
 use super::{clock, lifecycle, wake};
-use crate::model::{CategoryScope, SpanLabel};
+use crate::model::{Category, CategoryScope, SpanLabel};
 
 /// Open while a session records. Read on every hook call (Relaxed first, then SeqCst inside
 /// the ring's stop protocol); written only by the session.
@@ -345,19 +345,28 @@ pub(crate) fn take_waits() -> u64 {
 /// Records a heap allocation that the inner allocator just made.
 #[inline(always)]
 pub(crate) fn record_alloc(addr: usize, size: usize) {
-    record_one(
-        RawKind::Alloc,
-        0,
-        Flags::ScopeCategory,
-        addr as u64,
-        size as u64,
-    );
+    emit([RawKind::Alloc], |current, ticks| {
+        [RawEvent::alloc(
+            ticks,
+            current.span,
+            current.scope.category(),
+            addr as u64,
+            size as u64,
+        )]
+    });
 }
 
 /// Records a heap free that is about to happen.
 #[inline(always)]
 pub(crate) fn record_free(addr: usize, size: usize) {
-    record_one(RawKind::Free, 0, Flags::Value(0), addr as u64, size as u64);
+    emit([RawKind::Free], |current, ticks| {
+        [RawEvent::free(
+            ticks,
+            current.span,
+            addr as u64,
+            size as u64,
+        )]
+    });
 }
 
 /// Records a completed realloc as one unit. `released` was read before the inner realloc
@@ -374,24 +383,14 @@ pub(crate) fn record_realloc(
     emit(
         [RawKind::ReallocFrom, RawKind::ReallocTo],
         |current, ticks| {
-            let event = |kind: RawKind, ticks: u64, addr: usize, size: usize| RawEvent {
+            RawEvent::realloc(
+                released,
                 ticks,
-                kind: kind as u8,
-                flags: current.scope.category() as u8,
-                device: 0,
-                span: current.span,
-                a: addr as u64,
-                b: size as u64,
-            };
-            [
-                event(
-                    RawKind::ReallocFrom,
-                    released.min(ticks),
-                    old_addr,
-                    old_size,
-                ),
-                event(RawKind::ReallocTo, ticks, new_addr, new_size),
-            ]
+                current.span,
+                current.scope.category(),
+                (old_addr as u64, old_size as u64),
+                (new_addr as u64, new_size as u64),
+            )
         },
     );
 }
@@ -412,15 +411,13 @@ pub(crate) fn span_enter(name: &'static str, label: SpanLabel) -> SpanRestore {
     current.scope = current.scope.enter(label);
     set_state(current);
     emit([RawKind::SpanEnter], |_, ticks| {
-        [RawEvent {
+        [RawEvent::span_enter(
             ticks,
-            kind: RawKind::SpanEnter as u8,
-            flags: label.to_byte(),
-            device: 0,
-            span: restore.span,
-            a: name.as_ptr() as u64,
-            b: (name.len() as u64 & 0xFFFF_FFFF) | (u64::from(restore.id) << 32),
-        }]
+            restore.span,
+            name,
+            restore.id,
+            label,
+        )]
     });
     restore
 }
@@ -431,15 +428,7 @@ pub(crate) fn span_exit(restore: SpanRestore) {
         return;
     }
     emit([RawKind::SpanExit], |_, ticks| {
-        [RawEvent {
-            ticks,
-            kind: RawKind::SpanExit as u8,
-            flags: 0,
-            device: 0,
-            span: restore.id,
-            a: 0,
-            b: 0,
-        }]
+        [RawEvent::span_exit(ticks, restore.id)]
     });
     if let Some(mut current) = state() {
         current.span = restore.span;
@@ -490,63 +479,15 @@ pub(crate) fn paused<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Whether highwater itself runs on this thread now (recording paused, or its own thread):
+/// what it allocates is not the user's, for measurements as for the profile.
+pub(crate) fn highwater_running_here() -> bool {
+    state().is_some_and(|current| current.paused || current.internal)
+}
+
 /// Opens the recording gate (the session, once everything is ready).
 pub(crate) fn open_gate() {
     RECORDING.store(true, Ordering::SeqCst);
-}
-
-/// An event's `flags` byte.
-#[derive(Debug, Clone, Copy)]
-enum Flags {
-    /// This value.
-    Value(u8),
-    /// The category the thread's open spans give a new block.
-    ScopeCategory,
-}
-
-/// Records one event of `kind` with the thread's current span.
-#[inline(always)]
-fn record_one(kind: RawKind, device: u16, flags: Flags, a: u64, b: u64) {
-    emit([kind], |current, ticks| {
-        [RawEvent {
-            ticks,
-            kind: kind as u8,
-            flags: match flags {
-                Flags::Value(value) => value,
-                Flags::ScopeCategory => current.scope.category() as u8,
-            },
-            device,
-            span: current.span,
-            a,
-            b,
-        }]
-    });
-}
-
-/// Records one event of `kind` stamped now.
-#[inline]
-fn record_now(kind: RawKind, device: u16, flags: u8, a: u64, b: u64) {
-    record_one(kind, device, Flags::Value(flags), a, b);
-}
-
-/// Records a two-event record (head then tail) as one unit stamped now.
-#[inline]
-fn record_pair_now(kinds: [RawKind; 2], device: u16, flags: u8, words: [u64; 4]) {
-    emit(kinds, |current, ticks| {
-        let event = |kind: RawKind, a: u64, b: u64| RawEvent {
-            ticks,
-            kind: kind as u8,
-            flags,
-            device,
-            span: current.span,
-            a,
-            b,
-        };
-        [
-            event(kinds[0], words[0], words[1]),
-            event(kinds[1], words[2], words[3]),
-        ]
-    });
 }
 
 /// The category the thread's open spans give a new block.
@@ -558,27 +499,58 @@ pub(crate) fn scope_category() -> crate::model::Category {
 
 /// Records the start of an op named by interned `name`.
 pub(crate) fn record_op_begin(name: u32) {
-    record_now(RawKind::OpBegin, 0, 0, u64::from(name), 0);
+    emit([RawKind::OpBegin], |current, ticks| {
+        [RawEvent::op_begin(ticks, current.span, name)]
+    });
 }
 
 /// Records the end of the innermost op.
 pub(crate) fn record_op_end() {
-    record_now(RawKind::OpEnd, 0, 0, 0, 0);
+    emit([RawKind::OpEnd], |current, ticks| {
+        [RawEvent::op_end(ticks, current.span)]
+    });
 }
 
 /// Records a device tensor becoming live.
 pub(crate) fn record_device_alloc(device: u16, tensor: u64, bytes: u64, category: u8) {
-    record_now(RawKind::DeviceAlloc, device, category, tensor, bytes);
+    let category = Category::from_index(category);
+    emit([RawKind::DeviceAlloc], |current, ticks| {
+        [RawEvent::device_alloc(
+            ticks,
+            current.span,
+            device,
+            category,
+            tensor,
+            bytes,
+        )]
+    });
 }
 
 /// Records a device tensor dying.
 pub(crate) fn record_device_free(device: u16, tensor: u64, bytes: u64) {
-    record_now(RawKind::DeviceFree, device, 0, tensor, bytes);
+    emit([RawKind::DeviceFree], |current, ticks| {
+        [RawEvent::device_free(
+            ticks,
+            current.span,
+            device,
+            tensor,
+            bytes,
+        )]
+    });
 }
 
 /// Records that the live block `key` on `device` has category `category` from now on.
 pub(crate) fn record_set_category(device: u16, key: u64, category: u8) {
-    record_now(RawKind::SetCategory, device, category, key, 0);
+    let category = Category::from_index(category);
+    emit([RawKind::SetCategory], |current, ticks| {
+        [RawEvent::set_category(
+            ticks,
+            current.span,
+            device,
+            key,
+            category,
+        )]
+    });
 }
 
 /// Records what made the live block `key` on `device`: op name, shape and dtype ids.
@@ -589,12 +561,9 @@ pub(crate) fn record_annotation(
     shape: Option<u32>,
     dtype: Option<u32>,
 ) {
-    let plus_one = |id: Option<u32>| id.map_or(0, |id| u64::from(id) + 1);
-    record_pair_now(
+    emit(
         [RawKind::AnnotateHead, RawKind::AnnotateTail],
-        device,
-        0,
-        [key, u64::from(op), plus_one(shape), plus_one(dtype)],
+        |current, ticks| RawEvent::annotation(ticks, current.span, device, key, op, shape, dtype),
     );
 }
 
@@ -606,12 +575,15 @@ pub(crate) fn record_pool_state(
     largest_free: u64,
     fragmentation: f64,
 ) {
-    record_pair_now(
-        [RawKind::PoolHead, RawKind::PoolTail],
-        device,
-        0,
-        [capacity, reserved, largest_free, fragmentation.to_bits()],
-    );
+    let pool = PoolReport {
+        capacity,
+        reserved,
+        largest_free,
+        fragmentation,
+    };
+    emit([RawKind::PoolHead, RawKind::PoolTail], |current, ticks| {
+        RawEvent::pool_state(ticks, current.span, device, pool)
+    });
 }
 
 #[cfg(test)]

@@ -489,14 +489,28 @@ impl Ring {
     /// # Safety
     ///
     /// The caller is the only consumer of this ring (the collector), and storage is installed.
+    #[cfg_attr(not(loom), allow(dead_code))]
     pub(crate) unsafe fn drain(&self, out: &mut impl Extend<RawEvent>) -> u64 {
+        // SAFETY: the caller's contract is this one's.
+        unsafe { self.drain_at_most(out, u64::MAX) }
+    }
+
+    /// Moves the oldest published events, at most `max` of them, into `out`, oldest first,
+    /// frees their slots, and wakes the producer if it is parked waiting for room. Returns how
+    /// many were moved (fewer than `max`: the ring is empty).
+    ///
+    /// # Safety
+    ///
+    /// The caller is the only consumer of this ring (the collector), and storage is installed.
+    pub(crate) unsafe fn drain_at_most(&self, out: &mut impl Extend<RawEvent>, max: u64) -> u64 {
         // `head` first: storage the producer installed before publishing is then visible
         // (`replace_storage`).
-        let head = self.producer.head.load(Ordering::Acquire);
+        let published = self.producer.head.load(Ordering::Acquire);
         let slots = self.slots.load(Ordering::Acquire);
         let capacity = self.capacity.load(Ordering::Relaxed);
         let tail = self.consumer.tail.load(Ordering::Relaxed);
-        let count = head.wrapping_sub(tail);
+        let count = published.wrapping_sub(tail).min(max);
+        let head = tail.wrapping_add(count);
         out.extend((tail..head).map(|position| {
             let index = position & (capacity - 1);
             // SAFETY:

@@ -1,16 +1,20 @@
-//! Outputs people open: a Chrome/Perfetto trace and a self-contained HTML report.
+//! Outputs people open: a self-contained HTML report, a Chrome/Perfetto trace and PyTorch's
+//! memory snapshot.
 //!
-//! Both are pure functions of a [`Profile`](crate::Profile) — `render` returns the document as a
-//! string and `write` puts it on disk atomically (a temporary sibling renamed into place, so a
-//! viewer never opens half a file). Their size follows the profile's, which is bounded whatever
-//! the run's length.
+//! The report and the trace are pure functions of a [`Profile`](crate::Profile) — `render`
+//! returns the document as a string and `write` puts it on disk atomically (a temporary sibling
+//! renamed into place, so a viewer never opens half a file). Their size follows the profile's,
+//! which is bounded whatever the run's length; the time to make them grows linearly with it.
 //!
 //! - [`chrome`]: Trace Event JSON for <https://ui.perfetto.dev> and `chrome://tracing`: span
 //!   instances as complete events per thread, memory as per-device counters with one series per
 //!   category, pool reservations and fragmentation as counters.
 //! - [`html`]: one HTML file with inline CSS, script and SVG; no network access, opens from disk.
-//! - [`torch`]: PyTorch's CUDA memory snapshot (a pickle for its memory viewer), made from the
-//!   allocation log rather than the profile, since it replays every allocation.
+//! - [`torch`]: PyTorch's CUDA memory snapshot (a pickle for its memory viewer,
+//!   `pytorch.org/memory_viz`), made from the allocation log rather than the profile, since it
+//!   replays every allocation.
+//!
+//! [`vocabulary`] holds the words all of them (and the command-line reports) share.
 
 use std::fmt;
 use std::io;
@@ -20,6 +24,7 @@ pub mod chrome;
 pub mod html;
 mod pickle;
 pub mod torch;
+pub mod vocabulary;
 
 /// What an export writes, as its errors name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

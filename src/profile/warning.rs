@@ -52,6 +52,13 @@ pub enum Warning {
         total_bytes: i64,
         /// Average growth per iteration over the window, in bytes.
         per_iteration_bytes: i64,
+        /// Iterations the run had (0 in profiles written before this was recorded).
+        #[serde(default)]
+        iterations: u64,
+        /// Growth over the whole run, from the first iteration's end to the last's, in bytes:
+        /// what was kept in all, not only over the window.
+        #[serde(default)]
+        run_growth_bytes: i64,
     },
     /// The run had more iterations than a profile lists: [`Profile::iterations`] is an even
     /// sample, the last ones included.
@@ -119,14 +126,27 @@ impl fmt::Display for Warning {
                 grew,
                 total_bytes,
                 per_iteration_bytes,
-            } => write!(
-                f,
-                "live memory grows across iterations of span `{span}`: {} per iteration on \
-                 average, {grew} of the last {window} iterations grew ({} over those \
-                 {window}); something allocated each iteration is kept",
-                format_bytes_delta(*per_iteration_bytes),
-                format_bytes_delta(*total_bytes),
-            ),
+                iterations,
+                run_growth_bytes,
+            } => {
+                write!(
+                    f,
+                    "live memory grows across iterations of span `{span}`: {} per iteration on \
+                     average, {grew} of the last {window} iterations grew ({} over those \
+                     {window}",
+                    format_bytes_delta(*per_iteration_bytes),
+                    format_bytes_delta(*total_bytes),
+                )?;
+                if *iterations > *window {
+                    write!(
+                        f,
+                        "; {} over all {iterations}, from the first iteration's end to the \
+                         last's",
+                        format_bytes_delta(*run_growth_bytes)
+                    )?;
+                }
+                f.write_str("); something allocated each iteration is kept")
+            }
             Warning::IterationsSampled {
                 span,
                 iterations,
@@ -189,6 +209,8 @@ mod tests {
                 grew: 15,
                 total_bytes: 16 << 20,
                 per_iteration_bytes: 1 << 20,
+                iterations: 200,
+                run_growth_bytes: 199 << 20,
             },
             Warning::IterationsSampled {
                 span: "step".into(),
@@ -225,9 +247,19 @@ mod tests {
         assert_eq!(
             text,
             "live memory grows across iterations of span `step`: +1.0 MiB per iteration on \
-             average, 15 of the last 16 iterations grew (+16.0 MiB over those 16); something \
-             allocated each iteration is kept"
+             average, 15 of the last 16 iterations grew (+16.0 MiB over those 16; +199.0 MiB \
+             over all 200, from the first iteration's end to the last's); something allocated \
+             each iteration is kept"
         );
+    }
+
+    #[test]
+    fn a_leak_warning_from_before_the_run_total_reads_back_without_it() {
+        let old = r#"{"code":"growing_residual","span":"step","window":16,"grew":16,
+            "total_bytes":16,"per_iteration_bytes":1}"#;
+        let warning: Warning = serde_json::from_str(old).unwrap();
+        let text = warning.to_string();
+        assert!(text.contains("(+16 B over those 16); something"), "{text}");
     }
 
     #[test]

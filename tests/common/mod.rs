@@ -95,6 +95,13 @@ impl Row {
         internal: AtomicBool::new(false),
     };
 
+    /// Moves the thread's and the process's window live bytes by `delta`.
+    fn window_moves(&self, delta: i64) {
+        self.window_live.fetch_add(delta, Ordering::Relaxed);
+        let now = WINDOW_LIVE.fetch_add(delta, Ordering::SeqCst) + delta;
+        WINDOW_LIVE_PEAK.fetch_max(now, Ordering::SeqCst);
+    }
+
     fn hold(&self, delta: i64) {
         let now = self.held.fetch_add(delta, Ordering::Relaxed) + delta;
         self.held_peak.fetch_max(now, Ordering::Relaxed);
@@ -108,6 +115,18 @@ static TABLE: [Row; ROWS] = [const { Row::NEW }; ROWS];
 /// since [`reset_heap_peak`].
 static HEAP: AtomicI64 = AtomicI64::new(0);
 static HEAP_PEAK: AtomicI64 = AtomicI64::new(0);
+
+/// Bytes of blocks born in the open window and not yet ended, over all threads (what a
+/// profile's live bytes should be), and their highest value since the window opened (what its
+/// peak should be).
+static WINDOW_LIVE: AtomicI64 = AtomicI64::new(0);
+static WINDOW_LIVE_PEAK: AtomicI64 = AtomicI64::new(0);
+
+/// The highest sum of live bytes of window-born blocks since [`open_window`]: the peak a
+/// profile recording exactly that window must report.
+pub fn window_live_peak() -> i64 {
+    WINDOW_LIVE_PEAK.load(Ordering::SeqCst)
+}
 
 /// Bytes the process holds on the heap now.
 pub fn heap_bytes() -> i64 {
@@ -215,6 +234,8 @@ pub fn rows_of(tid: u64) -> impl Iterator<Item = &'static Row> {
 /// window operations. Open it only while a session records.
 pub fn open_window() {
     let number = WINDOWS_OPENED.fetch_add(1, Ordering::SeqCst) + 1;
+    WINDOW_LIVE.store(0, Ordering::SeqCst);
+    WINDOW_LIVE_PEAK.store(0, Ordering::SeqCst);
     WINDOW.store(number, Ordering::SeqCst);
 }
 
@@ -248,7 +269,7 @@ fn note_alloc(size: usize, kind: usize) -> u64 {
         row.hold(size as i64);
         if window != 0 && kind == ALLOC {
             row.window_allocs.fetch_add(1, Ordering::Relaxed);
-            row.window_live.fetch_add(size as i64, Ordering::Relaxed);
+            row.window_moves(size as i64);
         }
     }
     window
@@ -268,7 +289,7 @@ fn note_end(size: usize, born: u64, kind: usize) {
                 if kind == FREE {
                     row.window_known_frees.fetch_add(1, Ordering::Relaxed);
                 }
-                row.window_live.fetch_sub(size as i64, Ordering::Relaxed);
+                row.window_moves(-(size as i64));
             } else {
                 row.window_unknown_frees.fetch_add(1, Ordering::Relaxed);
             }
@@ -346,8 +367,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         if let Some(row) = row() {
             row.hold(new_size as i64);
             if window != 0 {
-                row.window_live
-                    .fetch_add(new_size as i64, Ordering::Relaxed);
+                row.window_moves(new_size as i64);
             }
         }
         // SAFETY: the new block has the same header room.

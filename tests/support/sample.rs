@@ -323,6 +323,8 @@ pub fn sample_profile() -> Profile {
             grew: ITERATIONS - 1,
             total_bytes: ((ITERATIONS - 1) * LEAK_PER_ITERATION) as i64,
             per_iteration_bytes: LEAK_PER_ITERATION as i64,
+            iterations: ITERATIONS,
+            run_growth_bytes: ((ITERATIONS - 1) * LEAK_PER_ITERATION) as i64,
         }],
         span_events,
     }

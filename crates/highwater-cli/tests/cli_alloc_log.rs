@@ -283,7 +283,7 @@ fn torch_snapshot_holds_every_allocation_with_its_category() {
     let check = r#"
 import pickle, sys
 s = pickle.load(open(sys.argv[1], "rb"))
-cuda = [i for i, t in enumerate(s["device_traces"]) if t and t[0]["frames"][0]["filename"] == "cuda:0"][0]
+cuda = [i for i, t in enumerate(s["device_traces"]) if any(e["frames"] and e["frames"][0]["filename"] == "cuda:0" for e in t)][0]
 trace = s["device_traces"][cuda]
 allocs = [e for e in trace if e["action"] == "alloc"]
 frees = [e for e in trace if e["action"] == "free_completed"]

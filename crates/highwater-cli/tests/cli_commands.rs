@@ -329,3 +329,33 @@ fn write_sample_profiles_for_manual_checks() {
         println!("{}", path.display());
     }
 }
+
+#[test]
+fn help_explains_residual_and_lists_every_export_format() {
+    let spans = stdout(&highwater(&["spans", "--help"]));
+    assert!(
+        spans.contains("RESIDUAL: bytes the span allocated and still held"),
+        "{spans}"
+    );
+    let export = stdout(&highwater(&["export", "--help"]));
+    for format in ["html", "chrome", "torch"] {
+        assert!(
+            export.contains(format),
+            "{format} missing from export --help:\n{export}"
+        );
+    }
+    let top = stdout(&highwater(&["--help"]));
+    assert!(top.contains("PyTorch's memory snapshot"), "{top}");
+}
+
+#[test]
+fn spans_explains_peak_and_residual_under_the_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = sample_file(dir.path());
+    let text = stdout(&highwater(&["spans", path.to_str().unwrap()]));
+    assert!(
+        text.contains(highwater::export::vocabulary::RESIDUAL_EXPLAINED),
+        "{text}"
+    );
+    assert!(text.contains(highwater::export::vocabulary::SPAN_PEAK_EXPLAINED));
+}

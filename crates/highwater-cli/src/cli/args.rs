@@ -7,6 +7,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use highwater::device::{Allocator, DeviceKind, Factor, ParseNameError, Strategy};
 use highwater::Category;
 
+use super::check::{parse_budget_bytes, parse_category_budget, parse_percent};
+
 /// Read highwater memory profiles: where did the memory go?
 #[derive(Debug, Parser)]
 #[command(name = "highwater", version, about, propagate_version = true)]
@@ -28,6 +30,10 @@ pub(crate) enum Command {
         json: bool,
     },
     /// The largest groups of memory live at the peak.
+    ///
+    /// Rows group live bytes by span path, op, category and device. OUTPUT OF OP names the op
+    /// whose output tensor the row holds, with that tensor's shape; CATEGORY says what the bytes
+    /// are (an op's output in the forward pass is an activation, not the parameter it read).
     Top {
         /// A profile written by highwater.
         profile: PathBuf,
@@ -38,7 +44,13 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// The span tree with calls, time and memory metrics.
+    /// The span tree with calls, time and memory metrics (PEAK and RESIDUAL explained below).
+    ///
+    /// Every path of the span tree, all calls added up. ALLOCATED: bytes allocated inside,
+    /// children included. PEAK: the highest live bytes on the peak's device while the span was
+    /// open. RESIDUAL: bytes the span allocated and still held when it exited, added up over all
+    /// its calls; it can exceed the peak (a span called 200 times that leaves 4 MiB behind each
+    /// time, freed later outside it, shows 800 MiB).
     Spans {
         /// A profile written by highwater.
         profile: PathBuf,
@@ -59,7 +71,12 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Write the profile as a Chrome/Perfetto trace or a self-contained HTML report.
+    /// Write the profile as a self-contained HTML report, a Chrome/Perfetto trace or PyTorch's
+    /// memory snapshot.
+    ///
+    /// html: one file that opens from disk (charts, zoom, tables). chrome: Trace Event JSON for
+    /// ui.perfetto.dev and chrome://tracing. torch: a pickle for pytorch.org/memory_viz, made
+    /// from the run's allocation log (record with HIGHWATER_ALLOC_LOG=path).
     Export {
         /// A profile written by highwater.
         profile: PathBuf,
@@ -74,6 +91,41 @@ pub(crate) enum Command {
         /// peak (the viewer replays every event in the browser).
         #[arg(long, default_value_t = highwater::export::torch::DEFAULT_MAX_EVENTS)]
         max_events: usize,
+    },
+    /// Check memory budgets on a profile, for CI: exit 0 when all hold, 1 with one line per
+    /// broken budget, 2 on bad input.
+    ///
+    /// Budgets come from the flags, a TOML file (`--budgets`, keys named as the flags), or
+    /// both; a flag overrides the file's value.
+    Check {
+        /// A profile written by highwater.
+        profile: PathBuf,
+        /// A TOML file of budgets (`max-peak = "2 GiB"`, `[max-peak-category]`, …).
+        #[arg(long, value_name = "FILE")]
+        budgets: Option<PathBuf>,
+        /// Most bytes live at the peak (`2GiB`, `512MiB`, `1073741824`).
+        #[arg(long, value_name = "SIZE", value_parser = parse_budget_bytes)]
+        max_peak: Option<u64>,
+        /// Most bytes of one category live at the peak, as CATEGORY=SIZE (repeatable):
+        /// `--max-peak-category optimizer=512MiB`.
+        #[arg(long, value_name = "CATEGORY=SIZE", value_parser = parse_category_budget)]
+        max_peak_category: Vec<(Category, u64)>,
+        /// Most growth of live bytes per iteration, from the first iteration after the
+        /// warm-ups to the last (`0`, `4KiB`).
+        #[arg(long, value_name = "SIZE", value_parser = parse_budget_bytes)]
+        max_growth_per_iteration: Option<u64>,
+        /// Iterations left out of the growth at the start (default 1).
+        #[arg(long, value_name = "N")]
+        warmup_iterations: Option<u64>,
+        /// Most events dropped while recording.
+        #[arg(long, value_name = "N")]
+        max_dropped: Option<u64>,
+        /// A profile to compare the peak with (needs --max-regression).
+        #[arg(long, value_name = "OTHER.json")]
+        baseline: Option<PathBuf>,
+        /// How much higher than the baseline's the peak may be (`5%`).
+        #[arg(long, value_name = "PERCENT", value_parser = parse_percent)]
+        max_regression: Option<f64>,
     },
     /// Replay a run's allocations through a device pool: would it fit, when would it run out,
     /// how fragmented would it get, under each strategy? Also prints the three what-if figures

@@ -1,4 +1,5 @@
-//! `highwater export`: a Chrome/Perfetto trace or an HTML report from a profile.
+//! `highwater export`: an HTML report, a Chrome/Perfetto trace or PyTorch's memory snapshot
+//! from a profile (the snapshot from the run's allocation log).
 
 use std::path::Path;
 
@@ -58,16 +59,42 @@ fn export_torch(path: &Path, output: Option<&Path>, max_events: usize) -> anyhow
     };
     torch::write(&log, max_events, &target)?;
     let size = std::fs::metadata(&target).map_or(0, |m| m.len());
-    let devices: Vec<String> = log
-        .devices
-        .iter()
-        .enumerate()
-        .map(|(i, d)| format!("{i} = {d}"))
-        .collect();
     super::emit(&format!(
         "wrote {} ({}); open it at pytorch.org/memory_viz; devices: {}\n",
         target.display(),
         format_bytes(size),
-        devices.join(", ")
+        device_list(&log.devices)
     ))
+}
+
+/// Most devices named in the message after a torch export; the rest are counted.
+const LISTED_DEVICES: usize = 8;
+
+/// `0 = cpu, 1 = cuda:0, …`: the viewer's device numbers, at most [`LISTED_DEVICES`] of them.
+fn device_list(devices: &[String]) -> String {
+    let mut listed: Vec<String> = devices
+        .iter()
+        .take(LISTED_DEVICES)
+        .enumerate()
+        .map(|(i, d)| format!("{i} = {}", crate::report::clean(d)))
+        .collect();
+    if devices.len() > LISTED_DEVICES {
+        listed.push(format!("and {} more", devices.len() - LISTED_DEVICES));
+    }
+    listed.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_naming_many_devices_gets_a_short_message() {
+        let devices: Vec<String> = (0..65_535).map(|i| format!("dev:{i}")).collect();
+        let list = device_list(&devices);
+        assert!(list.starts_with("0 = dev:0, 1 = dev:1"), "{list}");
+        assert!(list.ends_with("and 65527 more"), "{list}");
+        assert!(list.len() < 200);
+        assert_eq!(device_list(&devices[..2]), "0 = dev:0, 1 = dev:1");
+    }
 }

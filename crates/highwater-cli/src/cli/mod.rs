@@ -2,6 +2,7 @@
 //! module, `crate::watch`), and how failures map to exit codes. Subcommands only load profiles and call library functions.
 
 mod args;
+mod check;
 mod diff;
 mod export;
 mod fit;
@@ -49,6 +50,29 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             output,
             max_events,
         } => export::run(&profile, format, output.as_deref(), max_events),
+        Command::Check {
+            profile,
+            budgets,
+            max_peak,
+            max_peak_category,
+            max_growth_per_iteration,
+            warmup_iterations,
+            max_dropped,
+            baseline,
+            max_regression,
+        } => check::run(
+            &profile,
+            budgets.as_deref(),
+            check::Budgets {
+                max_peak,
+                max_peak_category: max_peak_category.into_iter().collect(),
+                max_growth_per_iteration,
+                warmup_iterations,
+                max_dropped,
+                baseline,
+                max_regression,
+            },
+        ),
         Command::Simulate {
             input,
             device,
@@ -111,6 +135,7 @@ pub(crate) fn exit_code(error: &anyhow::Error) -> u8 {
         .downcast_ref::<highwater::alloc_log::AllocLogError>()
         .is_some()
         || error.downcast_ref::<replay::InputError>().is_some()
+        || error.downcast_ref::<check::BadBudget>().is_some()
     {
         return EXIT_BAD_INPUT;
     }

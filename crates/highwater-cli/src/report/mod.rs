@@ -10,5 +10,5 @@ mod text;
 
 pub(crate) use diff::diff;
 pub(crate) use text::{
-    diff_text, span_rows, spans_text, summary_json, summary_text, top_rows, top_text,
+    clean, diff_text, span_rows, spans_text, summary_json, summary_text, top_rows, top_text,
 };

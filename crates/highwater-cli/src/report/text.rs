@@ -6,9 +6,12 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::diff::{Delta, ProfileDiff};
+use highwater::export::vocabulary as words;
 use highwater::profile::span_tree;
 use highwater::profile::{DeviceStats, PeakRow, RunMeta, SpanMetrics, Summary, Warning};
-use highwater::units::{format_bytes, format_bytes_delta, format_duration_ns, format_shape};
+use highwater::units::{
+    format_bytes, format_bytes_delta, format_count, format_duration_ns, format_shape,
+};
 use highwater::{Category, Profile};
 
 /// Replaces control characters (newlines, escape sequences) in profile strings, which are user
@@ -133,21 +136,26 @@ pub fn summary_text(profile: &Profile) -> String {
     let _ = writeln!(
         out,
         "allocations: {} allocs, {} frees, {} reallocs, {} allocated in total",
-        s.alloc_count,
-        s.free_count,
-        s.realloc_count,
+        format_count(s.alloc_count),
+        format_count(s.free_count),
+        format_count(s.realloc_count),
         format_bytes(s.total_alloc_bytes)
     );
     let _ = writeln!(
         out,
-        "final live:  {}   autograd retained: {}",
+        "live at end: {}   {}: {} ({})",
         format_bytes(s.final_live_bytes),
-        format_bytes(s.autograd_retained_bytes)
+        words::KEPT_FOR_BACKWARD.to_lowercase(),
+        format_bytes(s.autograd_retained_bytes),
+        words::KEPT_FOR_BACKWARD_EXPLAINED
     );
     let _ = writeln!(
         out,
         "events:      {} applied, {} dropped, {} unknown frees, {} reorder repairs",
-        s.event_count, s.dropped_events, s.unknown_frees, s.reorder_repairs
+        format_count(s.event_count),
+        format_count(s.dropped_events),
+        format_count(s.unknown_frees),
+        format_count(s.reorder_repairs)
     );
     if !profile.devices.is_empty() {
         out.push_str("devices:\n");
@@ -215,20 +223,20 @@ pub fn top_text(profile: &Profile, limit: usize) -> String {
         ("COUNT", true),
         ("CATEGORY", false),
         ("DEVICE", false),
-        ("OP", false),
+        ("OUTPUT OF OP", false),
         ("SHAPE", false),
         ("SPAN PATH", false),
     ]);
     for row in rows {
         let path = if row.span_path.is_empty() {
-            "(outside spans)"
+            words::OUTSIDE_SPANS
         } else {
             &row.span_path
         };
         table.push(vec![
             format_bytes(row.bytes),
             percent(row.bytes, profile.summary.peak_bytes),
-            row.count.to_string(),
+            format_count(row.count),
             row.category.to_string(),
             clean(&row.device).into_owned(),
             clean(row.op.as_deref().unwrap_or("-")).into_owned(),
@@ -282,7 +290,7 @@ pub fn spans_text(profile: &Profile) -> String {
                 "  ".repeat(row.depth.min(MAX_TEXT_INDENT)),
                 clean(&span.name)
             ),
-            span.calls.to_string(),
+            format_count(span.calls),
             format_duration_ns(span.total_ns),
             format_bytes(span.bytes_allocated),
             format_bytes(span.peak_bytes),
@@ -294,6 +302,12 @@ pub fn spans_text(profile: &Profile) -> String {
         out.push_str("no spans were recorded\n");
     } else {
         table.render(&mut out, "");
+        let _ = writeln!(
+            out,
+            "\n{}\n{}",
+            words::SPAN_PEAK_EXPLAINED,
+            words::RESIDUAL_EXPLAINED
+        );
     }
     out
 }
@@ -443,7 +457,10 @@ mod tests {
         p.spans[0].name = "evil\x1b[2J\nname".into();
         let text = spans_text(&p);
         assert!(!text.contains('\x1b'));
-        assert_eq!(text.lines().count(), p.spans.len() + 1);
+        // The header, one line per span, then the explanations after a blank line.
+        let table = text.lines().take_while(|line| !line.is_empty()).count();
+        assert_eq!(table, p.spans.len() + 1);
+        assert!(text.contains(words::RESIDUAL_EXPLAINED));
     }
 
     #[test]

@@ -6,8 +6,7 @@
 //! published. A straggler that arrives later is still applied; the analysis settles what it
 //! means from its timestamp.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -17,13 +16,16 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use crate::alloc_log::AllocLogWriter;
 use crate::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, Timeline, TimelineConfig};
 use crate::capture::clock::Calibration;
-use crate::capture::raw::{RawEvent, RawKind};
+use crate::capture::raw::{Decoded, Decoder, RawEvent, RawKind, Record};
 use crate::capture::registry::{SlotState, REGISTRY};
 use crate::capture::ring::close_gate;
 use crate::capture::{self, names, wake, RECORDING, UNATTRIBUTED_DROPS};
 use crate::checkpoint::{CheckpointConfig, Checkpointer};
-use crate::model::{Category, SpanLabel};
 use crate::profile::{CaptureMode, CaptureStats, Profile, ThreadCapture};
+
+use merge::{Merge, Stamp};
+
+mod merge;
 
 /// What the session asks of the collector.
 #[derive(Debug)]
@@ -112,7 +114,7 @@ fn run(
                 // for the next round too. Read after, a slow drain (more than the lag) could
                 // merge the reuse before the free it depends on.
                 let now = config.calibration.now_ns();
-                merger.drain();
+                merger.drain(0);
                 let watermark = now.saturating_sub(lag_ns);
                 merger.merge_until(watermark);
                 if let Some(checkpointer) = checkpointer.as_mut().filter(|c| c.due()) {
@@ -125,8 +127,7 @@ fn run(
                 // stamped later may depend on one its thread publishes just after its ring was
                 // drained (see above); it stays staged for the next round.
                 let now = config.calibration.now_ns();
-                merger.drain();
-                merger.merge_until(now);
+                merger.catch_up(now);
                 let end = now.max(merger.newest_ns);
                 let _ = reply.send(merger.timeline.finish(end));
             }
@@ -135,43 +136,61 @@ fn run(
                 if let Some(checkpointer) = checkpointer.as_mut() {
                     checkpointer.finish();
                 }
-                let _ = reply.send(merger.stop());
+                let _ = reply.send(merger.stop(lag_ns));
                 return;
             }
             Err(TryRecvError::Disconnected) => {
                 if let Some(checkpointer) = checkpointer.as_mut() {
                     checkpointer.finish();
                 }
-                merger.stop();
+                merger.stop(lag_ns);
                 return;
             }
         }
     }
 }
 
+/// Most events staged per ring between drain and merge: a drain takes no more than the queue
+/// has room for and leaves the rest in the ring (where a lossless producer waits for room
+/// rather than growing a queue). 16 Ki events are 512 KiB, a quarter of a default ring.
+const STAGED_PER_RING: usize = 1 << 14;
+
 /// The collector's view of one ring.
 #[derive(Debug, Default)]
 struct RingCursor {
     /// Profile thread number of the ring's current owner, if the ring is in use.
     thread: Option<u32>,
-    /// Decoded events not yet merged, oldest first.
-    staged: VecDeque<Event>,
-    /// The first half of a two-event record (realloc, annotation, pool report), waiting for
-    /// its second.
-    head: Option<RawEvent>,
+    /// Joins the halves of two-event records.
+    decoder: Decoder,
+    /// The owner retired and everything it wrote was drained: the slot is handed back to the
+    /// registry once the last staged event is merged (so a new owner's events never share the
+    /// queue with the old one's).
+    retired: bool,
     /// Drop counters as last read, to charge new drops to the current owner.
     dropped_seen: [u64; RawKind::COUNT],
 }
 
-/// Merge state: per-ring staging, the merge heap and the analysis.
+/// The merge's order: a raw event's stamp in nanoseconds (a reading from before the session
+/// counts as its start).
+#[derive(Debug, Clone, Copy)]
+struct StampNs(Calibration);
+
+impl Stamp<RawEvent> for StampNs {
+    #[inline]
+    fn stamp(&self, event: &RawEvent) -> u64 {
+        self.0.to_ns(event.ticks()).unwrap_or(0)
+    }
+}
+
+/// Merge state: per-ring cursors, the merge of raw events and the analysis.
 struct Merger {
     calibration: Calibration,
     timeline: Timeline,
     cursors: Vec<RingCursor>,
-    /// One entry per ring with staged events: (front timestamp, ring index).
-    heap: BinaryHeap<Reverse<(u64, usize)>>,
+    /// Raw events staged per ring, decoded only as they are merged.
+    merge: Merge<RawEvent, StampNs>,
     /// Span names by their `&'static str` address and length.
-    names: HashMap<(u64, u64), NameId>,
+    names: HashMap<(usize, usize), NameId>,
     /// Timeline ids of the process-wide interner's names, shapes and devices.
     interned_names: HashMap<u32, NameId>,
     interned_shapes: HashMap<u32, ShapeId>,
@@ -188,21 +207,21 @@ struct Merger {
 
 impl Merger {
     fn new(calibration: Calibration, config: TimelineConfig) -> Merger {
+        let slots = REGISTRY.slots();
         Merger {
             calibration,
             timeline: Timeline::new(config),
             // Drop counters are cumulative over the process: start from what earlier sessions
             // already saw. Read before the gate opens (see `spawn`), so nothing this session
             // drops is in the baseline.
-            cursors: REGISTRY
-                .slots()
+            cursors: slots
                 .iter()
                 .map(|slot| RingCursor {
                     dropped_seen: slot.ring.dropped(),
                     ..RingCursor::default()
                 })
                 .collect(),
-            heap: BinaryHeap::new(),
+            merge: Merge::new(slots.len(), StampNs(calibration)),
             names: HashMap::new(),
             interned_names: HashMap::new(),
             interned_shapes: HashMap::new(),
@@ -210,23 +229,39 @@ impl Merger {
             device_names: vec!["cpu".to_string()],
             log: None,
             threads: Vec::new(),
-            scratch: Vec::new(),
+            scratch: Vec::with_capacity(STAGED_PER_RING),
             newest_ns: 0,
         }
     }
 
-    /// Moves every published event out of the rings into the per-ring staging queues.
-    fn drain(&mut self) {
+    /// Drains, then merges up to `watermark_ns`, until no partly drained ring holds the merge
+    /// below it: afterwards everything published before the call and stamped at or before
+    /// `watermark_ns` has been applied. Staging stays bounded: each round merges what the
+    /// last drain made mergeable before the next drain.
+    fn catch_up(&mut self, watermark_ns: u64) {
+        while self.drain(watermark_ns) {
+            self.merge_until(watermark_ns);
+        }
+        self.merge_until(watermark_ns);
+    }
+
+    /// Moves published events out of the rings into the per-ring staging queues, at most as
+    /// many as each queue has room for. Returns whether some ring still holds the merge below
+    /// `watermark_ns` (it was left with events and its last one drained is older).
+    fn drain(&mut self, watermark_ns: u64) -> bool {
+        let mut behind = false;
         for (index, slot) in REGISTRY.slots().iter().enumerate() {
             let state = slot.state();
-            if state == SlotState::Free || !slot.ring.has_storage() {
+            if state == SlotState::Free || !slot.ring.has_storage() || self.cursors[index].retired {
                 continue;
             }
             self.scratch.clear();
+            let room = STAGED_PER_RING.saturating_sub(self.merge.staged(index));
             // SAFETY: this thread is the only consumer of every ring (one collector runs at a
             // time: the session starts it and joins it before another can start), and storage
             // is installed (checked above).
-            unsafe { slot.ring.drain(&mut self.scratch) };
+            let moved = unsafe { slot.ring.drain_at_most(&mut self.scratch, room as u64) };
+            let emptied = moved < room as u64;
             let dropped = slot.ring.dropped();
             let thread = match self.cursors[index].thread {
                 Some(thread) => thread,
@@ -235,7 +270,7 @@ impl Merger {
                 // the previous owner's, and every later event would be charged to that tid).
                 None if self.scratch.is_empty() && dropped == self.cursors[index].dropped_seen => {
                     if state == SlotState::Retired {
-                        self.cursors[index].head = None;
+                        self.cursors[index].decoder.reset();
                         REGISTRY.free(index);
                     }
                     continue;
@@ -253,25 +288,13 @@ impl Merger {
                     thread
                 }
             };
-            let was_empty = self.cursors[index].staged.is_empty();
-            let mut scratch = std::mem::take(&mut self.scratch);
-            for raw in scratch.drain(..) {
-                self.decode(index, thread, raw);
-            }
-            self.scratch = scratch;
+            self.merge.push(index, self.scratch.drain(..), emptied);
             self.charge_drops(index, thread, dropped);
-            if was_empty {
-                if let Some(front) = self.cursors[index].staged.front() {
-                    self.heap.push(Reverse((front.ts_ns, index)));
-                }
-            }
-            if state == SlotState::Retired {
-                // Everything it wrote before retiring was drained above.
-                self.cursors[index].thread = None;
-                self.cursors[index].head = None;
-                REGISTRY.free(index);
-            }
+            // Everything a retired owner wrote before retiring is drained once it is emptied.
+            self.cursors[index].retired = state == SlotState::Retired && emptied;
+            behind |= self.merge.holds_below(index, watermark_ns);
         }
+        behind
     }
 
     fn charge_drops(&mut self, index: usize, thread: u32, dropped: [u64; RawKind::COUNT]) {
@@ -299,109 +322,6 @@ impl Merger {
         if total > 0 {
             self.timeline.note_dropped(total);
         }
-    }
-
-    /// Turns one raw event into an analysis event on ring `index`'s queue.
-    fn decode(&mut self, index: usize, thread: u32, raw: RawEvent) {
-        // A realloc's first half is stamped just before the recording gate is checked, so it
-        // may predate the session by a moment: it counts as the session's start.
-        let ts_ns = self.calibration.to_ns(raw.ticks).unwrap_or(0);
-        let Some(kind) = RawKind::from_byte(raw.kind) else {
-            return;
-        };
-        if kind.is_head() {
-            self.cursors[index].head = Some(raw);
-            return;
-        }
-        let is_tail = matches!(
-            kind,
-            RawKind::ReallocTo | RawKind::AnnotateTail | RawKind::PoolTail
-        );
-        let first = if is_tail {
-            self.cursors[index].head.take().unwrap_or_default()
-        } else {
-            RawEvent::default()
-        };
-        let category = Category::from_index(raw.flags);
-        let event = match kind {
-            RawKind::Alloc => EventKind::Alloc {
-                device: DeviceId::CPU,
-                addr: raw.a,
-                size: raw.b,
-                category,
-            },
-            RawKind::Free => EventKind::Free {
-                device: DeviceId::CPU,
-                addr: raw.a,
-                size: raw.b,
-            },
-            RawKind::ReallocTo => EventKind::Realloc {
-                old_addr: first.a,
-                old_size: first.b,
-                new_addr: raw.a,
-                new_size: raw.b,
-                category,
-                released_ns: Some(self.calibration.to_ns(first.ticks).unwrap_or(0)),
-            },
-            RawKind::SpanEnter => EventKind::SpanEnter {
-                id: (raw.b >> 32) as u32,
-                name: self.intern_static_name(raw.a, raw.b & 0xFFFF_FFFF),
-                label: SpanLabel::from_byte(raw.flags),
-            },
-            RawKind::SpanExit => EventKind::SpanExit { id: raw.span },
-            RawKind::OpBegin => EventKind::OpBegin {
-                name: self.name(raw.a as u32),
-                output: 0,
-                shape: None,
-                dtype: None,
-            },
-            RawKind::OpEnd => EventKind::OpEnd,
-            RawKind::DeviceAlloc => EventKind::Alloc {
-                device: self.device(raw.device),
-                addr: raw.a,
-                size: raw.b,
-                category,
-            },
-            RawKind::DeviceFree => EventKind::Free {
-                device: self.device(raw.device),
-                addr: raw.a,
-                size: raw.b,
-            },
-            RawKind::SetCategory => EventKind::SetCategory {
-                device: self.device(raw.device),
-                addr: raw.a,
-                category,
-            },
-            RawKind::AnnotateTail => EventKind::Annotate {
-                device: self.device(raw.device),
-                addr: first.a,
-                op: self.name(first.b as u32),
-                shape: raw.a.checked_sub(1).map(|id| self.shape(id as u32)),
-                dtype: raw.b.checked_sub(1).map(|id| self.name(id as u32)),
-            },
-            RawKind::PoolTail => EventKind::PoolState {
-                device: self.device(raw.device),
-                capacity: first.a,
-                reserved: first.b,
-                largest_free: raw.a,
-                fragmentation: f64::from_bits(raw.b),
-            },
-            RawKind::ReallocFrom | RawKind::AnnotateHead | RawKind::PoolHead => return,
-        };
-        let stats = &mut self.threads[thread as usize];
-        match kind {
-            RawKind::Alloc => stats.allocs += 1,
-            RawKind::Free => stats.frees += 1,
-            RawKind::ReallocTo => stats.reallocs += 1,
-            RawKind::SpanEnter | RawKind::SpanExit => stats.span_events += 1,
-            _ => stats.other_events += 1,
-        }
-        self.cursors[index].staged.push_back(Event {
-            ts_ns,
-            thread,
-            span: raw.span,
-            kind: event,
-        });
     }
 
     /// The timeline's id for the interner's name `id`.
@@ -445,52 +365,33 @@ impl Merger {
         device
     }
 
-    /// Interns a span name recorded as a `&'static str`'s address and length.
-    fn intern_static_name(&mut self, address: u64, len: u64) -> NameId {
-        if let Some(id) = self.names.get(&(address, len)) {
+    /// Interns a span name; names are looked up by the `&'static str`'s address and length,
+    /// so each distinct name is hashed as text once.
+    fn intern_static_name(&mut self, name: &'static str) -> NameId {
+        let key = (name.as_ptr() as usize, name.len());
+        if let Some(id) = self.names.get(&key) {
             return *id;
         }
-        // SAFETY: `address` and `len` were taken by `span_enter` from a `&'static str`, which is
-        // valid UTF-8 and lives for the rest of the process.
-        let name = unsafe {
-            std::str::from_utf8_unchecked(std::slice::from_raw_parts(
-                address as usize as *const u8,
-                len as usize,
-            ))
-        };
         let id = self.timeline.intern_name(name);
-        self.names.insert((address, len), id);
+        self.names.insert(key, id);
         id
     }
 
-    /// Applies staged events in time order up to `watermark_ns`. The ring with the oldest
-    /// front event applies its events up to the next ring's front in one run, so the heap is
-    /// touched once per run rather than once per event.
+    /// Applies staged events in time order up to `watermark_ns` (and up to the hold of any
+    /// partly drained ring), decoding each as it is applied; then hands retired rings whose
+    /// last event was applied back to the registry.
     fn merge_until(&mut self, watermark_ns: u64) {
-        while let Some(&Reverse((ts, index))) = self.heap.peek() {
-            if ts > watermark_ns {
-                break;
-            }
-            self.heap.pop();
-            let limit = self
-                .heap
-                .peek()
-                .map_or(u64::MAX, |&Reverse((next, _))| next)
-                .min(watermark_ns);
-            while let Some(event) = self.cursors[index].staged.pop_front() {
-                self.newest_ns = self.newest_ns.max(event.ts_ns);
-                self.timeline.apply(&event);
-                if let Some(log) = self.log.as_mut() {
-                    log_event(log, &self.device_names, &event);
-                }
-                match self.cursors[index].staged.front() {
-                    Some(front) if front.ts_ns <= limit => {}
-                    Some(front) => {
-                        self.heap.push(Reverse((front.ts_ns, index)));
-                        break;
-                    }
-                    None => break,
-                }
+        let mut merge =
+            std::mem::replace(&mut self.merge, Merge::new(0, StampNs(self.calibration)));
+        merge.release(watermark_ns, |index, raw| self.apply(index, raw));
+        self.merge = merge;
+        for (index, cursor) in self.cursors.iter_mut().enumerate() {
+            if cursor.retired && self.merge.staged(index) == 0 {
+                *cursor = RingCursor {
+                    dropped_seen: cursor.dropped_seen,
+                    ..RingCursor::default()
+                };
+                REGISTRY.free(index);
             }
         }
     }
@@ -498,26 +399,171 @@ impl Merger {
     /// The profile of what is merged up to `end_ns`, for a checkpoint; recording goes on.
     fn checkpoint(&self, end_ns: u64) -> Profile {
         let mut profile = self.timeline.finish(end_ns.max(self.newest_ns));
-        profile.capture = self.capture_stats([0; RawKind::COUNT]);
+        profile.capture = CaptureStats {
+            mode: if capture::lossless() {
+                CaptureMode::Lossless
+            } else {
+                CaptureMode::DropWhenFull
+            },
+            ..self.capture_stats([0; RawKind::COUNT])
+        };
         profile.meta.threads = self.threads.len() as u32;
         profile
     }
 
+    /// Decodes one raw event of ring `index` and applies the record it completes.
+    fn apply(&mut self, index: usize, raw: RawEvent) {
+        let cursor = &mut self.cursors[index];
+        let Some(Decoded {
+            ticks,
+            span,
+            record,
+        }) = cursor.decoder.decode(raw)
+        else {
+            return;
+        };
+        let Some(thread) = cursor.thread else {
+            return;
+        };
+        let ts_ns = self.calibration.to_ns(ticks).unwrap_or(0);
+        let stats = &mut self.threads[thread as usize];
+        match record.kind() {
+            RawKind::Alloc => stats.allocs += 1,
+            RawKind::Free => stats.frees += 1,
+            RawKind::ReallocTo => stats.reallocs += 1,
+            RawKind::SpanEnter | RawKind::SpanExit => stats.span_events += 1,
+            _ => stats.other_events += 1,
+        }
+        let kind = match record {
+            Record::Alloc {
+                addr,
+                size,
+                category,
+            } => EventKind::Alloc {
+                device: DeviceId::CPU,
+                addr,
+                size,
+                category,
+            },
+            Record::Free { addr, size } => EventKind::Free {
+                device: DeviceId::CPU,
+                addr,
+                size,
+            },
+            Record::Realloc {
+                released,
+                old_addr,
+                old_size,
+                new_addr,
+                new_size,
+                category,
+            } => EventKind::Realloc {
+                old_addr,
+                old_size,
+                new_addr,
+                new_size,
+                category,
+                // The old half is stamped just before the recording gate is checked, so it
+                // may predate the session by a moment: it counts as the session's start.
+                released_ns: Some(self.calibration.to_ns(released).unwrap_or(0)),
+            },
+            Record::SpanEnter { name, id, label } => EventKind::SpanEnter {
+                id,
+                name: self.intern_static_name(name),
+                label,
+            },
+            Record::SpanExit => EventKind::SpanExit { id: span },
+            Record::OpBegin { name } => EventKind::OpBegin {
+                name: self.name(name),
+                output: 0,
+                shape: None,
+                dtype: None,
+            },
+            Record::OpEnd => EventKind::OpEnd,
+            Record::DeviceAlloc {
+                device,
+                tensor,
+                bytes,
+                category,
+            } => EventKind::Alloc {
+                device: self.device(device),
+                addr: tensor,
+                size: bytes,
+                category,
+            },
+            Record::DeviceFree {
+                device,
+                tensor,
+                bytes,
+            } => EventKind::Free {
+                device: self.device(device),
+                addr: tensor,
+                size: bytes,
+            },
+            Record::SetCategory {
+                device,
+                key,
+                category,
+            } => EventKind::SetCategory {
+                device: self.device(device),
+                addr: key,
+                category,
+            },
+            Record::Annotate {
+                device,
+                key,
+                op,
+                shape,
+                dtype,
+            } => EventKind::Annotate {
+                device: self.device(device),
+                addr: key,
+                op: self.name(op),
+                shape: shape.map(|id| self.shape(id)),
+                dtype: dtype.map(|id| self.name(id)),
+            },
+            Record::PoolState { device, pool } => EventKind::PoolState {
+                device: self.device(device),
+                capacity: pool.capacity,
+                reserved: pool.reserved,
+                largest_free: pool.largest_free,
+                fragmentation: pool.fragmentation,
+            },
+        };
+        let event = Event {
+            ts_ns,
+            thread,
+            span,
+            kind,
+        };
+        self.newest_ns = self.newest_ns.max(ts_ns);
+        self.timeline.apply(&event);
+        if let Some(log) = self.log.as_mut() {
+            log_event(log, &self.device_names, &event);
+        }
+    }
+
     /// Closes recording, waits for writers in flight, merges everything and builds the profile.
     ///
-    /// Writers in flight may be waiting for room in their ring, so the stopper drains (which
-    /// frees room and wakes them) until it reads every ring idle, then drains once more.
-    fn stop(&mut self) -> Profile {
+    /// Writers in flight may be waiting for room in their ring, and a ring only gets room once
+    /// its staging queue has room, so the stopper drains and merges (which frees room and wakes
+    /// them) until it reads every ring idle, then drains and merges everything. While writers
+    /// are still in flight it merges only events older than `lag_ns` before its clock reading,
+    /// as the running collector does: a writer between its clock reading and its publish may
+    /// still add an older event.
+    fn stop(&mut self, lag_ns: u64) -> Profile {
         close_gate(&RECORDING);
         loop {
+            let now = self.calibration.now_ns();
             let busy = REGISTRY.slots().iter().any(|slot| slot.ring.is_busy());
-            self.drain();
             if !busy {
                 break;
             }
+            self.drain(0);
+            self.merge_until(now.saturating_sub(lag_ns));
             std::thread::yield_now();
         }
-        self.merge_until(u64::MAX);
+        self.catch_up(u64::MAX);
         let end_ns = self.calibration.now_ns().max(self.newest_ns);
         let unattributed: [u64; RawKind::COUNT] = std::array::from_fn(|kind| {
             UNATTRIBUTED_DROPS[kind].swap(0, std::sync::atomic::Ordering::Relaxed)
@@ -596,7 +642,7 @@ impl Merger {
     }
 }
 
-/// Appends an applied event's allocation or free to the allocation log.
+/// Appends an applied event's allocation, free or change of category to the allocation log.
 fn log_event(log: &mut AllocLogWriter, device_names: &[String], event: &Event) {
     let name = |device: DeviceId| {
         move || {
@@ -617,6 +663,11 @@ fn log_event(log: &mut AllocLogWriter, device_names: &[String], event: &Event) {
         EventKind::Free { device, addr, size } => {
             log.record(device.0, name(device), false, None, ts, addr, size)
         }
+        EventKind::SetCategory {
+            device,
+            addr,
+            category,
+        } => log.set_category(device.0, name(device), category, ts, addr),
         EventKind::Realloc {
             old_addr,
             old_size,

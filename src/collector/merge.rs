@@ -1,0 +1,229 @@
+//! The merge: per-ring queues of events in, one time order out, up to a watermark.
+//!
+//! Each ring is in time order on its own (one thread writes it, stamping each event as it
+//! pushes it). Across rings, an event may be stamped before another ring's older-looking event
+//! is published, so an event is handed out only once it is at or before the *watermark* the
+//! caller gives: the clock reading taken before the drain, minus the lag a thread may take
+//! between reading its clock and publishing.
+//!
+//! A ring the caller drained only partly (the drain stopped at its bound, so events remain in
+//! the ring) *holds* the watermark at the stamp of the last event taken from it: the events
+//! still in the ring are at least that new, and anything newer from another ring must wait for
+//! them. The hold is lifted by the next drain that empties the ring.
+//!
+//! Events at the same stamp are handed out ring by ring, lower index first; within a ring,
+//! in the order they were pushed. A straggler (an event pushed after newer ones were handed
+//! out) is handed out at the next release like any other.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+/// An event's time, the merge's order.
+pub(crate) trait Stamp<T> {
+    /// When `event` happened.
+    fn stamp(&self, event: &T) -> u64;
+}
+
+impl<T, F: Fn(&T) -> u64> Stamp<T> for F {
+    fn stamp(&self, event: &T) -> u64 {
+        self(event)
+    }
+}
+
+/// One ring's staged events and hold.
+#[derive(Debug)]
+struct Queue<T> {
+    events: VecDeque<T>,
+    /// Stamp of the last event taken from a ring that was not emptied by its last drain.
+    hold: Option<u64>,
+}
+
+/// Per-ring queues merged into one time order; `stamp` gives an event's time.
+#[derive(Debug)]
+pub(crate) struct Merge<T, S> {
+    queues: Vec<Queue<T>>,
+    /// One entry per non-empty queue: (front stamp, ring).
+    fronts: BinaryHeap<Reverse<(u64, usize)>>,
+    stamp: S,
+}
+
+impl<T, S: Stamp<T>> Merge<T, S> {
+    /// A merge of `rings` empty queues.
+    pub(crate) fn new(rings: usize, stamp: S) -> Merge<T, S> {
+        Merge {
+            queues: (0..rings)
+                .map(|_| Queue {
+                    events: VecDeque::new(),
+                    hold: None,
+                })
+                .collect(),
+            fronts: BinaryHeap::new(),
+            stamp,
+        }
+    }
+
+    /// Events staged for `ring`.
+    pub(crate) fn staged(&self, ring: usize) -> usize {
+        self.queues[ring].events.len()
+    }
+
+    /// Adds `events`, drained from `ring` oldest first. `emptied`: the drain took everything
+    /// the ring had; otherwise the ring holds the watermark at the last event added (or at the
+    /// last one added before, when `events` is empty).
+    pub(crate) fn push(&mut self, ring: usize, events: impl IntoIterator<Item = T>, emptied: bool) {
+        let queue = &mut self.queues[ring];
+        let was_empty = queue.events.is_empty();
+        queue.events.extend(events);
+        if emptied {
+            queue.hold = None;
+        } else if let Some(last) = queue.events.back() {
+            queue.hold = Some(self.stamp.stamp(last));
+        }
+        if was_empty {
+            if let Some(front) = queue.events.front() {
+                self.fronts.push(Reverse((self.stamp.stamp(front), ring)));
+            }
+        }
+    }
+
+    /// The lowest hold of a partly drained ring, if any.
+    pub(crate) fn hold(&self) -> Option<u64> {
+        self.queues.iter().filter_map(|queue| queue.hold).min()
+    }
+
+    /// Whether `ring` holds the watermark below `watermark`: it must be drained again before
+    /// everything up to `watermark` can be handed out.
+    pub(crate) fn holds_below(&self, ring: usize, watermark: u64) -> bool {
+        self.queues[ring].hold.is_some_and(|hold| hold < watermark)
+    }
+
+    /// Hands every staged event stamped at or before `watermark` (and at or before every
+    /// hold) to `out` with its ring, in time order. The ring with the oldest front hands out
+    /// its events up to the next ring's front in one run, so the heap is touched once per run,
+    /// not once per event.
+    pub(crate) fn release(&mut self, watermark: u64, mut out: impl FnMut(usize, T)) {
+        let watermark = self.hold().map_or(watermark, |hold| hold.min(watermark));
+        while let Some(&Reverse((front, ring))) = self.fronts.peek() {
+            if front > watermark {
+                break;
+            }
+            self.fronts.pop();
+            // This ring runs while its events sort before the next ring's front, by (stamp,
+            // ring) as the heap orders them, and stay within the watermark.
+            let next_front = self.fronts.peek().map(|&Reverse(front)| front);
+            let queue = &mut self.queues[ring];
+            while let Some(event) = queue.events.pop_front() {
+                out(ring, event);
+                match queue.events.front() {
+                    Some(next) => {
+                        let stamp = self.stamp.stamp(next);
+                        if stamp > watermark
+                            || next_front.is_some_and(|front| (stamp, ring) > front)
+                        {
+                            self.fronts.push(Reverse((stamp, ring)));
+                            break;
+                        }
+                    }
+                    None => break,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Events are (stamp, name).
+    type Event = (u64, &'static str);
+
+    fn merge(rings: usize) -> Merge<Event, fn(&Event) -> u64> {
+        Merge::new(rings, |event: &Event| event.0)
+    }
+
+    fn release(merge: &mut Merge<Event, fn(&Event) -> u64>, watermark: u64) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        merge.release(watermark, |_, (_, name)| out.push(name));
+        out
+    }
+
+    #[test]
+    fn events_come_out_in_time_order_only_up_to_the_watermark() {
+        let mut m = merge(2);
+        m.push(0, [(1, "a1"), (4, "a4"), (9, "a9")], true);
+        m.push(1, [(2, "b2"), (3, "b3"), (10, "b10")], true);
+        assert_eq!(release(&mut m, 4), ["a1", "b2", "b3", "a4"]);
+        // Nothing newer than the watermark leaves, however long it waits.
+        assert_eq!(release(&mut m, 8), Vec::<&str>::new());
+        assert_eq!(release(&mut m, 9), ["a9"]);
+        assert_eq!(release(&mut m, u64::MAX), ["b10"]);
+    }
+
+    #[test]
+    fn an_event_at_the_watermark_is_released_and_one_after_it_is_not() {
+        let mut m = merge(1);
+        m.push(0, [(5, "at"), (6, "after")], true);
+        assert_eq!(release(&mut m, 5), ["at"]);
+    }
+
+    #[test]
+    fn a_partly_drained_ring_holds_the_watermark_at_its_last_drained_stamp() {
+        let mut m = merge(2);
+        // Ring 0's drain stopped at its bound after the event at 3: the rest of ring 0 (not yet
+        // drained) is at least as new, and may be older than ring 1's events at 4 and 6.
+        m.push(0, [(1, "a1"), (3, "a3")], false);
+        m.push(1, [(2, "b2"), (3, "b3"), (4, "b4"), (6, "b6")], true);
+        assert_eq!(m.hold(), Some(3));
+        assert!(m.holds_below(0, 10) && !m.holds_below(1, 10));
+        assert_eq!(release(&mut m, 10), ["a1", "b2", "a3", "b3"]);
+        // The next drain takes the rest of ring 0, including an event older than b4.
+        m.push(0, [(4, "a4"), (5, "a5")], true);
+        assert_eq!(m.hold(), None);
+        assert_eq!(release(&mut m, 10), ["a4", "b4", "a5", "b6"]);
+    }
+
+    #[test]
+    fn a_ring_not_drained_at_all_keeps_holding_at_its_last_event() {
+        let mut m = merge(2);
+        m.push(0, [(1, "a1"), (2, "a2")], false);
+        m.push(1, [(5, "b5")], true);
+        assert_eq!(release(&mut m, 10), ["a1", "a2"]);
+        // Its queue was full this round: nothing drained, not emptied.
+        m.push(0, [], false);
+        assert_eq!(release(&mut m, 10), Vec::<&str>::new());
+        m.push(0, [(7, "a7")], true);
+        assert_eq!(release(&mut m, 10), ["b5", "a7"]);
+    }
+
+    #[test]
+    fn ties_go_to_the_lower_ring_then_to_push_order() {
+        let mut m = merge(3);
+        m.push(2, [(5, "c5"), (5, "c5'")], true);
+        m.push(0, [(5, "a5")], true);
+        m.push(1, [(4, "b4"), (5, "b5")], true);
+        assert_eq!(release(&mut m, 5), ["b4", "a5", "b5", "c5", "c5'"]);
+    }
+
+    #[test]
+    fn a_straggler_is_released_at_the_next_round_not_lost() {
+        let mut m = merge(2);
+        m.push(0, [(10, "a10")], true);
+        assert_eq!(release(&mut m, 20), ["a10"]);
+        // Published late: stamped before what was already released.
+        m.push(1, [(7, "b7"), (25, "b25")], true);
+        assert_eq!(release(&mut m, 20), ["b7"]);
+        assert_eq!(m.staged(1), 1);
+    }
+
+    #[test]
+    fn a_reallocs_halves_leave_in_order_even_when_the_watermark_falls_between_them() {
+        let mut m = merge(2);
+        // The old block's half is stamped before the inner realloc, the new block's after it;
+        // another thread's event falls in between.
+        m.push(0, [(3, "realloc from"), (8, "realloc to")], true);
+        m.push(1, [(5, "other")], true);
+        assert_eq!(release(&mut m, 6), ["realloc from", "other"]);
+        assert_eq!(release(&mut m, 8), ["realloc to"]);
+    }
+}

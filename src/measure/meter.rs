@@ -1,0 +1,537 @@
+//! The hook side of measurement: per-thread state and what the allocator hook calls.
+//!
+//! A thread that measures points its thread-local at a [`Meter`] living in the frame of
+//! [`measure`](super::measure); a nested measurement points at its own meter, which points at
+//! the enclosing one, and every meter of the chain sees each event. A thread that does not
+//! measure pays one Relaxed load of [`MEASURING`] per hook call and nothing else.
+//!
+//! Hot-path rules hold here as in capture: the thread-local is `const`-initialised and has no
+//! destructor, the address table is mapped with `mmap`, nothing locks, nothing panics. An event
+//! that arrives while this thread is already inside a meter update (a signal handler that
+//! allocates) is not applied, so a meter has one writer at every instant; it is counted in
+//! [`Measurement::missed_events`](super::Measurement::missed_events).
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use super::table::{AddressTable, Inserted};
+use super::{Measurement, SpanFigures};
+use crate::capture;
+
+/// Threads measuring right now. The hook reads it first (Relaxed): a thread sees its own
+/// increment, and a stale value elsewhere only costs that thread a thread-local read.
+static MEASURING: AtomicUsize = AtomicUsize::new(0);
+
+/// Hands out meter ids, in the order meters start (so a span knows which meters it entered).
+static NEXT_METER: AtomicU64 = AtomicU64::new(1);
+
+/// Span nodes a meter keeps; allocations in deeper or further spans go to the nearest node.
+const MAX_NODES: usize = 128;
+/// Open spans a meter follows; spans nested deeper count as their outermost followed one.
+const MAX_DEPTH: usize = 64;
+/// The node of allocations made outside every span opened inside the measurement.
+const ROOT: u16 = 0;
+
+thread_local! {
+    /// The innermost meter, or null when this thread is not measuring.
+    static METER: Cell<*mut Meter> = const { Cell::new(std::ptr::null_mut()) };
+    /// [`PAUSED`] and [`BUSY`].
+    static FLAGS: Cell<u8> = const { Cell::new(0) };
+    /// Events not applied because they arrived during an update, over the thread's life.
+    static MISSED: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Set while highwater's measurement code itself runs (building a result): not measured.
+const PAUSED: u8 = 1;
+/// Set while a meter update runs: an event arriving then is re-entry.
+const BUSY: u8 = 2;
+
+const _: () = assert!(!std::mem::needs_drop::<Cell<*mut Meter>>());
+
+#[inline(always)]
+fn meter_now() -> *mut Meter {
+    METER.try_with(Cell::get).unwrap_or(std::ptr::null_mut())
+}
+
+#[inline(always)]
+fn flags() -> u8 {
+    FLAGS.try_with(Cell::get).unwrap_or(PAUSED)
+}
+
+#[inline(always)]
+fn set_flags(flags: u8) {
+    let _ = FLAGS.try_with(|cell| cell.set(flags));
+}
+
+fn missed() -> u64 {
+    MISSED.try_with(Cell::get).unwrap_or(0)
+}
+
+/// Applies `update` to every meter of this thread's chain, innermost first, unless the thread
+/// is not measuring, highwater runs on it, or this is re-entry.
+#[inline(always)]
+fn each_meter(update: impl Fn(&mut Meter)) {
+    let mut meter = meter_now();
+    if meter.is_null() {
+        return;
+    }
+    let flags = flags();
+    if flags != 0 {
+        if flags & BUSY != 0 {
+            let _ = MISSED.try_with(|cell| cell.set(cell.get() + 1));
+        }
+        return;
+    }
+    // Only a session pauses a user thread for highwater's own allocations (interning names);
+    // its gate is one Relaxed load.
+    if capture::recording() && capture::highwater_running_here() {
+        return;
+    }
+    set_flags(BUSY);
+    while !meter.is_null() {
+        // SAFETY: every meter of the chain is alive: `Activation` removes a meter from the
+        // chain before its frame ends, and a meter's parent outlives it (nesting is scoped).
+        // `BUSY` makes this the only reference to it on this thread, and no other thread ever
+        // reaches it (it is reachable only through this thread's thread-local).
+        let this = unsafe { &mut *meter };
+        update(this);
+        meter = this.parent;
+    }
+    set_flags(0);
+}
+
+/// Counts a heap allocation that the inner allocator just made.
+#[inline(always)]
+pub(crate) fn on_alloc(addr: usize, size: usize) {
+    if MEASURING.load(Ordering::Relaxed) != 0 {
+        alloc_measured(addr, size as u64);
+    }
+}
+
+/// Counts a heap free that is about to happen.
+#[inline(always)]
+pub(crate) fn on_free(addr: usize, size: usize) {
+    if MEASURING.load(Ordering::Relaxed) != 0 {
+        free_measured(addr, size as u64);
+    }
+}
+
+/// Counts a completed realloc of `old_addr` (`old_size` bytes) into `new_addr`.
+#[inline(always)]
+pub(crate) fn on_realloc(old_addr: usize, old_size: usize, new_addr: usize, new_size: usize) {
+    if MEASURING.load(Ordering::Relaxed) != 0 {
+        realloc_measured(old_addr, old_size as u64, new_addr, new_size as u64);
+    }
+}
+
+#[inline(always)]
+fn alloc_measured(addr: usize, size: u64) {
+    each_meter(|meter| meter.alloc(addr, size));
+}
+
+#[inline(always)]
+fn free_measured(addr: usize, size: u64) {
+    each_meter(|meter| meter.free(addr, size));
+}
+
+#[inline(always)]
+fn realloc_measured(old_addr: usize, old_size: u64, new_addr: usize, new_size: u64) {
+    each_meter(|meter| meter.realloc(old_addr, old_size, new_addr, new_size));
+}
+
+/// Which meters a span entered: those with an id up to this one (`0`: none).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SpanMark(u64);
+
+/// Opens span `name` in every meter of this thread's chain.
+///
+/// Spans are followed whatever the flags say (they are never opened from inside the hook), so
+/// every exit finds the entry it closes.
+#[inline]
+pub(crate) fn span_enter(name: &'static str) -> SpanMark {
+    if MEASURING.load(Ordering::Relaxed) == 0 {
+        return SpanMark(0);
+    }
+    let meter = meter_now();
+    if meter.is_null() {
+        return SpanMark(0);
+    }
+    // SAFETY: see `each_meter`; span calls are not made from inside the allocator hook.
+    let innermost = unsafe { (*meter).id };
+    every_meter_of_chain(meter, |meter| meter.enter(name));
+    SpanMark(innermost)
+}
+
+/// Closes the span `mark` came from, in the meters it was opened in (ids up to the mark's;
+/// a meter started inside the span never saw it open).
+#[inline]
+pub(crate) fn span_exit(mark: SpanMark) {
+    if mark.0 != 0 {
+        every_meter_of_chain(meter_now(), |meter| {
+            if meter.id <= mark.0 {
+                meter.exit();
+            }
+        });
+    }
+}
+
+/// Applies `update` to `meter` and the meters enclosing it, unless a meter update is running
+/// on this thread already (re-entry from a signal handler).
+fn every_meter_of_chain(mut meter: *mut Meter, update: impl Fn(&mut Meter)) {
+    if flags() & BUSY != 0 {
+        return;
+    }
+    let before = flags();
+    set_flags(before | BUSY);
+    while !meter.is_null() {
+        // SAFETY: as in `each_meter`.
+        let this = unsafe { &mut *meter };
+        update(this);
+        meter = this.parent;
+    }
+    set_flags(before);
+}
+
+/// Bytes this thread's innermost meter has seen the thread's heap grow by, net of every free
+/// (`None` when not measuring).
+pub(crate) fn net_bytes_now() -> Option<i64> {
+    let meter = meter_now();
+    if meter.is_null() {
+        return None;
+    }
+    // SAFETY: see `each_meter`; this runs outside the hook, on the meter's own thread.
+    Some(unsafe { (*meter).net })
+}
+
+/// Runs `f` with measurement paused on this thread (highwater's own bookkeeping).
+pub(crate) fn paused<R>(f: impl FnOnce() -> R) -> R {
+    /// Puts the flags back, even if `f` unwinds.
+    struct Resume(u8);
+    impl Drop for Resume {
+        fn drop(&mut self) {
+            set_flags(self.0);
+        }
+    }
+    let before = flags();
+    set_flags(before | PAUSED);
+    let _resume = Resume(before);
+    f()
+}
+
+/// A span node: one path of spans opened inside the measurement.
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    parent: u16,
+    name: &'static str,
+    /// Bytes of blocks born here that are live now.
+    live: u64,
+    allocated_bytes: u64,
+    allocations: u64,
+    /// `live` at the measurement's peak number `epoch` (see [`Meter::peak_epoch`]).
+    at_peak: u64,
+    epoch: u64,
+}
+
+impl Node {
+    const fn new(parent: u16, name: &'static str, epoch: u64) -> Node {
+        Node {
+            parent,
+            name,
+            live: 0,
+            allocated_bytes: 0,
+            allocations: 0,
+            at_peak: 0,
+            epoch,
+        }
+    }
+}
+
+/// One measurement's running figures. Lives in the frame of `measure`; reached by the hook
+/// only through the measuring thread's thread-local.
+#[derive(Debug)]
+pub(crate) struct Meter {
+    id: u64,
+    /// The enclosing measurement on this thread, or null.
+    parent: *mut Meter,
+    /// Blocks born inside and still live, with their span node.
+    table: AddressTable,
+    live: u64,
+    peak: u64,
+    /// How many times `peak` rose. A node whose `epoch` is behind has not changed since the
+    /// latest rise, so its live bytes then are its live bytes now: live-at-peak by span costs
+    /// O(1) per event, with no snapshot.
+    peak_epoch: u64,
+    net: i64,
+    allocated_bytes: u64,
+    allocations: u64,
+    reallocations: u64,
+    frees: u64,
+    untracked_frees: u64,
+    untracked_blocks: u64,
+    /// [`MISSED`] when the meter started.
+    missed_at_start: u64,
+    nodes: [Node; MAX_NODES],
+    node_count: usize,
+    /// Open spans' nodes; `depth` may exceed `MAX_DEPTH`, then the deepest ones are not kept.
+    stack: [u16; MAX_DEPTH],
+    depth: usize,
+    /// The innermost followed span's node (`stack[depth - 1]`, or the root).
+    node: u16,
+}
+
+impl Meter {
+    pub(crate) fn new() -> Meter {
+        Meter {
+            id: NEXT_METER.fetch_add(1, Ordering::Relaxed),
+            parent: std::ptr::null_mut(),
+            table: AddressTable::new(),
+            live: 0,
+            peak: 0,
+            peak_epoch: 0,
+            net: 0,
+            allocated_bytes: 0,
+            allocations: 0,
+            reallocations: 0,
+            frees: 0,
+            untracked_frees: 0,
+            untracked_blocks: 0,
+            missed_at_start: missed(),
+            nodes: [Node::new(ROOT, "", 0); MAX_NODES],
+            node_count: 1,
+            stack: [ROOT; MAX_DEPTH],
+            depth: 0,
+            node: ROOT,
+        }
+    }
+
+    #[inline(always)]
+    fn node_now(&self) -> u16 {
+        self.node
+    }
+
+    /// Moves node `index`'s live bytes by `delta`, keeping its live-at-peak figure current.
+    #[inline(always)]
+    fn node_live(&mut self, index: usize, grow: bool, bytes: u64) {
+        let node = &mut self.nodes[index];
+        if node.epoch != self.peak_epoch {
+            node.at_peak = node.live;
+            node.epoch = self.peak_epoch;
+        }
+        node.live = if grow {
+            node.live + bytes
+        } else {
+            node.live.saturating_sub(bytes)
+        };
+    }
+
+    /// A block born inside: live, in the table, maybe a new peak.
+    #[inline(always)]
+    fn born(&mut self, addr: usize, size: u64, node: u16) {
+        if self.table.insert(addr, usize::from(node)) == Inserted::Full {
+            self.untracked_blocks += 1;
+            return;
+        }
+        self.node_live(usize::from(node), true, size);
+        self.live += size;
+        if self.live > self.peak {
+            self.peak = self.live;
+            self.peak_epoch += 1;
+        }
+    }
+
+    /// A block ends; `true` if it was born inside.
+    #[inline(always)]
+    fn ended(&mut self, addr: usize, size: u64) -> bool {
+        match self.table.remove(addr) {
+            Some(node) => {
+                self.node_live(node, false, size);
+                self.live = self.live.saturating_sub(size);
+                true
+            }
+            None => {
+                self.untracked_frees += 1;
+                false
+            }
+        }
+    }
+
+    fn alloc(&mut self, addr: usize, size: u64) {
+        let node = self.node_now();
+        self.allocations += 1;
+        self.allocated_bytes += size;
+        self.net += size as i64;
+        let figures = &mut self.nodes[usize::from(node)];
+        figures.allocations += 1;
+        figures.allocated_bytes += size;
+        self.born(addr, size, node);
+    }
+
+    fn free(&mut self, addr: usize, size: u64) {
+        self.net -= size as i64;
+        if self.ended(addr, size) {
+            self.frees += 1;
+        }
+    }
+
+    /// As the profile counts it: the old block ends, the new one is born; bytes allocated grow
+    /// by the growth over the old block when it was born inside, else by the new size.
+    fn realloc(&mut self, old_addr: usize, old_size: u64, new_addr: usize, new_size: u64) {
+        let node = self.node_now();
+        self.reallocations += 1;
+        self.net += new_size as i64 - old_size as i64;
+        let growth = if self.ended(old_addr, old_size) {
+            new_size.saturating_sub(old_size)
+        } else {
+            new_size
+        };
+        self.allocated_bytes += growth;
+        self.nodes[usize::from(node)].allocated_bytes += growth;
+        self.born(new_addr, new_size, node);
+    }
+
+    fn enter(&mut self, name: &'static str) {
+        let parent = self.node_now();
+        let node = if self.depth >= MAX_DEPTH {
+            parent
+        } else {
+            self.child(parent, name)
+        };
+        if self.depth < MAX_DEPTH {
+            self.stack[self.depth] = node;
+        }
+        self.depth += 1;
+        self.node = node;
+    }
+
+    fn exit(&mut self) {
+        self.depth = self.depth.saturating_sub(1);
+        self.node = match self.depth {
+            0 => ROOT,
+            depth => self.stack[depth.min(MAX_DEPTH) - 1],
+        };
+    }
+
+    /// The node for span `name` under `parent`, made if new; `parent` itself when the node
+    /// table is full.
+    fn child(&mut self, parent: u16, name: &'static str) -> u16 {
+        let found = self.nodes[1..self.node_count].iter().position(|node| {
+            node.parent == parent && std::ptr::eq(node.name, name) && node.name.len() == name.len()
+        });
+        if let Some(index) = found {
+            return index as u16 + 1;
+        }
+        if self.node_count == MAX_NODES {
+            return parent;
+        }
+        let index = self.node_count;
+        self.nodes[index] = Node::new(parent, name, self.peak_epoch);
+        self.node_count += 1;
+        index as u16
+    }
+
+    /// The measurement's result. Called once the meter is out of the thread's chain, so it
+    /// may allocate.
+    pub(crate) fn finish(&self) -> Measurement {
+        let missed = missed() - self.missed_at_start;
+        let mut spans: Vec<SpanFigures> = Vec::new();
+        for index in 0..self.node_count {
+            let node = &self.nodes[index];
+            let at_peak = if node.epoch == self.peak_epoch {
+                node.at_peak
+            } else {
+                node.live
+            };
+            if node.allocated_bytes == 0 && at_peak == 0 && node.live == 0 {
+                continue;
+            }
+            let path = self.path(index);
+            // Two literals with the same text are two nodes with one path: one row.
+            match spans.iter_mut().find(|row| row.path == path) {
+                Some(row) => {
+                    row.allocations += node.allocations;
+                    row.allocated_bytes += node.allocated_bytes;
+                    row.live_at_peak_bytes += at_peak;
+                    row.leaked_bytes += node.live;
+                }
+                None => spans.push(SpanFigures {
+                    path,
+                    allocations: node.allocations,
+                    allocated_bytes: node.allocated_bytes,
+                    live_at_peak_bytes: at_peak,
+                    leaked_bytes: node.live,
+                }),
+            }
+        }
+        spans.sort_by(|a, b| {
+            (
+                b.live_at_peak_bytes,
+                b.leaked_bytes,
+                b.allocated_bytes,
+                &a.path,
+            )
+                .cmp(&(
+                    a.live_at_peak_bytes,
+                    a.leaked_bytes,
+                    a.allocated_bytes,
+                    &b.path,
+                ))
+        });
+        Measurement {
+            peak_bytes: self.peak,
+            allocated_bytes: self.allocated_bytes,
+            allocations: self.allocations,
+            leaked_bytes: self.live,
+            leaked_blocks: self.table.len() as u64,
+            reallocations: self.reallocations,
+            frees: self.frees,
+            untracked_frees: self.untracked_frees,
+            untracked_blocks: self.untracked_blocks,
+            missed_events: missed,
+            net_bytes: self.net,
+            spans,
+        }
+    }
+
+    /// `outer/inner` names of node `index`; the root's path is empty.
+    fn path(&self, index: usize) -> String {
+        let mut names = Vec::new();
+        let mut at = index;
+        while at != usize::from(ROOT) {
+            names.push(self.nodes[at].name);
+            at = usize::from(self.nodes[at].parent);
+        }
+        names.reverse();
+        names.join("/")
+    }
+}
+
+/// Puts a meter at the head of this thread's chain until dropped.
+#[derive(Debug)]
+pub(crate) struct Activation {
+    meter: *mut Meter,
+}
+
+impl Activation {
+    /// Makes `meter` this thread's innermost measurement.
+    ///
+    /// # Safety
+    ///
+    /// `meter` must stay valid, and be reached only through the hook, until the returned
+    /// guard is dropped; guards must be dropped in reverse order of creation (scoping).
+    pub(crate) unsafe fn start(meter: *mut Meter) -> Activation {
+        // SAFETY: the caller hands us a valid meter that nothing else references yet.
+        unsafe { (*meter).parent = meter_now() };
+        let _ = METER.try_with(|cell| cell.set(meter));
+        MEASURING.fetch_add(1, Ordering::Relaxed);
+        Activation { meter }
+    }
+}
+
+impl Drop for Activation {
+    fn drop(&mut self) {
+        // SAFETY: the meter is still valid (contract of `start`); reading its parent.
+        let parent = unsafe { (*self.meter).parent };
+        let _ = METER.try_with(|cell| cell.set(parent));
+        MEASURING.fetch_sub(1, Ordering::Relaxed);
+    }
+}

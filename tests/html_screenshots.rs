@@ -1,0 +1,337 @@
+//! The HTML report of real runs as a person sees it, at 1,400 and 1,000 px: a normal run of 200
+//! training steps, the same run leaking one buffer per step, and an empty profile. Headless
+//! Chromium lays each page out and takes a screenshot; a script run after the report's own
+//! measures the layout (no two cards, sections or axis labels overlap; no value spills out of
+//! its card), brushes across a timeline chart (the visible range must change, and reset must
+//! restore it) and checks the chart of the step that peaked. The test reads all of that back,
+//! and the screenshot's size from its PNG header.
+//!
+//! Screenshots are written to a temporary directory; set `HIGHWATER_SCREENSHOT_DIR` to keep
+//! them. Needs Chromium (see `tests/support/browser.rs`).
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use highwater::export::html;
+use highwater::{Alloc, Category, Profile, Session, Step};
+
+#[path = "support/browser.rs"]
+mod browser;
+use browser::{browser, run_browser};
+
+#[global_allocator]
+static ALLOC: Alloc = Alloc::system();
+
+const STEPS: usize = 200;
+const KIB: usize = 1024;
+
+/// A pretend training run: weights, then `STEPS` steps of forward, backward and optimizer
+/// spans; with `leak`, each step keeps one 256 KiB activation.
+fn train(leak: bool) -> Profile {
+    let session = Session::builder().write_profile(false).start().unwrap();
+    let weights: Vec<Vec<u8>> = {
+        let _load = highwater::profile!("load_weights", Category::Parameter);
+        (0..4).map(|_| vec![1u8; 512 * KIB]).collect()
+    };
+    let mut moments: Vec<Vec<u8>> = Vec::new();
+    let mut kept = Vec::new();
+    for _ in 0..STEPS {
+        let _step = highwater::profile!("train_step");
+        let activations: Vec<Vec<u8>> = {
+            let _fwd = highwater::profile!("forward", Step::Forward);
+            weights.iter().map(|w| vec![2u8; w.len() / 2]).collect()
+        };
+        let gradients: Vec<Vec<u8>> = {
+            let _bwd = highwater::profile!("backward", Step::Backward);
+            weights.iter().map(|w| vec![3u8; w.len()]).collect()
+        };
+        {
+            let _opt = highwater::profile!("optimizer", Step::Optimizer);
+            if moments.is_empty() {
+                moments = weights.iter().map(|w| vec![0u8; w.len() * 2]).collect();
+            }
+        }
+        let mut activations = activations;
+        if leak {
+            kept.push(activations.swap_remove(0));
+        }
+        drop((activations, gradients));
+    }
+    let profile = session.finish().unwrap();
+    drop((weights, moments, kept));
+    profile
+}
+
+/// The two runs, recorded once, one session at a time.
+fn runs() -> &'static (Profile, Profile) {
+    static RUNS: OnceLock<(Profile, Profile)> = OnceLock::new();
+    RUNS.get_or_init(|| (train(false), train(true)))
+}
+
+/// Measures the laid-out page and exercises the zoom; leaves its findings as JSON in
+/// `<pre id="hw-layout">`.
+const MEASURE: &str = r##"
+(function () {
+  var out = { overlaps: [], spills: [], sections: [] };
+  function box(e) { var r = e.getBoundingClientRect(); return { l: r.left, r: r.right, t: r.top, b: r.bottom }; }
+  function hit(a, b) { return a.l < b.r - 0.5 && b.l < a.r - 0.5 && a.t < b.b - 0.5 && b.t < a.b - 0.5; }
+  function name(e) { return (e.id || e.className.baseVal || e.className || e.tagName) + ":" + (e.textContent || "").slice(0, 40); }
+  function pairwise(list, what) {
+    for (var i = 0; i < list.length; i++) for (var j = i + 1; j < list.length; j++) {
+      if (hit(box(list[i]), box(list[j]))) out.overlaps.push(what + ": " + name(list[i]) + " / " + name(list[j]));
+    }
+  }
+  pairwise(Array.prototype.slice.call(document.querySelectorAll(".card")), "cards");
+  pairwise(Array.prototype.slice.call(document.querySelectorAll("main > section, main > .alert, main > .warnings")), "sections");
+  Array.prototype.forEach.call(document.querySelectorAll("svg"), function (svg) {
+    pairwise(Array.prototype.slice.call(svg.querySelectorAll("text.xlabel")), "x labels");
+    pairwise(Array.prototype.slice.call(svg.querySelectorAll("text.ylabel")), "y labels");
+  });
+  Array.prototype.forEach.call(document.querySelectorAll(".card .value, .card .sub, .card .label"), function (e) {
+    var card = box(e.closest(".card")), b = box(e);
+    if (b.r > card.r + 0.5 || b.l < card.l - 0.5 || e.scrollWidth > e.clientWidth + 1) out.spills.push(name(e));
+  });
+  Array.prototype.forEach.call(document.querySelectorAll("main > section"), function (s) {
+    out.sections.push({ id: s.id, height: Math.round(box(s).b - box(s).t) });
+  });
+  out.page_height = Math.round(document.documentElement.scrollHeight);
+  out.page_width = Math.round(document.documentElement.scrollWidth);
+  out.viewport = window.innerWidth;
+
+  // Zoom: drag across the middle fifth of the first timeline chart, then reset.
+  var svg = document.querySelector("#timelines svg");
+  if (svg) {
+    var range = function () { return [+svg.getAttribute("data-t0"), +svg.getAttribute("data-t1")]; };
+    out.range_before = range();
+    var r = svg.getBoundingClientRect(), y = r.top + r.height / 2;
+    var at = function (f) { return r.left + r.width * f; };
+    svg.dispatchEvent(new MouseEvent("mousedown", { clientX: at(0.4), clientY: y, bubbles: true }));
+    window.dispatchEvent(new MouseEvent("mousemove", { clientX: at(0.6), clientY: y, bubbles: true }));
+    window.dispatchEvent(new MouseEvent("mouseup", { clientX: at(0.6), clientY: y, bubbles: true }));
+    svg = document.querySelector("#timelines svg");
+    out.range_zoomed = range();
+    out.all_follow = Array.prototype.every.call(document.querySelectorAll("#timelines svg, #pool-charts svg"),
+      function (s) { return s.getAttribute("data-t0") === svg.getAttribute("data-t0"); });
+    out.reset_enabled = !document.getElementById("zoom-reset").disabled;
+    document.getElementById("zoom-reset").click();
+    out.range_reset = range();
+  }
+  var step = document.querySelector("#peak-step-chart svg");
+  out.peak_step = step ? {
+    t0: +step.getAttribute("data-t0"), t1: +step.getAttribute("data-t1"),
+    bands: step.querySelectorAll("rect.band").length,
+    peak_marked: step.querySelectorAll(".peakline").length,
+    title: document.querySelector("#peak-step-chart h3").textContent
+  } : null;
+  out.formats = [0, 1023, 1024, 1536, 1048575, 10485760, 5905580032, 1099511627776].map(window.highwaterFormat.bytes)
+    .concat([999, 12500, 3200000, 999960, 999999999, 1250000000].map(window.highwaterFormat.time));
+  var pre = document.createElement("pre");
+  pre.id = "hw-layout";
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+"##;
+
+struct Seen {
+    layout: serde_json::Value,
+    png_size: (u32, u32),
+}
+
+/// Lays `profile`'s report out at `width` px: the measurements, and a screenshot read back.
+fn look(browser: &str, dir: &Path, name: &str, profile: &Profile, width: u32) -> Seen {
+    let page = dir.join(format!("{name}-{width}.html"));
+    let report = html::render(profile);
+    std::fs::write(&page, &report).unwrap();
+    let measured = dir.join(format!("{name}-{width}-measured.html"));
+    std::fs::write(
+        &measured,
+        report.replace("</body>", &format!("<script>{MEASURE}</script></body>")),
+    )
+    .unwrap();
+    let size = format!("--window-size={width},1200");
+    let dom = run_browser(
+        browser,
+        &dir.join("chromium-profile"),
+        &measured,
+        &["--dump-dom", &size],
+    );
+    let json = dom
+        .split("<pre id=\"hw-layout\">")
+        .nth(1)
+        .and_then(|rest| rest.split("</pre>").next())
+        .unwrap_or_else(|| panic!("{name} at {width}: the measuring script did not finish"))
+        .replace("&quot;", "\"")
+        .replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&amp;", "&");
+    let layout: serde_json::Value = serde_json::from_str(&json).unwrap();
+
+    let shot_dir = std::env::var_os("HIGHWATER_SCREENSHOT_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| dir.to_path_buf());
+    std::fs::create_dir_all(&shot_dir).unwrap();
+    let shot = shot_dir.join(format!("{name}-{width}.png"));
+    let height = layout["page_height"].as_u64().unwrap().clamp(600, 8000) as u32;
+    run_browser(
+        browser,
+        &dir.join("chromium-profile"),
+        &page,
+        &[
+            &format!("--screenshot={}", shot.display()),
+            &format!("--window-size={width},{height}"),
+            "--hide-scrollbars",
+        ],
+    );
+    let png = std::fs::read(&shot).expect("screenshot written");
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    // IHDR: width and height, big-endian, right after the chunk header.
+    let dimension = |at: usize| u32::from_be_bytes(png[at..at + 4].try_into().unwrap());
+    // A blank page compresses to a few KiB; charts and text make it far larger.
+    assert!(
+        png.len() > 30_000,
+        "{name} at {width}: screenshot nearly blank"
+    );
+    Seen {
+        layout,
+        png_size: (dimension(16), dimension(20)),
+    }
+}
+
+fn assert_laid_out(name: &str, width: u32, seen: &Seen) {
+    let layout = &seen.layout;
+    assert_eq!(seen.png_size.0, width, "{name}: screenshot width");
+    assert_eq!(
+        layout["overlaps"].as_array().unwrap().len(),
+        0,
+        "{name} at {width}: overlapping boxes {}",
+        layout["overlaps"]
+    );
+    assert_eq!(
+        layout["spills"].as_array().unwrap().len(),
+        0,
+        "{name} at {width}: text spills out of its card {}",
+        layout["spills"]
+    );
+    assert!(
+        layout["page_width"].as_u64().unwrap() <= u64::from(width),
+        "{name} at {width}: the page scrolls sideways ({})",
+        layout["page_width"]
+    );
+}
+
+fn assert_zooms(name: &str, layout: &serde_json::Value) {
+    let range = |key: &str| -> (u64, u64) {
+        let r = layout[key].as_array().unwrap();
+        (r[0].as_u64().unwrap(), r[1].as_u64().unwrap())
+    };
+    let before = range("range_before");
+    let zoomed = range("range_zoomed");
+    assert!(
+        zoomed.0 > before.0
+            && zoomed.1 < before.1
+            && zoomed.1 - zoomed.0 < (before.1 - before.0) / 3,
+        "{name}: brushing did not zoom: {before:?} -> {zoomed:?}"
+    );
+    assert_eq!(
+        layout["all_follow"], true,
+        "{name}: charts disagree on the range"
+    );
+    assert_eq!(layout["reset_enabled"], true);
+    assert_eq!(
+        range("range_reset"),
+        before,
+        "{name}: reset did not restore"
+    );
+}
+
+fn assert_peak_step(name: &str, profile: &Profile, layout: &serde_json::Value) {
+    let step = &layout["peak_step"];
+    assert!(step.is_object(), "{name}: no chart of the step that peaked");
+    let (t0, t1) = (step["t0"].as_u64().unwrap(), step["t1"].as_u64().unwrap());
+    let peak = profile.summary.peak_timestamp_ns;
+    assert!(
+        t0 <= peak && peak <= t1,
+        "{name}: {t0}..{t1} misses the peak at {peak}"
+    );
+    assert!(
+        t1 - t0 < profile.summary.duration_ns / 20,
+        "{name}: the step chart is not zoomed to one step"
+    );
+    // The step itself and its forward, backward and optimizer spans.
+    assert!(step["bands"].as_u64().unwrap() >= 4, "{name}: {step}");
+    assert_eq!(step["peak_marked"], 1, "{name}: the peak is not marked");
+    assert!(step["title"].as_str().unwrap().contains("train_step"));
+}
+
+#[test]
+fn normal_and_leaking_runs_lay_out_zoom_and_show_the_step_that_peaked() {
+    let Some(browser) = browser() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (normal, leak) = runs();
+    assert_eq!(normal.iterations.len(), STEPS);
+    for (name, profile) in [("normal", normal), ("leak", leak)] {
+        for width in [1400, 1000] {
+            let seen = look(&browser, dir.path(), name, profile, width);
+            assert_laid_out(name, width, &seen);
+            assert_zooms(name, &seen.layout);
+            assert_peak_step(name, profile, &seen.layout);
+            // 200 iterations: a chart and a folded table, not a 9,000 px page.
+            let iterations = seen.layout["sections"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["id"] == "iterations")
+                .unwrap()["height"]
+                .as_u64()
+                .unwrap();
+            assert!(
+                iterations < 600,
+                "{name}: iterations section {iterations} px"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_empty_profile_lays_out_cleanly() {
+    let Some(browser) = browser() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    for width in [1400, 1000] {
+        let seen = look(&browser, dir.path(), "empty", &Profile::empty(), width);
+        assert_laid_out("empty", width, &seen);
+        assert!(seen.layout["peak_step"].is_null());
+    }
+}
+
+#[test]
+fn the_script_formats_units_exactly_as_the_text_reports_do() {
+    use highwater::units::{format_bytes, format_duration_ns};
+    let Some(browser) = browser() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let seen = look(&browser, dir.path(), "formats", &Profile::empty(), 1000);
+    let mut want: Vec<String> = [
+        0u64,
+        1023,
+        1024,
+        1536,
+        1048575,
+        10485760,
+        5905580032,
+        1 << 40,
+    ]
+    .into_iter()
+    .map(format_bytes)
+    .collect();
+    want.extend(
+        [999u64, 12500, 3200000, 999960, 999999999, 1250000000]
+            .into_iter()
+            .map(format_duration_ns),
+    );
+    let got: Vec<String> = seen.layout["formats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(got, want);
+}

@@ -1,0 +1,49 @@
+//! A measurement gives the same figures with a session recording as without one, and the
+//! session still records everything the measured closure did.
+
+use std::hint::black_box;
+
+use highwater::{Category, Session};
+
+#[global_allocator]
+static ALLOC: highwater::Alloc = highwater::Alloc::system();
+
+/// Named spans and ops (a session interns their names, allocating while paused) and a mix of
+/// allocations, reallocs and frees.
+fn work() -> Vec<Vec<u8>> {
+    let mut kept = Vec::new();
+    for i in 0..500usize {
+        let _step = highwater::profile!("step");
+        let _fwd = highwater::profile!("forward", Category::Activation);
+        let op = highwater::ops::op("matmul");
+        let mut v = black_box(vec![0u8; 64 + i % 300]);
+        v.reserve(i % 100);
+        drop(op);
+        if i % 50 == 0 {
+            kept.push(v);
+        }
+    }
+    kept
+}
+
+#[test]
+fn the_figures_are_the_same_with_and_without_a_session() {
+    let (kept, without) = highwater::measure(work);
+    drop(kept);
+    let session = Session::builder().write_profile(false).start().unwrap();
+    let (kept, during) = highwater::measure(work);
+    drop(kept);
+    let profile = session.finish().unwrap();
+    let (kept, after) = highwater::measure(work);
+    drop(kept);
+    assert_eq!(during, without);
+    assert_eq!(after, without);
+    assert!(without.allocations >= 500 && without.leaked_blocks >= 10);
+    // The session saw the measured closure's allocations too.
+    assert!(
+        profile.summary.alloc_count >= without.allocations,
+        "profile {} allocations, measured {}",
+        profile.summary.alloc_count,
+        without.allocations
+    );
+}
