@@ -126,7 +126,7 @@ pub(crate) fn unix_ms_now() -> u64 {
 /// `Some(None)` means off.
 pub(crate) fn parse_interval(value: &str) -> Option<Option<Duration>> {
     let seconds: f64 = value.trim().parse().ok()?;
-    if !seconds.is_finite() || seconds < 0.0 || seconds > 86_400.0 {
+    if !(0.0..=86_400.0).contains(&seconds) {
         return None;
     }
     if seconds == 0.0 {
