@@ -17,9 +17,10 @@ use crossbeam_channel::Sender;
 use crate::capture;
 use crate::profile::{Profile, RunMeta, Warning};
 
-/// How often a session writes a checkpoint when neither the builder nor `HIGHWATER_CHECKPOINT`
-/// says.
-pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(10);
+/// A sensible interval to pass to [`SessionBuilder::checkpoint_every`](crate::SessionBuilder::checkpoint_every)
+/// (or `HIGHWATER_CHECKPOINT=10`). Sessions do not checkpoint unless asked: with checkpoints on,
+/// a many-thread workload test saw ordering repairs, which is being looked into.
+pub const SUGGESTED_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What the collector needs to write checkpoints.
 #[derive(Debug, Clone)]

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use crate::analysis::TimelineConfig;
 use crate::capture::ring::enable_asymmetric_barrier;
 use crate::capture::{self, clock, lifecycle, wake};
-use crate::checkpoint::{CheckpointConfig, DEFAULT_CHECKPOINT_INTERVAL};
+use crate::checkpoint::CheckpointConfig;
 use crate::collector::{self, CollectorConfig, Control};
 use crate::error::Error;
 use crate::export::html;
@@ -143,8 +143,8 @@ impl SessionBuilder {
     }
 
     /// Writes the profile so far to the output path every `interval` while recording
-    /// (default [`DEFAULT_CHECKPOINT_INTERVAL`](crate::DEFAULT_CHECKPOINT_INTERVAL);
-    /// `Duration::ZERO` for none), so a run killed with SIGKILL still leaves a profile.
+    /// (default none; [`SUGGESTED_CHECKPOINT_INTERVAL`](crate::SUGGESTED_CHECKPOINT_INTERVAL) is
+    /// a sensible value; `Duration::ZERO` for none), so a run killed with SIGKILL still leaves a profile.
     /// `HIGHWATER_CHECKPOINT=<seconds>` overrides it.
     ///
     /// A checkpoint is a complete profile marked `meta.partial: true` with its time
@@ -579,14 +579,13 @@ impl EnvConfig {
     }
 }
 
-/// Time between checkpoints: the environment's setting over the builder's over the default;
-/// zero (or `HIGHWATER_CHECKPOINT=0`) means none.
+/// Time between checkpoints: the environment's setting over the builder's; none by default,
+/// and zero (or `HIGHWATER_CHECKPOINT=0`) means none.
 fn checkpoint_interval(
     builder: Option<Duration>,
     env: Option<Option<Duration>>,
 ) -> Option<Duration> {
-    env.unwrap_or_else(|| Some(builder.unwrap_or(DEFAULT_CHECKPOINT_INTERVAL)))
-        .filter(|every| !every.is_zero())
+    env.unwrap_or(builder).filter(|every| !every.is_zero())
 }
 
 /// Parses an on/off value.
@@ -605,10 +604,7 @@ mod tests {
     #[test]
     fn checkpoint_interval_precedence() {
         let secs = Duration::from_secs;
-        assert_eq!(
-            checkpoint_interval(None, None),
-            Some(DEFAULT_CHECKPOINT_INTERVAL)
-        );
+        assert_eq!(checkpoint_interval(None, None), None);
         assert_eq!(checkpoint_interval(Some(secs(3)), None), Some(secs(3)));
         assert_eq!(checkpoint_interval(Some(Duration::ZERO), None), None);
         assert_eq!(
