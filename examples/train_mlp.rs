@@ -482,7 +482,7 @@ fn print_summary(profile: &Profile, out: &std::path::Path) {
     for span in spans.iter().take(5) {
         println!(
             "  {:<28} calls {:>4}  peak {:>10}  residual/call {:>10}",
-            span.path,
+            profile.span_path(span.id),
             span.calls,
             format_bytes(span.peak_bytes),
             format_bytes(span.residual_bytes / span.calls.max(1)),

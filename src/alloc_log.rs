@@ -114,12 +114,14 @@ impl AllocLog {
             path: path.to_path_buf(),
             detail: format!("{detail} at byte {offset}"),
         };
-        let file = File::open(path).map_err(read_error)?;
+        // Bounded by the bytes read, not by `metadata` (a FIFO or `/dev/zero` has no length);
+        // opening a FIFO with no writer does not wait.
+        let file = crate::fileio::open_for_reading(path).map_err(read_error)?;
         let size = file.metadata().map_err(read_error)?.len();
         if size > MAX_LOG_BYTES {
             return Err(invalid(0, "file larger than the 4 GiB limit"));
         }
-        let mut input = BufReader::new(file);
+        let mut input = BufReader::new(file.take(MAX_LOG_BYTES + 1));
         let mut magic = [0u8; 8];
         if input.read_exact(&mut magic).is_err() || &magic != MAGIC {
             return Err(invalid(0, "missing the HWALLOC1 magic"));
@@ -133,6 +135,9 @@ impl AllocLog {
         loop {
             if input.read(&mut tag).map_err(read_error)? == 0 {
                 return Ok(log);
+            }
+            if offset >= MAX_LOG_BYTES {
+                return Err(invalid(offset, "file larger than the 4 GiB limit"));
             }
             let (kind, category) = (tag[0] & 0x0F, tag[0] >> 4);
             match (kind, category) {
@@ -251,6 +256,16 @@ impl AllocLog {
         ops
     }
 
+    /// Whether the file at `path` starts with [`MAGIC`]: an allocation log rather than a
+    /// profile. Does not block on a FIFO that has no writer (it is not a log).
+    pub fn is_log(path: impl AsRef<Path>) -> bool {
+        let mut head = [0u8; 8];
+        crate::fileio::open_for_reading(path.as_ref())
+            .and_then(|mut file| file.read_exact(&mut head))
+            .is_ok()
+            && &head == MAGIC
+    }
+
     /// The index of device `name`, if the log has it.
     pub fn device(&self, name: &str) -> Option<u16> {
         self.devices
@@ -281,7 +296,9 @@ impl AllocLogWriter {
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                 std::fs::create_dir_all(dir)?;
             }
-            let mut out = BufWriter::with_capacity(1 << 20, File::create(path)?);
+            // Never waits on a FIFO without a reader (that would hang `Session::start`).
+            let file = crate::fileio::create_for_streaming(path)?;
+            let mut out = BufWriter::with_capacity(1 << 20, file);
             out.write_all(MAGIC)?;
             Ok(out)
         })();

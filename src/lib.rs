@@ -65,6 +65,7 @@ mod capture;
 #[cfg(not(loom))]
 pub mod device;
 pub mod export;
+mod fileio;
 mod model;
 pub mod profile;
 pub mod units;
@@ -79,6 +80,8 @@ pub mod candle;
 mod checkpoint;
 #[cfg(not(loom))]
 mod collector;
+#[cfg(not(loom))]
+mod config;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]

@@ -54,17 +54,22 @@ pub struct Tensor<'a> {
 
 /// An op being recorded on this thread; ends when dropped.
 ///
-/// Heap allocations made on this thread while the guard lives are attributed to the op.
+/// Heap allocations made on this thread while the guard lives are attributed to the op. A guard
+/// belongs to the session that was recording when it began: dropped (or given an output) in a
+/// later session, it does nothing, so it cannot end that session's op.
 #[must_use = "the op ends as soon as the guard is dropped"]
 #[derive(Debug)]
 pub struct OpGuard {
     name: u32,
+    /// The session the op began in: a guard outliving it must not end an op of a later one.
+    session: u64,
     /// Ops nest per thread, like spans.
     _not_send: PhantomData<*const ()>,
 }
 
 /// Starts recording an op named `name` on this thread.
 pub fn op(name: &str) -> OpGuard {
+    let session = crate::session::current_generation();
     let name = if capture::recording() {
         let id = names::name(name);
         capture::record_op_begin(id);
@@ -74,6 +79,7 @@ pub fn op(name: &str) -> OpGuard {
     };
     OpGuard {
         name,
+        session,
         _not_send: PhantomData,
     }
 }
@@ -83,7 +89,7 @@ impl OpGuard {
     /// of its storage for a CPU tensor (the allocation the heap hook saw), its tensor id for a
     /// device tensor recorded with [`tensor_alloc`].
     pub fn output(self, tensor: &Tensor<'_>, key: u64) {
-        if self.name != u32::MAX && capture::recording() {
+        if self.in_its_session() {
             capture::record_annotation(
                 names::device(tensor.device),
                 key,
@@ -95,9 +101,18 @@ impl OpGuard {
     }
 }
 
+impl OpGuard {
+    /// Whether the op was recorded and its session is still the one recording.
+    fn in_its_session(&self) -> bool {
+        self.name != u32::MAX
+            && capture::recording()
+            && crate::session::current_generation() == self.session
+    }
+}
+
 impl Drop for OpGuard {
     fn drop(&mut self) {
-        if self.name != u32::MAX {
+        if self.in_its_session() {
             capture::record_op_end();
         }
     }

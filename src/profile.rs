@@ -6,10 +6,12 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::fileio::{self, ReadError};
 
 use crate::model::{Category, Step};
 
@@ -20,14 +22,42 @@ pub use tree::{span_tree, TreeRow};
 pub use warning::Warning;
 
 /// The value of [`Profile::schema`] this version writes and reads.
-pub const SCHEMA: &str = "highwater/1";
+///
+/// # Compatibility rule
+///
+/// The schema is `highwater/N`; `N` changes exactly when a change breaks readers: a field
+/// removed, renamed, retyped or given another meaning. A reader reads its own `N` only, and
+/// names both versions when it refuses another. Within one `N`, a newer writer may *add*
+/// fields: readers ignore fields they do not know (there is no `deny_unknown_fields`), and every
+/// field added after the first release of an `N` is `#[serde(default)]`, so older documents
+/// of the same `N` still read. `highwater/2` (span tree by id) replaced `highwater/1` (full
+/// span paths on every span node and span event).
+pub const SCHEMA: &str = "highwater/2";
+
+/// Deepest span nesting a profile keeps ([`SpanMetrics`] depth 0 is top level). Spans nested
+/// deeper are counted in one [`FOLDED_SPANS`] node under the deepest kept one, and the profile
+/// says so in [`Profile::warnings`].
+pub const MAX_SPAN_DEPTH: u32 = 64;
+
+/// Most span-tree nodes a profile keeps; spans at new paths past it are counted in one
+/// top-level [`FOLDED_SPANS`] node, and the profile says so.
+pub const MAX_SPAN_NODES: usize = 8192;
+
+/// The name of the span node that stands for spans nested deeper than [`MAX_SPAN_DEPTH`] or
+/// past [`MAX_SPAN_NODES`].
+pub const FOLDED_SPANS: &str = "(folded spans)";
 
 /// Largest profile file [`Profile::load`] accepts; profiles are bounded far below this.
 pub const MAX_PROFILE_BYTES: u64 = 256 << 20;
 
 /// A run's memory profile.
+///
+/// Its size is bounded whatever the run did (well under 10 MiB with the default
+/// [`TimelineConfig`](crate::analysis::TimelineConfig)): the curve is downsampled, tables are
+/// capped, and the span tree is stored once, by id with parent links, at most
+/// [`MAX_SPAN_DEPTH`] deep and [`MAX_SPAN_NODES`] wide; see [`SCHEMA`] for what readers of
+/// other versions can expect.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Profile {
     /// Format identifier, always [`SCHEMA`].
     pub schema: String,
@@ -41,7 +71,8 @@ pub struct Profile {
     pub peak_breakdown: Vec<PeakRow>,
     /// The largest single allocations live at the peak, largest first.
     pub largest_at_peak: Vec<LiveAllocation>,
-    /// Span tree with memory metrics, parents before children.
+    /// Span tree with memory metrics, parents before children; a node's
+    /// [`SpanMetrics::id`] is its index here. [`Profile::span_path`] spells a node's path.
     pub spans: Vec<SpanMetrics>,
     /// Live bytes at the end of each top-level iteration (the leak signal). At most
     /// [`MAX_ITERATIONS`] rows: a longer run lists an even sample plus its last iterations,
@@ -78,16 +109,15 @@ pub const MAX_ITERATIONS: usize = 4096;
 
 /// One instance of a span: which thread ran it, when and for how long.
 ///
-/// [`SpanMetrics`] aggregates all instances at a path; these keep the individual intervals so a
+/// [`SpanMetrics`] aggregates all instances of a node; these keep the individual intervals so a
 /// trace viewer can draw them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SpanEvent {
     /// The thread that entered the span (the same numbering as [`LiveAllocation::thread`]).
     pub thread: u32,
-    /// Span name.
-    pub name: String,
-    /// Names from the outermost span, joined with `/` (matches [`SpanMetrics::path`]).
-    pub path: String,
+    /// The span-tree node it is an instance of: an index into [`Profile::spans`] (its name
+    /// there, its path from [`Profile::span_path`]).
+    pub span: u32,
     /// When the span was entered, ns since the session started.
     pub start_ns: u64,
     /// Time from enter to exit, ns.
@@ -228,10 +258,8 @@ pub struct SpanMetrics {
     pub id: u32,
     /// Index of the parent node, `None` for top-level spans.
     pub parent: Option<u32>,
-    /// Span name.
+    /// Span name ([`FOLDED_SPANS`] for the node that counts folded spans).
     pub name: String,
-    /// Names from the outermost span, joined with `/`.
-    pub path: String,
     /// Step the span marks, if any.
     pub step: Option<Step>,
     /// Category the span names, if any.
@@ -425,7 +453,7 @@ pub enum ProfileError {
         path: PathBuf,
     },
     /// The file is larger than any profile highwater writes.
-    #[error("profile {path} is {size} bytes, more than the {limit}-byte limit for a profile")]
+    #[error("profile {path} is {size} bytes or more, over the {limit}-byte limit for a profile")]
     TooLarge {
         /// The file.
         path: PathBuf,
@@ -442,8 +470,17 @@ pub enum ProfileError {
         /// What was wrong, with line and column.
         detail: String,
     },
-    /// The file is a profile of another schema.
-    #[error("profile {path} has schema {found:?}; this highwater reads {expected:?}")]
+    /// The file parses, but breaks a rule every profile satisfies
+    /// ([`Profile::check_invariants`]).
+    #[error("profile {path} is inconsistent: {detail}")]
+    Inconsistent {
+        /// The file.
+        path: PathBuf,
+        /// The broken rule.
+        detail: String,
+    },
+    /// The file is a profile of another schema (see [`SCHEMA`] for the compatibility rule).
+    #[error("profile {path} has schema {found:?}; this highwater reads {expected:?} (the schema changes only when readers break: convert or re-record the profile with a matching highwater)")]
     Schema {
         /// The file.
         path: PathBuf,
@@ -485,15 +522,25 @@ impl Profile {
             path: path.to_path_buf(),
             source,
         };
-        let size = fs::metadata(path).map_err(read_error)?.len();
-        if size > MAX_PROFILE_BYTES {
-            return Err(ProfileError::TooLarge {
-                path: path.to_path_buf(),
-                size,
-                limit: MAX_PROFILE_BYTES,
-            });
+        // A regular file says its size: refuse an oversized one before reading it. Anything
+        // else (a FIFO, `/dev/zero`) is bounded by the bytes actually read.
+        let too_large = |size| ProfileError::TooLarge {
+            path: path.to_path_buf(),
+            size,
+            limit: MAX_PROFILE_BYTES,
+        };
+        match fs::metadata(path) {
+            Ok(meta) if meta.is_file() && meta.len() > MAX_PROFILE_BYTES => {
+                return Err(too_large(meta.len()))
+            }
+            Ok(_) => {}
+            Err(source) => return Err(read_error(source)),
         }
-        let bytes = fs::read(path).map_err(read_error)?;
+        let bytes = match fileio::read_bounded(path, MAX_PROFILE_BYTES) {
+            Ok(bytes) => bytes,
+            Err(ReadError::Io(source)) => return Err(read_error(source)),
+            Err(ReadError::TooLarge { read }) => return Err(too_large(read)),
+        };
         Profile::from_json_bytes(&bytes, path)
     }
 
@@ -525,10 +572,129 @@ impl Profile {
                 });
             }
         }
-        serde_json::from_slice(bytes).map_err(|error| ProfileError::Parse {
-            path: path.to_path_buf(),
-            detail: error.to_string(),
-        })
+        let profile: Profile =
+            serde_json::from_slice(bytes).map_err(|error| ProfileError::Parse {
+                path: path.to_path_buf(),
+                detail: error.to_string(),
+            })?;
+        profile
+            .check_invariants()
+            .map_err(|detail| ProfileError::Inconsistent {
+                path: path.to_path_buf(),
+                detail,
+            })?;
+        Ok(profile)
+    }
+
+    /// The path of span node `id`: names from the outermost span, joined with `/`. Empty for
+    /// an id that is not in [`Profile::spans`]. Bounded by the tree's size even in a hand-made
+    /// profile whose parents loop.
+    pub fn span_path(&self, id: u32) -> String {
+        let mut names = Vec::new();
+        let mut at = Some(id);
+        while let Some(node) = at.and_then(|id| self.spans.get(id as usize)) {
+            if names.len() > self.spans.len() {
+                break;
+            }
+            names.push(node.name.as_str());
+            at = node.parent;
+        }
+        names.reverse();
+        names.join("/")
+    }
+
+    /// Every span node's path, by id ([`Profile::span_path`] for all of them, in one pass:
+    /// parents come before their children). A node whose parent does not come before it is
+    /// shown as top level.
+    pub fn span_paths(&self) -> Vec<String> {
+        span_paths(&self.spans)
+    }
+
+    /// Checks what every profile highwater writes satisfies, so a damaged or hand-edited one is
+    /// refused instead of shown (a category at 300 % of the peak).
+    ///
+    /// # Errors
+    ///
+    /// A sentence naming the first broken rule.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let peak = self.summary.peak_bytes;
+        let sum = |map: &BTreeMap<Category, u64>| {
+            map.values()
+                .fold(0u128, |total, bytes| total + u128::from(*bytes))
+        };
+        if sum(&self.summary.peak_by_category) > u128::from(peak) {
+            return Err(format!(
+                "summary.peak_by_category adds up to {} bytes, more than peak_bytes {peak}",
+                sum(&self.summary.peak_by_category)
+            ));
+        }
+        for (index, point) in self.timeline.iter().enumerate() {
+            if sum(&point.by_category) > u128::from(point.live_bytes) {
+                return Err(format!(
+                    "timeline[{index}].by_category adds up to more than its live_bytes {}",
+                    point.live_bytes
+                ));
+            }
+        }
+        for (index, device) in self.devices.iter().enumerate() {
+            if device.peak_bytes > peak {
+                return Err(format!(
+                    "devices[{index}] ({}) peaks at {} bytes, above summary.peak_bytes {peak}",
+                    device.device, device.peak_bytes
+                ));
+            }
+            if sum(&device.peak_by_category) > u128::from(device.peak_bytes) {
+                return Err(format!(
+                    "devices[{index}].peak_by_category adds up to more than its peak_bytes {}",
+                    device.peak_bytes
+                ));
+            }
+        }
+        if let Some((index, live)) = self
+            .largest_at_peak
+            .iter()
+            .enumerate()
+            .find(|(_, live)| live.bytes > peak)
+        {
+            return Err(format!(
+                "largest_at_peak[{index}] is {} bytes, above summary.peak_bytes {peak}",
+                live.bytes
+            ));
+        }
+        for (index, span) in self.spans.iter().enumerate() {
+            if span.id as usize != index {
+                return Err(format!("spans[{index}] has id {}", span.id));
+            }
+            if span.parent.is_some_and(|parent| parent >= span.id) {
+                return Err(format!(
+                    "spans[{index}] names parent {:?}: parents come before their children",
+                    span.parent
+                ));
+            }
+        }
+        if let Some((index, event)) = self
+            .span_events
+            .iter()
+            .enumerate()
+            .find(|(_, event)| event.span as usize >= self.spans.len())
+        {
+            return Err(format!(
+                "span_events[{index}] names span {}, but there are {} spans",
+                event.span,
+                self.spans.len()
+            ));
+        }
+        if let Some(pair) = self
+            .iterations
+            .windows(2)
+            .find(|pair| pair[1].index <= pair[0].index)
+        {
+            return Err(format!(
+                "iterations are out of order ({} then {})",
+                pair[0].index, pair[1].index
+            ));
+        }
+        Ok(())
     }
 
     /// Serialises the profile as pretty JSON.
@@ -553,30 +719,25 @@ impl Profile {
     }
 }
 
-/// Writes `contents` to `path` through a temporary sibling and a rename, so readers never see a
-/// half-written file; missing parent directories are created. Shared by every output writer,
-/// each of which names its own failure.
-pub(crate) fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&dir)?;
-    let file_name = path
-        .file_name()
-        .map(|name| name.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "profile".to_string());
-    let temp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
-    let result = (|| {
-        let mut file = fs::File::create(&temp)?;
-        file.write_all(contents)?;
-        file.sync_all()?;
-        fs::rename(&temp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
+/// Every node's path in `spans`, by index, in one pass (see [`Profile::span_paths`]).
+pub(crate) fn span_paths(spans: &[SpanMetrics]) -> Vec<String> {
+    let mut paths: Vec<String> = Vec::with_capacity(spans.len());
+    for (index, span) in spans.iter().enumerate() {
+        let path = match span.parent.map(|p| p as usize) {
+            Some(parent) if parent < index => format!("{}/{}", paths[parent], span.name),
+            _ => span.name.clone(),
+        };
+        paths.push(path);
     }
-    result
+    paths
+}
+
+/// Writes `contents` to `path`: a regular file is replaced atomically (readers never see a
+/// half-written file; missing parent directories are created), a device, FIFO or `/dev/stdout`
+/// is written through, a symlink's target is written (see [`crate::fileio`]). Shared by every
+/// output writer, each of which names its own failure.
+pub(crate) fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
+    fileio::write_file(path, contents)
 }
 
 #[cfg(test)]
@@ -611,9 +772,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let cases: [(&str, &str); 4] = [
             ("empty.json", ""),
-            ("truncated.json", "{\"schema\": \"highwater/1\", \"summ"),
+            ("truncated.json", "{\"schema\": \"highwater/2\", \"summ"),
             ("other.json", "{\"schema\": \"highwater/99\"}"),
-            ("types.json", "{\"schema\": \"highwater/1\", \"meta\": 3}"),
+            ("types.json", "{\"schema\": \"highwater/2\", \"meta\": 3}"),
         ];
         let expected = [
             "is empty",

@@ -3,52 +3,82 @@
 //! One session records at a time. It opens the capture gate, runs the collector thread, and on
 //! [`Session::finish`] — or when dropped, or when the process calls `exit` — closes the gate,
 //! merges what is left and writes the profile atomically.
+//!
+//! # Whose session
+//!
+//! Each started session has a generation number, and a [`Session`] value only ever acts on the
+//! session of its own generation, in the process that started it: a value whose session already
+//! ended (at `exit`, on a signal) or that a forked child inherited is inert, its methods return
+//! [`Error::Ended`] or [`Error::ForkedChild`] at once and dropping it does nothing.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use crate::analysis::TimelineConfig;
 use crate::capture::ring::enable_asymmetric_barrier;
-use crate::capture::{self, clock, lifecycle, wake};
+use crate::capture::{self, clock, lifecycle, names, wake};
 use crate::checkpoint::CheckpointConfig;
 use crate::collector::{self, CollectorConfig, Control};
+use crate::config::{check_ring_events, EnvConfig, Requested, Settings};
 use crate::error::Error;
 use crate::export::html;
 use crate::profile::{CaptureMode, Profile, RunMeta, Warning};
 
-/// Where the profile goes when neither the builder nor `HIGHWATER_OUT` says.
-pub const DEFAULT_OUTPUT: &str = "highwater-profile.json";
+pub use crate::config::DEFAULT_OUTPUT;
 
-/// The running session's parts, reachable from the `exit` handler.
+/// The running session's parts, reachable from the `exit` handler and the signal watcher.
 static ACTIVE: Mutex<Option<Running>> = Mutex::new(None);
+
+/// Held for a whole finish (and for a checkpoint written on a signal), so a finish under way on
+/// one thread completes before another caller (the exit handler, the signal watcher) goes on.
+/// Always taken before [`ACTIVE`].
+static FINISHING: Mutex<()> = Mutex::new(());
+
+/// The generation of the session recording now (`0`: none). Sessions count from 1.
+static CURRENT: AtomicU64 = AtomicU64::new(0);
+/// The last generation handed out.
+static LAST_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// How long the `exit` handler waits for a finish already under way on another thread.
+const EXIT_WAIT: Duration = Duration::from_secs(30);
 
 #[derive(Debug)]
 struct Running {
+    generation: u64,
+    /// The process that started the session; a forked child inherits this value, not the
+    /// collector thread behind it.
+    pid: libc::pid_t,
     collector: JoinHandle<()>,
     control: Sender<Control>,
     output: PathBuf,
     write: bool,
     html: bool,
     meta: RunMeta,
+    /// Op names folded by the intern table before this session started.
+    folded_names_before: u64,
 }
 
-/// Settings for a [`Session`], read from the builder and the environment.
+/// Settings for a [`Session`], from the builder and the environment.
 ///
-/// | variable | values | effect |
-/// |---|---|---|
-/// | `HIGHWATER` | `on`, `off` (also `1`/`0`, `true`/`false`) | `off` disables recording with no code change |
-/// | `HIGHWATER_OUT` | a path | where the profile goes unless [`SessionBuilder::output`] says |
-/// | `HIGHWATER_ALLOC_LOG` | a path | also write the allocation log there ([`crate::alloc_log`]) |
-/// | `HIGHWATER_HTML` | `1`/`0` (also `on`/`off`, `true`/`false`) | also write the HTML report next to the profile |
-/// | `HIGHWATER_CAPTURE` | `lossless`, `drop` | what a full ring does: wait for the collector (default) or drop and count ([`CaptureMode`]); overrides [`SessionBuilder::capture_mode`] |
-/// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | events per thread ring (default 65536, 2 MiB per thread) |
-/// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | force the portable clock |
-/// | `HIGHWATER_SIGNALS` | `on`, `off` (also `1`/`0`, …) | write the profile on SIGINT/SIGTERM unless [`SessionBuilder::write_on_signal`] says |
-/// | `HIGHWATER_CHECKPOINT` | seconds (`10`, `0.5`); `0` for none | time between checkpoints, over [`SessionBuilder::checkpoint_every`] |
+/// An explicit `HIGHWATER_*` variable overrides what the code set here, which overrides the
+/// default: the person running the binary has the last word.
+///
+/// | variable | values | overrides | default |
+/// |---|---|---|---|
+/// | `HIGHWATER` | `on`, `off` (also `1`/`0`, `true`/`false`) | — | `on`; `off` disables recording with no code change |
+/// | `HIGHWATER_OUT` | a path (any bytes) | [`SessionBuilder::output`] | `highwater-profile.json` |
+/// | `HIGHWATER_ALLOC_LOG` | a path (any bytes) | [`SessionBuilder::alloc_log`] | none ([`crate::alloc_log`]) |
+/// | `HIGHWATER_HTML` | `1`/`0` (also `on`/`off`, `true`/`false`) | [`SessionBuilder::html`] | off |
+/// | `HIGHWATER_CAPTURE` | `lossless`, `drop` | [`SessionBuilder::capture_mode`] | `lossless`: a full ring waits for the collector; `drop` drops and counts ([`CaptureMode`]) |
+/// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | [`SessionBuilder::ring_events`] | 65536 (2 MiB per thread) |
+/// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | — | `tsc` where available |
+/// | `HIGHWATER_SIGNALS` | `on`, `off` (also `1`/`0`, …) | [`SessionBuilder::write_on_signal`] | off |
+/// | `HIGHWATER_CHECKPOINT` | seconds (`10`, `0.5`); `0` for none | [`SessionBuilder::checkpoint_every`] | none: checkpoints are opt-in |
 ///
 /// # Examples
 ///
@@ -63,22 +93,17 @@ struct Running {
 #[derive(Debug, Clone, Default)]
 #[must_use = "a builder does nothing until `start` is called"]
 pub struct SessionBuilder {
-    output: Option<PathBuf>,
-    ring_events: Option<usize>,
-    capture_mode: Option<CaptureMode>,
-    write: Option<bool>,
-    signals: Option<bool>,
-    html: Option<bool>,
-    alloc_log: Option<PathBuf>,
-    checkpoint_every: Option<Duration>,
+    requested: Requested,
     timeline: TimelineConfig,
 }
 
 impl SessionBuilder {
-    /// Writes the profile to `path` (default: `$HIGHWATER_OUT`, else
-    /// `./highwater-profile.json`). Missing directories are created.
+    /// Writes the profile to `path` (default `./highwater-profile.json`; `$HIGHWATER_OUT`
+    /// overrides). Missing directories are created. A regular file is replaced atomically;
+    /// anything else (`/dev/null`, `/dev/stdout`, a FIFO) is written through, and a symlink's
+    /// target is written, not the link.
     pub fn output(mut self, path: impl Into<PathBuf>) -> SessionBuilder {
-        self.output = Some(path.into());
+        self.requested.output = Some(path.into());
         self
     }
 
@@ -87,33 +112,40 @@ impl SessionBuilder {
     /// bigger ring means fewer waits (or drops) under bursts, at 32 bytes per event per thread.
     /// `HIGHWATER_RING_EVENTS` overrides it.
     pub fn ring_events(mut self, events: usize) -> SessionBuilder {
-        self.ring_events = Some(events);
+        self.requested.ring_events = Some(events);
         self
     }
 
     /// What a thread does when its ring is full (default [`CaptureMode::Lossless`]: it waits
     /// for the collector). `HIGHWATER_CAPTURE` overrides it.
     pub fn capture_mode(mut self, mode: CaptureMode) -> SessionBuilder {
-        self.capture_mode = Some(mode);
+        self.requested.capture_mode = Some(mode);
         self
     }
 
     /// Whether finishing writes the profile file (default `true`); [`Session::finish`] returns
     /// the profile either way.
     pub fn write_profile(mut self, write: bool) -> SessionBuilder {
-        self.write = Some(write);
+        self.requested.write = Some(write);
         self
     }
 
-    /// Whether SIGINT (Ctrl+C) and SIGTERM finish the session and write the profile before the
-    /// process ends (default: `$HIGHWATER_SIGNALS`, else `false`). Linux only.
+    /// Whether SIGINT (Ctrl+C) and SIGTERM write the profile (default off;
+    /// `$HIGHWATER_SIGNALS` overrides). Linux only.
     ///
-    /// The handler itself only wakes a watcher thread (a handler may not allocate or lock);
-    /// the watcher finishes the session as [`Session::finish`] would, puts back the signal's
-    /// previous disposition and raises the signal again, so the process still ends by that
-    /// signal — or the program's own handler runs. A second signal while the profile is being
-    /// written ends the process at once without it. Signals ignored at start (`nohup`) stay
-    /// ignored. The handlers are removed when the session finishes.
+    /// The handler itself only wakes a watcher thread (a handler may not allocate or lock).
+    /// What happens next depends on what the signal did before the session started:
+    ///
+    /// - It would have ended the process (no handler of the program's): the watcher finishes
+    ///   the session as [`Session::finish`] would, puts back the previous disposition and
+    ///   raises the signal again, so the process still ends by that signal. A second signal
+    ///   while the profile is being written ends the process at once without it.
+    /// - The program handles it: highwater calls the program's handler straight away, the
+    ///   session keeps recording, and the watcher writes a checkpoint of the profile so far to
+    ///   the output. The program's own `finish` (or drop, or `exit`) later writes the whole run.
+    ///
+    /// Signals ignored at start (`nohup`) stay ignored. The handlers are removed when the
+    /// session finishes (unless the program has installed another handler since).
     ///
     /// # Examples
     ///
@@ -124,21 +156,21 @@ impl SessionBuilder {
     /// # drop(session); Ok(()) }
     /// ```
     pub fn write_on_signal(mut self, on: bool) -> SessionBuilder {
-        self.signals = Some(on);
+        self.requested.signals = Some(on);
         self
     }
 
     /// Also write the self-contained HTML report next to the profile (`profile.html` beside
-    /// `profile.json`) when the session ends. Default: `$HIGHWATER_HTML`, else off.
+    /// `profile.json`) when the session ends. Default off; `$HIGHWATER_HTML` overrides.
     pub fn html(mut self, html: bool) -> SessionBuilder {
-        self.html = Some(html);
+        self.requested.html = Some(html);
         self
     }
 
     /// Also write the allocation log (every allocation and free, for `highwater simulate`) to
-    /// `path`. Default: `$HIGHWATER_ALLOC_LOG`, else none. See [`crate::alloc_log`].
+    /// `path`. Default none; `$HIGHWATER_ALLOC_LOG` overrides. See [`crate::alloc_log`].
     pub fn alloc_log(mut self, path: impl Into<PathBuf>) -> SessionBuilder {
-        self.alloc_log = Some(path.into());
+        self.requested.alloc_log = Some(path.into());
         self
     }
 
@@ -163,7 +195,7 @@ impl SessionBuilder {
     /// # drop(session); Ok(()) }
     /// ```
     pub fn checkpoint_every(mut self, interval: Duration) -> SessionBuilder {
-        self.checkpoint_every = Some(interval);
+        self.requested.checkpoint_every = Some(interval);
         self
     }
 
@@ -175,74 +207,97 @@ impl SessionBuilder {
 
     /// Starts recording.
     ///
+    /// The output is checked here, not at the end: an empty path, a path ending in `/`, an
+    /// existing directory, or a path under a regular file or a read-only directory is refused
+    /// before anything is recorded.
+    ///
     /// # Errors
     ///
     /// [`Error::Config`] for an invalid `HIGHWATER_*` variable, [`Error::Setting`] for an
-    /// invalid builder setting (or signal handlers that cannot be installed, or
-    /// `write_on_signal` off Linux), [`Error::AlreadyRunning`] if a session is recording,
-    /// [`Error::Spawn`] if the collector thread cannot start.
+    /// invalid setting (an output that cannot be written, signal handlers that cannot be
+    /// installed, `write_on_signal` off Linux), [`Error::AlreadyRunning`] if a session is
+    /// recording, [`Error::Spawn`] if the collector thread cannot start.
     pub fn start(self) -> Result<Session, Error> {
         capture::paused(|| self.start_paused())
     }
 
     fn start_paused(self) -> Result<Session, Error> {
-        let env = EnvConfig::read()?;
-        if !env.enabled {
-            return Ok(Session { recording: false });
+        let settings = Settings::resolve(&self.requested, &EnvConfig::read()?);
+        if !settings.enabled {
+            return Ok(Session::inert());
         }
-        // The person running the binary has the last word: variables override the builder.
-        let ring_events = env
-            .ring_events
-            .or(self.ring_events)
-            .unwrap_or(lifecycle::DEFAULT_RING_EVENTS);
-        let capture_mode = env.capture_mode.or(self.capture_mode).unwrap_or_default();
-        check_ring_events(ring_events).map_err(|reason| Error::Setting {
+        check_ring_events(settings.ring_events).map_err(|reason| Error::Setting {
             setting: "ring_events",
             reason,
         })?;
+        if settings.write {
+            check_output(&settings.output).map_err(|reason| Error::Setting {
+                setting: "output",
+                reason,
+            })?;
+            if settings.html {
+                check_output(&html::path_beside(&settings.output)).map_err(|reason| {
+                    Error::Setting {
+                        setting: "html",
+                        reason,
+                    }
+                })?;
+            }
+        }
+        if let Some(log) = &settings.alloc_log {
+            check_output(log).map_err(|reason| Error::Setting {
+                setting: "alloc_log",
+                reason,
+            })?;
+        }
+        install_process_handlers();
         let mut active = ACTIVE.lock();
+        if active
+            .as_ref()
+            .is_some_and(|running| running.pid != this_pid())
+        {
+            // Inherited through fork: its collector thread stayed in the parent. Forget it
+            // without touching its channel or thread handle, which belong to the parent.
+            std::mem::forget(active.take());
+        }
         if active.is_some() || capture::recording() {
             return Err(Error::AlreadyRunning);
         }
-        if self.signals.or(env.signals).unwrap_or(false) {
+        if settings.signals {
             arm_signals()?;
         }
-        let clock_name = clock::init(env.force_monotonic);
-        lifecycle::set_ring_capacity(ring_events);
+        let clock_name = clock::init(settings.force_monotonic);
+        lifecycle::set_ring_capacity(settings.ring_events);
         lifecycle::install();
-        capture::begin_session(capture_mode == CaptureMode::Lossless);
+        capture::begin_session(settings.capture_mode == CaptureMode::Lossless);
         enable_asymmetric_barrier();
-        install_exit_handler();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));
-        let alloc_log = self.alloc_log.or(env.alloc_log);
-        let output = self
-            .output
-            .or(env.output)
-            .unwrap_or_else(|| DEFAULT_OUTPUT.into());
-        let write = self.write.unwrap_or(true);
         let meta = RunMeta {
             program: program_name(),
             highwater_version: env!("CARGO_PKG_VERSION").to_string(),
             started_unix_ms: crate::checkpoint::unix_ms_now(),
             clock: clock_name.to_string(),
             threads: 0,
-            alloc_log: alloc_log.as_ref().map(|path| path.display().to_string()),
+            alloc_log: settings
+                .alloc_log
+                .as_ref()
+                .map(|path| path.to_string_lossy().into_owned()),
             pid: std::process::id(),
             partial: false,
             checkpoint_unix_ms: None,
         };
-        let checkpoint_every = checkpoint_interval(self.checkpoint_every, env.checkpoint);
         let (collector, control) = collector::spawn(CollectorConfig {
             calibration,
             interval: Duration::from_millis(2),
             lag: Duration::from_millis(5),
             timeline: self.timeline,
-            alloc_log,
-            checkpoint: checkpoint_every
-                .filter(|_| write)
+            alloc_log: settings.alloc_log.clone(),
+            checkpoint: settings
+                .checkpoint_every
+                .filter(|_| settings.write)
                 .map(|every| CheckpointConfig {
                     every,
-                    path: output.clone(),
+                    path: settings.output.clone(),
                     meta: meta.clone(),
                 }),
         })
@@ -251,17 +306,27 @@ impl SessionBuilder {
             disarm_signals();
             Error::Spawn(error)
         })?;
+        let generation = LAST_GENERATION.fetch_add(1, Ordering::SeqCst) + 1;
+        let pid = this_pid();
         *active = Some(Running {
+            generation,
+            pid,
             collector,
             control,
-            output,
-            write,
-            html: self.html.or(env.html).unwrap_or(false),
+            output: settings.output,
+            write: settings.write,
+            html: settings.html,
             meta,
+            folded_names_before: names::folded(),
         });
+        CURRENT.store(generation, Ordering::SeqCst);
         capture::open_gate();
         crate::device::set_pool_sink(record_pool_snapshot);
-        Ok(Session { recording: true })
+        Ok(Session {
+            generation,
+            pid,
+            recording: true,
+        })
     }
 }
 
@@ -271,7 +336,11 @@ impl SessionBuilder {
 #[derive(Debug)]
 #[must_use = "dropping the session ends recording at once"]
 pub struct Session {
-    /// False when `HIGHWATER=off` disabled recording.
+    /// The session this value owns (`0` when `HIGHWATER=off` disabled recording).
+    generation: u64,
+    /// The process that started it.
+    pid: libc::pid_t,
+    /// False once finished, and when `HIGHWATER=off` disabled recording.
     recording: bool,
 }
 
@@ -290,9 +359,30 @@ impl Session {
         SessionBuilder::default().start()
     }
 
-    /// Whether this session records (false when `HIGHWATER=off`).
+    fn inert() -> Session {
+        Session {
+            generation: 0,
+            pid: this_pid(),
+            recording: false,
+        }
+    }
+
+    /// Whether this session records (false when `HIGHWATER=off`, and in a forked child).
     pub fn is_recording(&self) -> bool {
         self.recording
+            && self.pid == this_pid()
+            && CURRENT.load(Ordering::SeqCst) == self.generation
+    }
+
+    /// Why this value may not act on the running session, if it may not.
+    fn not_mine(&self) -> Option<Error> {
+        if self.pid != this_pid() {
+            Some(Error::ForkedChild)
+        } else if CURRENT.load(Ordering::SeqCst) != self.generation {
+            Some(Error::Ended)
+        } else {
+            None
+        }
     }
 
     /// The profile as of now, while recording goes on. Nothing is written.
@@ -302,25 +392,17 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// [`Error::CollectorLost`] if the collector thread died; with `HIGHWATER=off`, an empty
-    /// profile.
+    /// [`Error::CollectorLost`] if the collector thread died, [`Error::Ended`] if the session
+    /// already ended (at a signal), [`Error::ForkedChild`] in a forked child; with
+    /// `HIGHWATER=off`, an empty profile.
     pub fn snapshot(&self) -> Result<Profile, Error> {
         if !self.recording {
             return Ok(Profile::empty());
         }
-        capture::paused(|| {
-            let (reply, profile) = crossbeam_channel::bounded(1);
-            let active = ACTIVE.lock();
-            let running = active.as_ref().ok_or(Error::CollectorLost)?;
-            running
-                .control
-                .send(Control::Snapshot(reply))
-                .map_err(|_| Error::CollectorLost)?;
-            wake::ring_collector();
-            let mut profile = profile.recv().map_err(|_| Error::CollectorLost)?;
-            profile.meta = running.meta.clone();
-            Ok(profile)
-        })
+        if let Some(error) = self.not_mine() {
+            return Err(error);
+        }
+        capture::paused(|| snapshot_of(self.generation))
     }
 
     /// Stops recording, analyses what is left, writes the profile and returns it.
@@ -330,9 +412,12 @@ impl Session {
     ///
     /// # Errors
     ///
-    /// [`Error::Profile`] when the profile cannot be written (no partial file is left),
-    /// [`Error::Export`] when the HTML report asked for beside it cannot,
-    /// [`Error::CollectorLost`] if the collector thread died.
+    /// [`Error::Write`] when the profile cannot be written: it carries the profile, and where a
+    /// fallback copy went (no partial file is left at the output); [`Error::Export`] when the
+    /// HTML report asked for beside it cannot be written (the profile was);
+    /// [`Error::CollectorLost`] if the collector thread died; [`Error::Ended`] if the session
+    /// already ended; [`Error::ForkedChild`] in a forked child (the parent's session goes on
+    /// there).
     pub fn finish(mut self) -> Result<Profile, Error> {
         let recording = std::mem::replace(&mut self.recording, false);
         if !recording {
@@ -340,44 +425,116 @@ impl Session {
             profile.warnings.push(Warning::RecordingDisabled);
             return Ok(profile);
         }
-        capture::paused(finish_active).unwrap_or(Err(Error::CollectorLost))
+        if let Some(error) = self.not_mine() {
+            return Err(error);
+        }
+        capture::paused(|| finish_active(Some(self.generation))).unwrap_or(Err(Error::Ended))
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        if self.recording {
-            if let Some(Err(error)) = capture::paused(finish_active) {
+        if self.recording && self.not_mine().is_none() {
+            if let Some(Err(error)) = capture::paused(|| finish_active(Some(self.generation))) {
                 eprintln!("highwater: {error}");
             }
         }
     }
 }
 
-/// Held for a whole finish, so a finish under way on one thread completes before another
-/// caller (the signal watcher) goes on.
-static FINISHING: Mutex<()> = Mutex::new(());
+/// The generation of the session recording now (`0`: none), for hooks that must not carry
+/// state from one session into the next.
+pub(crate) fn current_generation() -> u64 {
+    CURRENT.load(Ordering::Relaxed)
+}
 
-/// Finishes the active session, if any: stops the collector and writes the profile.
-fn finish_active() -> Option<Result<Profile, Error>> {
+/// This process's id.
+fn this_pid() -> libc::pid_t {
+    // SAFETY: getpid has no preconditions.
+    unsafe { libc::getpid() }
+}
+
+/// A snapshot of session `generation`. The session lock is not held while the collector works,
+/// so an `exit` on another thread is never kept waiting by a snapshot.
+fn snapshot_of(generation: u64) -> Result<Profile, Error> {
+    let (reply, profile) = crossbeam_channel::bounded(1);
+    let meta = {
+        let active = ACTIVE.lock();
+        let running = active
+            .as_ref()
+            .filter(|running| running.generation == generation)
+            .ok_or(Error::Ended)?;
+        running
+            .control
+            .send(Control::Snapshot(reply))
+            .map_err(|_| Error::CollectorLost)?;
+        wake::ring_collector();
+        running.meta.clone()
+    };
+    let mut profile = profile.recv().map_err(|_| Error::CollectorLost)?;
+    profile.meta = meta;
+    Ok(profile)
+}
+
+/// Finishes the active session — only if it is `generation`, when given: stops the collector
+/// and writes the profile. `None` when there was nothing of that generation to finish.
+fn finish_active(generation: Option<u64>) -> Option<Result<Profile, Error>> {
     let _finishing = FINISHING.lock();
-    let running = ACTIVE.lock().take()?;
+    let running = {
+        let mut active = ACTIVE.lock();
+        let mine = active.as_ref().is_some_and(|running| {
+            running.pid == this_pid() && generation.is_none_or(|g| g == running.generation)
+        });
+        if !mine {
+            return None;
+        }
+        active.take()?
+    };
     Some(finish_running(running))
 }
 
-/// Finishes the session for a SIGINT/SIGTERM (called by the signal watcher thread); waits for
-/// a finish already under way on another thread.
+/// Finishes the session for a SIGINT/SIGTERM that would have ended the process (called by the
+/// signal watcher thread); waits for a finish already under way on another thread.
 #[cfg(target_os = "linux")]
 fn finish_for_signal() {
-    if let Some(Err(error)) = capture::paused(finish_active) {
+    if let Some(Err(error)) = capture::paused(|| finish_active(None)) {
         eprintln!("highwater: {error}");
+    }
+}
+
+/// Writes the profile so far to the output, for a signal the program handles itself (called by
+/// the signal watcher thread). The session keeps recording; a finish that got there first wins.
+#[cfg(target_os = "linux")]
+fn checkpoint_for_signal() {
+    let result = capture::paused(|| {
+        let _finishing = FINISHING.lock();
+        let (generation, output, write) = {
+            let active = ACTIVE.lock();
+            match active.as_ref().filter(|running| running.pid == this_pid()) {
+                Some(running) => (running.generation, running.output.clone(), running.write),
+                None => return Ok(()),
+            }
+        };
+        if !write {
+            return Ok(());
+        }
+        let mut profile = snapshot_of(generation)?;
+        profile.warnings.push(Warning::Checkpoint);
+        profile.write(&output).map_err(Error::from)
+    });
+    if let Err(error) = result {
+        eprintln!("highwater: checkpoint on signal: {error}");
     }
 }
 
 /// Installs the SIGINT/SIGTERM handlers of [`SessionBuilder::write_on_signal`].
 fn arm_signals() -> Result<(), Error> {
     #[cfg(target_os = "linux")]
-    let armed = crate::signal::arm(finish_for_signal).map_err(|error| error.to_string());
+    let armed = crate::signal::arm(crate::signal::Handlers {
+        finish: finish_for_signal,
+        checkpoint: checkpoint_for_signal,
+    })
+    .map_err(|error| error.to_string());
     #[cfg(not(target_os = "linux"))]
     let armed = Err("writing the profile on a signal is supported on Linux only".to_string());
     armed.map_err(|reason| Error::Setting {
@@ -406,61 +563,211 @@ fn record_pool_snapshot(s: &crate::device::PoolSnapshot) {
 }
 
 fn finish_running(running: Running) -> Result<Profile, Error> {
+    CURRENT.store(0, Ordering::SeqCst);
     crate::device::clear_pool_sink();
     let (reply, profile) = crossbeam_channel::bounded(1);
     let sent = running.control.send(Control::Stop(reply)).is_ok();
     wake::ring_collector();
     let profile = if sent { profile.recv().ok() } else { None };
     let _ = running.collector.join();
-    let mut profile = profile.ok_or(Error::CollectorLost)?;
+    let Some(mut profile) = profile else {
+        disarm_signals();
+        return Err(Error::CollectorLost);
+    };
     profile.meta = RunMeta {
         threads: profile.meta.threads,
         ..running.meta
     };
+    let folded = names::folded().saturating_sub(running.folded_names_before);
+    if folded > 0 {
+        profile.warnings.push(Warning::NamesFolded {
+            names: folded,
+            max_names: names::MAX_NAMES as u64,
+            shown_as: names::FOLDED_NAME.to_string(),
+        });
+    }
     let written = if running.write {
-        profile
-            .write(&running.output)
-            .map_err(Error::from)
-            .and_then(|()| {
-                if running.html {
-                    html::write(&profile, html::path_beside(&running.output)).map_err(Error::from)
-                } else {
-                    Ok(())
-                }
-            })
+        write_outputs(profile, &running.output, running.html, running.generation)
     } else {
-        Ok(())
+        Ok(profile)
     };
     // After the write, so a signal during it still waits for the profile.
     disarm_signals();
-    written?;
+    written
+}
+
+/// Writes the profile and, when asked, the HTML report beside it. A profile that cannot be
+/// written is handed back in [`Error::Write`], with a fallback copy when one can be made.
+fn write_outputs(
+    profile: Profile,
+    output: &Path,
+    with_html: bool,
+    generation: u64,
+) -> Result<Profile, Error> {
+    if let Err(source) = profile.write(output) {
+        let fallback = write_fallback(&profile, generation);
+        return Err(Error::Write {
+            source,
+            profile: Box::new(profile),
+            fallback,
+        });
+    }
+    if with_html {
+        html::write(&profile, html::path_beside(output))?;
+    }
     Ok(profile)
 }
 
-/// Finishes the session when the process calls `exit` (including `std::process::exit`) before
-/// the session was finished or dropped.
-fn install_exit_handler() {
+/// Writes a copy of a profile whose output failed into the temporary directory; its path, if
+/// that worked.
+fn write_fallback(profile: &Profile, generation: u64) -> Option<PathBuf> {
+    let stamp = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis());
+    let path = std::env::temp_dir().join(format!(
+        "highwater-profile-{}-{stamp}-{generation}.json",
+        this_pid()
+    ));
+    profile.write(&path).ok().map(|()| path)
+}
+
+/// Checks, before recording starts, that `path` can take a file: not empty, not a directory,
+/// and its nearest existing ancestor a writable directory. Says what is wrong, naming the path.
+fn check_output(path: &Path) -> Result<(), String> {
+    let shown = path.display();
+    if path.as_os_str().is_empty() {
+        return Err("the output path is empty".into());
+    }
+    if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+        return Err(format!(
+            "{shown} ends with `/`: it names a directory, not a file"
+        ));
+    }
+    if path.is_dir() {
+        return Err(format!("{shown} is a directory"));
+    }
+    if std::fs::symlink_metadata(path).is_ok() {
+        // It exists (a file, a device, a FIFO, a link): the writer handles each.
+        return Ok(());
+    }
+    let mut ancestor = path.parent();
+    while let Some(dir) = ancestor {
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        match std::fs::metadata(dir) {
+            Ok(meta) if meta.is_dir() => {
+                return if writable(dir) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "{shown} cannot be created: {} is not writable",
+                        dir.display()
+                    ))
+                };
+            }
+            Ok(_) => {
+                return Err(format!(
+                    "{shown} cannot be created: {} is not a directory",
+                    dir.display()
+                ))
+            }
+            Err(_) => ancestor = dir.parent(),
+        }
+    }
+    Ok(())
+}
+
+/// Whether this process may create files in `dir` (`access(W_OK)`, which also says "no" on a
+/// read-only file system).
+fn writable(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(name) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `name` is a valid NUL-terminated string.
+    unsafe { libc::access(name.as_ptr(), libc::W_OK) == 0 }
+}
+
+/// Installs, once per process, the `exit` handler and the fork handlers.
+fn install_process_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        // SAFETY: `finish_at_exit` is an `extern "C" fn()` that does not unwind.
-        unsafe { libc::atexit(finish_at_exit) };
+        // SAFETY: `finish_at_exit` is an `extern "C" fn()` that does not unwind; the fork
+        // handlers only lock and unlock the session's two mutexes.
+        unsafe {
+            libc::atexit(finish_at_exit);
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_unlock),
+                Some(after_fork_unlock),
+            );
+        }
     });
 }
 
+/// Takes both session locks before `fork`, so the child never inherits one held by a thread
+/// that does not exist there (its `Session::start` would then wait forever).
+extern "C" fn before_fork() {
+    std::mem::forget(FINISHING.lock());
+    std::mem::forget(ACTIVE.lock());
+}
+
+/// Releases what [`before_fork`] took, in the parent and in the child.
+extern "C" fn after_fork_unlock() {
+    // SAFETY: `before_fork` locked both on this very thread and forgot the guards; in the child
+    // this thread is the copy of the one that locked them.
+    unsafe {
+        ACTIVE.force_unlock();
+        FINISHING.force_unlock();
+    }
+}
+
+/// Finishes the session when the process calls `exit` (including `std::process::exit`) before
+/// the session was finished or dropped. Waits (up to [`EXIT_WAIT`]) for a finish or snapshot
+/// under way on another thread, and says so on stderr if it cannot.
 extern "C" fn finish_at_exit() {
-    // A forked child shares the parent's statics but not its collector thread.
+    // A forked child that started no session of its own has nothing to finish.
     if !lifecycle::is_owner_process() {
         return;
     }
-    // Never wait on the lock at exit: whoever holds it is already finishing.
-    let Some(running) = ACTIVE.try_lock().and_then(|mut active| active.take()) else {
-        return;
-    };
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        capture::paused(|| finish_running(running))
-    }));
-    if let Ok(Err(error)) = result {
-        eprintln!("highwater: {error}");
+    let result = std::panic::catch_unwind(|| {
+        capture::paused(|| {
+            let Some(_finishing) = FINISHING.try_lock_for(EXIT_WAIT) else {
+                return Err(format!(
+                    "the process exited while the profile was being written, which did not end \
+                     within {} s; the profile may be missing",
+                    EXIT_WAIT.as_secs()
+                ));
+            };
+            let Some(mut active) = ACTIVE.try_lock_for(EXIT_WAIT) else {
+                return Err(
+                    "the process exited while the session was busy; the profile was \
+                            not written"
+                        .into(),
+                );
+            };
+            let running = match active.take() {
+                Some(running) if running.pid == this_pid() => running,
+                // A forked child's copy of the parent's session: not ours to finish.
+                Some(inherited) => {
+                    std::mem::forget(inherited);
+                    return Ok(());
+                }
+                None => return Ok(()),
+            };
+            drop(active);
+            finish_running(running)
+                .map(drop)
+                .map_err(|error| error.to_string())
+        })
+    });
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(message)) => eprintln!("highwater: {message}"),
+        Err(_) => eprintln!("highwater: finishing the session at exit panicked"),
     }
 }
 
@@ -475,215 +782,30 @@ fn program_name() -> String {
         .unwrap_or_default()
 }
 
-fn check_ring_events(events: usize) -> Result<(), String> {
-    if events.is_power_of_two() && (1 << 10..=1 << 24).contains(&events) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{events} is not a power of two between 1024 and 16777216"
-        ))
-    }
-}
-
-/// What the `HIGHWATER_*` environment variables say.
-#[derive(Debug, Clone, PartialEq)]
-struct EnvConfig {
-    enabled: bool,
-    output: Option<PathBuf>,
-    html: Option<bool>,
-    alloc_log: Option<PathBuf>,
-    ring_events: Option<usize>,
-    capture_mode: Option<CaptureMode>,
-    force_monotonic: bool,
-    signals: Option<bool>,
-    /// `Some(None)`: checkpoints off.
-    checkpoint: Option<Option<Duration>>,
-}
-
-impl EnvConfig {
-    fn read() -> Result<EnvConfig, Error> {
-        EnvConfig::parse(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
-    }
-
-    fn parse(var: impl Fn(&str) -> Option<String>) -> Result<EnvConfig, Error> {
-        let invalid = |var: &'static str, value: &str, expected: &'static str| Error::Config {
-            var,
-            value: value.to_string(),
-            expected,
-        };
-        let switch = |name: &'static str| -> Result<Option<bool>, Error> {
-            var(name)
-                .map(|value| {
-                    parse_switch(&value)
-                        .ok_or_else(|| invalid(name, &value, "on or off (1/0, true/false)"))
-                })
-                .transpose()
-        };
-        let path = |name: &'static str| -> Result<Option<PathBuf>, Error> {
-            match var(name) {
-                Some(value) if value.trim().is_empty() => Err(invalid(name, &value, "a file path")),
-                value => Ok(value.map(PathBuf::from)),
-            }
-        };
-        let enabled = switch("HIGHWATER")?.unwrap_or(true);
-        let output = path("HIGHWATER_OUT")?;
-        let alloc_log = path("HIGHWATER_ALLOC_LOG")?;
-        let html = switch("HIGHWATER_HTML")?;
-        let ring_events = match var("HIGHWATER_RING_EVENTS") {
-            None => None,
-            Some(value) => {
-                let expected = "a power of two between 1024 and 16777216";
-                let events: usize = value
-                    .trim()
-                    .parse()
-                    .map_err(|_| invalid("HIGHWATER_RING_EVENTS", &value, expected))?;
-                check_ring_events(events)
-                    .map_err(|_| invalid("HIGHWATER_RING_EVENTS", &value, expected))?;
-                Some(events)
-            }
-        };
-        let capture_mode = var("HIGHWATER_CAPTURE")
-            .map(|value| {
-                CaptureMode::parse(&value)
-                    .ok_or_else(|| invalid("HIGHWATER_CAPTURE", &value, "lossless or drop"))
-            })
-            .transpose()?;
-        let force_monotonic = match var("HIGHWATER_CLOCK").as_deref().map(str::trim) {
-            None | Some("tsc") => false,
-            Some("monotonic") => true,
-            Some(value) => return Err(invalid("HIGHWATER_CLOCK", value, "tsc or monotonic")),
-        };
-        let signals = switch("HIGHWATER_SIGNALS")?;
-        let checkpoint = var("HIGHWATER_CHECKPOINT")
-            .map(|value| {
-                crate::checkpoint::parse_interval(&value).ok_or_else(|| {
-                    invalid(
-                        "HIGHWATER_CHECKPOINT",
-                        &value,
-                        "seconds between checkpoints (0.001 to 86400), or 0 for none",
-                    )
-                })
-            })
-            .transpose()?;
-        Ok(EnvConfig {
-            checkpoint,
-            enabled,
-            output,
-            html,
-            alloc_log,
-            ring_events,
-            capture_mode,
-            force_monotonic,
-            signals,
-        })
-    }
-}
-
-/// Time between checkpoints: the environment's setting over the builder's; none by default,
-/// and zero (or `HIGHWATER_CHECKPOINT=0`) means none.
-fn checkpoint_interval(
-    builder: Option<Duration>,
-    env: Option<Option<Duration>>,
-) -> Option<Duration> {
-    env.unwrap_or(builder).filter(|every| !every.is_zero())
-}
-
-/// Parses an on/off value.
-pub(crate) fn parse_switch(value: &str) -> Option<bool> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "1" | "on" | "true" | "yes" => Some(true),
-        "0" | "off" | "false" | "no" => Some(false),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn checkpoint_interval_precedence() {
-        let secs = Duration::from_secs;
-        assert_eq!(checkpoint_interval(None, None), None);
-        assert_eq!(checkpoint_interval(Some(secs(3)), None), Some(secs(3)));
-        assert_eq!(checkpoint_interval(Some(Duration::ZERO), None), None);
-        assert_eq!(
-            checkpoint_interval(Some(secs(3)), Some(Some(secs(7)))),
-            Some(secs(7))
-        );
-        assert_eq!(checkpoint_interval(Some(secs(3)), Some(None)), None);
-        assert_eq!(
-            checkpoint_interval(Some(Duration::ZERO), Some(Some(secs(1)))),
-            Some(secs(1))
-        );
-        let env = EnvConfig::parse(|name| (name == "HIGHWATER_CHECKPOINT").then(|| "0".into()));
-        assert_eq!(env.unwrap().checkpoint, Some(None));
-        let bad = EnvConfig::parse(|name| (name == "HIGHWATER_CHECKPOINT").then(|| "often".into()));
-        assert!(bad
-            .unwrap_err()
-            .to_string()
-            .contains("HIGHWATER_CHECKPOINT"));
-    }
-
-    #[test]
-    fn capture_mode_comes_from_the_variable() {
-        assert_eq!(parse(&[]).unwrap().capture_mode, None);
-        for (value, mode) in [
-            ("lossless", CaptureMode::Lossless),
-            ("drop", CaptureMode::DropWhenFull),
-            (" Drop ", CaptureMode::DropWhenFull),
-            ("drop_when_full", CaptureMode::DropWhenFull),
-        ] {
-            let config = parse(&[("HIGHWATER_CAPTURE", value)]).unwrap();
-            assert_eq!(config.capture_mode, Some(mode), "{value}");
+    fn bad_outputs_are_refused_naming_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        let trailing = format!("{}/new/", dir.path().display());
+        let cases: [(PathBuf, &str); 4] = [
+            (PathBuf::new(), "empty"),
+            (dir.path().to_path_buf(), "is a directory"),
+            (PathBuf::from(&trailing), "ends with `/`"),
+            (file.join("sub/p.json"), "is not a directory"),
+        ];
+        for (path, want) in cases {
+            let message = check_output(&path).unwrap_err();
+            assert!(message.contains(want), "{path:?}: {message}");
+            assert!(message.contains(&*path.to_string_lossy()), "{message}");
         }
-    }
-
-    #[test]
-    fn capture_mode_is_written_as_the_issue_names_it() {
-        let name = |mode| serde_json::to_string(&mode).unwrap();
-        assert_eq!(name(CaptureMode::Lossless), "\"lossless\"");
-        assert_eq!(name(CaptureMode::DropWhenFull), "\"drop_when_full\"");
-        assert_eq!(CaptureMode::default(), CaptureMode::Lossless);
-    }
-
-    fn parse(vars: &[(&str, &str)]) -> Result<EnvConfig, Error> {
-        EnvConfig::parse(|name| {
-            vars.iter()
-                .find(|(key, _)| *key == name)
-                .map(|(_, value)| value.to_string())
-        })
-    }
-
-    #[test]
-    fn defaults_record_with_no_variables() {
-        let config = parse(&[]).unwrap();
-        assert!(config.enabled);
-        assert_eq!(config.output, None);
-    }
-
-    #[test]
-    fn off_disables_and_out_sets_the_path() {
-        let config = parse(&[("HIGHWATER", "off"), ("HIGHWATER_OUT", "x/p.json")]).unwrap();
-        assert!(!config.enabled);
-        assert_eq!(config.output, Some(PathBuf::from("x/p.json")));
-    }
-
-    #[test]
-    fn invalid_values_name_the_variable() {
-        for (var, value) in [
-            ("HIGHWATER", "maybe"),
-            ("HIGHWATER_RING_EVENTS", "1000"),
-            ("HIGHWATER_RING_EVENTS", "lots"),
-            ("HIGHWATER_CLOCK", "sundial"),
-            ("HIGHWATER_OUT", " "),
-            ("HIGHWATER_SIGNALS", "sometimes"),
-            ("HIGHWATER_HTML", "sometimes"),
-            ("HIGHWATER_CAPTURE", "sometimes"),
-        ] {
-            let message = parse(&[(var, value)]).unwrap_err().to_string();
-            assert!(message.contains(var), "{message}");
-            assert!(message.contains(value), "{message}");
-        }
+        assert!(check_output(&dir.path().join("a/b/p.json")).is_ok());
+        assert!(check_output(&file).is_ok());
+        assert!(check_output(Path::new("/dev/null")).is_ok());
+        assert!(check_output(Path::new("p.json")).is_ok());
     }
 }

@@ -198,7 +198,7 @@ fn parameters_optimizer_state_activations_and_gradients_at_the_peak() {
         let metrics = profile
             .spans
             .iter()
-            .find(|s| s.path == span)
+            .find(|s| profile.span_path(s.id) == span)
             .unwrap_or_else(|| panic!("span {span}: {context}"));
         assert_eq!(metrics.calls, 3);
         assert!(metrics.bytes_allocated > 0, "{span} allocated nothing");

@@ -3,7 +3,10 @@
 //! nesting, huge arrays and oversized files. The same property is fuzzed by
 //! `fuzz/fuzz_targets/profile_load.rs` where a nightly toolchain and cargo-fuzz exist.
 //!
-//! A profile that does load must serialise again into something that loads.
+//! A profile that does load must serialise again into something that loads, and satisfies the
+//! invariants `Profile::load` checks. Also here: the compatibility rule (unknown fields from a
+//! newer writer of the same schema load, another schema is refused naming both), and reads
+//! bounded by bytes read (`/dev/zero`, a FIFO nobody writes).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -82,20 +85,27 @@ fn rich_profile() -> Profile {
             timestamp_ns: 1_200,
             thread: 1,
         }],
-        spans: vec![SpanMetrics {
-            id: 0,
-            parent: None,
-            name: "step".into(),
-            path: "step".into(),
-            step: Some(highwater::Step::Forward),
-            category: Some(highwater::Category::Parameter),
-            calls: 2,
-            total_ns: 4_000,
-            bytes_allocated: 5 << 20,
-            alloc_count: 10,
-            peak_bytes: 4 << 20,
-            residual_bytes: 1024,
-        }],
+        spans: vec![
+            SpanMetrics {
+                id: 0,
+                parent: None,
+                name: "step".into(),
+                step: Some(highwater::Step::Forward),
+                category: Some(highwater::Category::Parameter),
+                calls: 2,
+                total_ns: 4_000,
+                bytes_allocated: 5 << 20,
+                alloc_count: 10,
+                peak_bytes: 4 << 20,
+                residual_bytes: 1024,
+            },
+            SpanMetrics {
+                id: 1,
+                parent: Some(0),
+                name: "forward".into(),
+                ..SpanMetrics::default()
+            },
+        ],
         iterations: vec![IterationResidual {
             index: 0,
             span: "step".into(),
@@ -108,7 +118,7 @@ fn rich_profile() -> Profile {
             capacity_bytes: Some(16 << 30),
             peak_bytes: 3 << 20,
             peak_timestamp_ns: 1_500,
-            peak_by_category: categories,
+            peak_by_category: [(highwater::Category::Activation, 3 << 20)].into(),
             alloc_count: 2,
             free_count: 2,
             final_live_bytes: 0,
@@ -152,8 +162,7 @@ fn rich_profile() -> Profile {
         ],
         span_events: vec![SpanEvent {
             thread: 0,
-            name: "forward".into(),
-            path: "step/forward".into(),
+            span: 1,
             start_ns: 100,
             duration_ns: 900,
             depth: 1,
@@ -332,7 +341,8 @@ fn deep_nesting_is_an_error_not_a_stack_overflow() {
             let result = Profile::from_json_bytes(text.as_bytes(), Path::new("deep.json"));
             assert!(result.is_err(), "{depth}-deep {open} nesting loaded");
             let inside = format!(
-                "{{\"schema\":\"highwater/1\",\"warnings\":{}}}",
+                "{{\"schema\":\"{}\",\"warnings\":{}}}",
+                highwater::profile::SCHEMA,
                 text.replace("\"a\":", "")
             );
             let result = Profile::from_json_bytes(inside.as_bytes(), Path::new("deep.json"));
@@ -358,7 +368,8 @@ fn huge_arrays_load_or_fail_without_panicking() {
     let unterminated = &huge[..huge.len() / 2];
     assert!(Profile::from_json_bytes(unterminated, Path::new("cut.json")).is_err());
     let wrong = format!(
-        "{{\"schema\":\"highwater/1\",\"timeline\":[{}]}}",
+        "{{\"schema\":\"{}\",\"timeline\":[{}]}}",
+        highwater::profile::SCHEMA,
         vec!["7"; 50_000].join(",")
     );
     assert!(Profile::from_json_bytes(wrong.as_bytes(), Path::new("wrong.json")).is_err());
@@ -378,4 +389,116 @@ fn a_file_over_the_size_limit_is_refused_before_it_is_read() {
         }
         other => panic!("expected TooLarge, got {other:?}"),
     }
+}
+
+/// A profile breaking a rule every written profile satisfies is refused with an error that
+/// names the file and the rule (categories adding up to 300 % of the peak used to be shown).
+#[test]
+fn inconsistent_profiles_are_refused_naming_the_rule() {
+    type Break = Box<dyn Fn(&mut Profile)>;
+    let cases: Vec<(&str, Break)> = vec![
+        (
+            "peak_by_category adds up",
+            Box::new(|p| {
+                p.summary
+                    .peak_by_category
+                    .insert(highwater::Category::Optimizer, 8 << 20);
+            }),
+        ),
+        (
+            "timeline[0].by_category",
+            Box::new(|p| p.timeline[0].live_bytes = 1),
+        ),
+        (
+            "above summary.peak_bytes",
+            Box::new(|p| p.devices[0].peak_bytes = 64 << 20),
+        ),
+        (
+            "largest_at_peak[0]",
+            Box::new(|p| p.largest_at_peak[0].bytes = 64 << 20),
+        ),
+        ("spans[1] has id", Box::new(|p| p.spans[1].id = 7)),
+        (
+            "parents come before their children",
+            Box::new(|p| p.spans[0].parent = Some(1)),
+        ),
+        (
+            "span_events[0] names span",
+            Box::new(|p| p.span_events[0].span = 9),
+        ),
+        (
+            "iterations are out of order",
+            Box::new(|p| {
+                let again = p.iterations[0].clone();
+                p.iterations.push(again);
+            }),
+        ),
+    ];
+    for (rule, break_it) in cases {
+        let mut profile = rich_profile();
+        break_it(&mut profile);
+        let error = Profile::from_json_bytes(profile.to_json().as_bytes(), Path::new("bad.json"))
+            .expect_err(rule);
+        let message = error.to_string();
+        assert!(
+            matches!(error, ProfileError::Inconsistent { .. }),
+            "{message}"
+        );
+        assert!(
+            message.contains("bad.json") && message.contains(rule),
+            "{rule}: {message}"
+        );
+    }
+}
+
+/// The compatibility rule: a newer writer of the same schema may add fields, and this reader
+/// loads its profile, ignoring them; a profile of another schema (newer, or the old
+/// `highwater/1` with full paths) is refused with an error naming both schemas.
+#[test]
+fn unknown_fields_load_and_other_schemas_are_refused_naming_both() {
+    let mut document: Value = serde_json::from_slice(&valid_json()).unwrap();
+    document["added_by_a_newer_writer"] = Value::from(42);
+    document["summary"]["new_figure"] = Value::from("x");
+    document["spans"][0]["new_span_field"] = Value::Bool(true);
+    let loaded = Profile::from_json_bytes(
+        &serde_json::to_vec(&document).unwrap(),
+        Path::new("newer.json"),
+    )
+    .expect("extra fields of the same schema load");
+    assert_eq!(loaded, rich_profile());
+    for other in ["highwater/1", "highwater/3"] {
+        document["schema"] = Value::from(other);
+        let message = Profile::from_json_bytes(
+            &serde_json::to_vec(&document).unwrap(),
+            Path::new("other.json"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            message.contains(other) && message.contains(highwater::profile::SCHEMA),
+            "{message}"
+        );
+    }
+}
+
+/// Reads are bounded by the bytes read: `/dev/zero` stops at the limit instead of filling
+/// memory, and a FIFO that nobody writes reads as empty instead of blocking forever.
+#[test]
+fn endless_and_writerless_inputs_end() {
+    match Profile::load("/dev/zero") {
+        Err(ProfileError::TooLarge { limit, .. }) => {
+            assert_eq!(limit, highwater::profile::MAX_PROFILE_BYTES)
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.json");
+    let name = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(name.as_ptr(), 0o600) }, 0);
+    assert!(matches!(
+        Profile::load(&fifo),
+        Err(ProfileError::Empty { .. })
+    ));
+    assert!(highwater::alloc_log::AllocLog::read(&fifo).is_err());
 }

@@ -1,5 +1,7 @@
 //! A profile that cannot be written is an error that names the file, and leaves nothing behind:
-//! no partial profile, no temporary file, and an older profile at the path untouched.
+//! no partial profile, no temporary file, and an older profile at the path untouched. The run is
+//! not lost: the error hands back the profile, and a copy goes to the temporary directory. An
+//! output that can be seen to be unwritable is refused when the session starts.
 //!
 //! Tests run as root in CI, where permissions do not stop writes, so the failures come from
 //! things that stop root too: a parent that is a regular file, sysfs (which never lets anyone
@@ -37,10 +39,39 @@ fn record_a_big_profile() {
     std::hint::black_box(&kept);
 }
 
-/// Asserts `result` is a write error naming `path`.
+/// Asserts `result` is a write error naming `path` that still carries the recorded profile,
+/// and that the fallback copy it names holds the same profile (the copy is then removed).
 fn assert_write_error<T: std::fmt::Debug>(result: Result<T, Error>, path: &Path) {
+    assert_write_error_with(result, path, true);
+}
+
+/// As [`assert_write_error`]; with `fallback_possible` false (the limit that failed the write
+/// applies to the temporary directory too), checks that no copy is claimed.
+fn assert_write_error_with<T: std::fmt::Debug>(
+    result: Result<T, Error>,
+    path: &Path,
+    fallback_possible: bool,
+) {
     match result {
-        Err(Error::Profile(ProfileError::Write { path: named, .. })) if named == path => {}
+        Err(Error::Write {
+            source: ProfileError::Write { path: named, .. },
+            profile,
+            fallback,
+        }) if named == path => {
+            assert!(
+                profile.summary.alloc_count >= 40,
+                "the error should carry the run's profile: {:?}",
+                profile.summary
+            );
+            if !fallback_possible {
+                assert_eq!(fallback, None, "no copy can have been written");
+                return;
+            }
+            let fallback = fallback.expect("a fallback copy in the temporary directory");
+            let copy = highwater::Profile::load(&fallback).unwrap();
+            assert_eq!(copy, *profile, "the fallback copy is the profile");
+            fs::remove_file(fallback).unwrap();
+        }
         other => panic!(
             "expected a write error for {}, got {other:?}",
             path.display()
@@ -58,31 +89,64 @@ fn names(dir: &Path) -> Vec<String> {
     names
 }
 
-/// The output's parent is a regular file, so its directory cannot be created. Proves: `finish`
-/// returns `ProfileError::Write` naming the path; the message names it too; nothing is created
-/// and the file is unchanged; the failed finish released the session (a new one starts).
+/// The output's parent is a regular file, so its directory cannot be created. Proves: `start`
+/// refuses it with `Error::Setting` naming the path, before anything is recorded; nothing is
+/// created and the file is unchanged; the refused start holds no session slot.
+#[test]
+fn an_output_under_a_regular_file_is_refused_at_start() {
+    isolated("an_output_under_a_regular_file_is_refused_at_start", || {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("file"), "not a directory").unwrap();
+        let path = dir.path().join("file/sub/profile.json");
+        let result = Session::builder().output(&path).start();
+        match &result {
+            Err(Error::Setting {
+                setting: "output",
+                reason,
+            }) => assert!(
+                reason.contains(&*path.to_string_lossy()) && reason.contains("not a directory"),
+                "the error should name the file and the cause: {reason}"
+            ),
+            other => panic!("expected a refused start, got {other:?}"),
+        }
+        assert_eq!(names(dir.path()), vec!["file"], "something was created");
+        assert_eq!(
+            fs::read_to_string(dir.path().join("file")).unwrap(),
+            "not a directory"
+        );
+        let again = Session::builder().write_profile(false).start();
+        assert!(
+            again.is_ok(),
+            "a refused start must not keep the session slot: {again:?}"
+        );
+    });
+}
+
+/// The output's directory is fine at start and becomes a regular file before the end. Proves:
+/// `finish` returns `Error::Write` naming the path, carrying the profile, with a fallback copy;
+/// nothing is created at the output; the failed finish released the session (a new one starts).
 #[test]
 fn an_output_directory_that_cannot_be_created_is_an_error() {
     isolated(
         "an_output_directory_that_cannot_be_created_is_an_error",
         || {
             let dir = tempfile::tempdir().unwrap();
-            fs::write(dir.path().join("file"), "not a directory").unwrap();
             let path = dir.path().join("file/sub/profile.json");
             let session = Session::builder().output(&path).start().unwrap();
             record_a_big_profile();
+            fs::write(dir.path().join("file"), "not a directory").unwrap();
             let result = session.finish();
             let message = result.as_ref().unwrap_err().to_string();
             assert!(
                 message.contains(&*path.to_string_lossy()),
                 "the error should name the file: {message}"
             );
+            assert!(
+                message.contains("a copy of the profile was written to"),
+                "the error should say where the copy went: {message}"
+            );
             assert_write_error(result, &path);
             assert_eq!(names(dir.path()), vec!["file"], "something was created");
-            assert_eq!(
-                fs::read_to_string(dir.path().join("file")).unwrap(),
-                "not a directory"
-            );
             let again = Session::builder().write_profile(false).start();
             assert!(
                 again.is_ok(),
@@ -154,7 +218,12 @@ fn a_write_that_fails_midway_leaves_no_partial_file() {
             message.contains("too large") || message.contains("File too large"),
             "expected EFBIG: {message}"
         );
-        assert_write_error(result, &path);
+        assert!(
+            message.contains("no copy of the profile could be written"),
+            "{message}"
+        );
+        // The file-size limit stops the fallback copy too.
+        assert_write_error_with(result, &path, false);
         assert_eq!(
             names(dir.path()),
             vec!["profile.json"],
@@ -222,20 +291,27 @@ fn a_failed_write_at_drop_or_exit_is_reported_on_stderr() {
     let name = "a_failed_write_at_drop_or_exit_is_reported_on_stderr";
     if is_child(name) {
         let path = std::env::var("HW_OUT").unwrap();
+        let blocker = Path::new(&path).parent().unwrap().to_path_buf();
         let session = Session::builder().output(&path).start().unwrap();
         record_a_big_profile();
+        fs::write(&blocker, "x").unwrap();
         drop(session);
+        fs::remove_file(&blocker).unwrap();
         let session = Session::builder().output(&path).start().unwrap();
         record_a_big_profile();
+        fs::write(&blocker, "x").unwrap();
         std::mem::forget(session);
         std::process::exit(5);
     }
     let dir = tempfile::tempdir().unwrap();
-    fs::write(dir.path().join("file"), "x").unwrap();
+    let fallbacks = tempfile::tempdir().unwrap();
     let path = dir.path().join("file/profile.json");
     let output = run_child(
         name,
-        &[("HW_OUT", path.to_str().unwrap())],
+        &[
+            ("HW_OUT", path.to_str().unwrap()),
+            ("TMPDIR", fallbacks.path().to_str().unwrap()),
+        ],
         common::WATCHDOG,
     );
     assert_eq!(output.status.code(), Some(5), "{output:?}");
@@ -251,4 +327,18 @@ fn a_failed_write_at_drop_or_exit_is_reported_on_stderr() {
         output.stderr
     );
     assert_eq!(names(dir.path()), vec!["file"]);
+    let copies = names(fallbacks.path());
+    assert_eq!(
+        copies.len(),
+        2,
+        "one fallback copy per failed write: {copies:?}"
+    );
+    for copy in copies {
+        let profile = highwater::Profile::load(fallbacks.path().join(&copy)).unwrap();
+        assert!(
+            profile.summary.alloc_count >= 40,
+            "{copy}: {:?}",
+            profile.summary
+        );
+    }
 }

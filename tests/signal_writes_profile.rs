@@ -234,13 +234,14 @@ fn disposition(signal: libc::c_int) -> libc::sighandler_t {
 
 /// The program has its own SIGINT handler and ignores SIGTERM. Proves: a session with signals
 /// on replaces the SIGINT handler but leaves ignored SIGTERM alone; `finish` puts the program's
-/// handler back; and a SIGINT during a second session writes the profile, then runs the
-/// program's handler (the process survives, as it would have without highwater) and leaves the
-/// session finished, so a third can start.
+/// handler back; and a SIGINT during a second session runs the program's handler and keeps
+/// recording: a checkpoint profile is written, the 50 MiB the program allocates after the
+/// signal (its "checkpoint save") is the run's peak, and the program's own `finish` succeeds
+/// and writes the whole run.
 #[test]
-fn handlers_chain_to_the_programs_own_and_go_away_at_finish() {
+fn handlers_chain_to_the_programs_own_and_recording_goes_on() {
     common::isolated(
-        "handlers_chain_to_the_programs_own_and_go_away_at_finish",
+        "handlers_chain_to_the_programs_own_and_recording_goes_on",
         || {
             let own = own_handler as extern "C" fn(libc::c_int) as libc::sighandler_t;
             // SAFETY: `own_handler` only stores to an atomic.
@@ -282,22 +283,63 @@ fn handlers_chain_to_the_programs_own_and_go_away_at_finish() {
             black_box(vec![0u8; 1 << 16]);
             // SAFETY: raising a handled signal in our own process.
             unsafe { libc::raise(libc::SIGINT) };
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while !OWN_HANDLER_RAN.load(Ordering::SeqCst) {
-                assert!(Instant::now() < deadline, "the program's handler never ran");
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            let profile = Profile::load(&path).expect("the profile was written on SIGINT");
-            assert!(profile.summary.alloc_count > 0);
-            assert_eq!(disposition(libc::SIGINT), own);
-            // The session was finished by the signal: dropping it does nothing, and a new one
-            // may start.
-            drop(session);
-            let third = Session::builder().write_profile(false).start();
             assert!(
-                third.is_ok(),
-                "a session should start after the signal: {third:?}"
+                OWN_HANDLER_RAN.load(Ordering::SeqCst),
+                "the program's handler runs at once, inside the signal"
             );
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let checkpoint = loop {
+                if let Ok(profile) = Profile::load(&path) {
+                    break profile;
+                }
+                assert!(Instant::now() < deadline, "no checkpoint was written");
+                std::thread::sleep(Duration::from_millis(5));
+            };
+            assert!(checkpoint.summary.alloc_count > 0);
+            assert!(
+                session.is_recording(),
+                "the session goes on after the signal"
+            );
+            let save = {
+                let _save = highwater::profile!("checkpoint_save");
+                black_box(vec![1u8; 50 << 20])
+            };
+            drop(save);
+            let profile = session
+                .finish()
+                .expect("the program's own finish works after the signal");
+            assert!(
+                profile.summary.peak_bytes >= 50 << 20,
+                "the save after the signal is the peak: {}",
+                profile.summary.peak_bytes
+            );
+            let written = Profile::load(&path).unwrap();
+            assert_eq!(written.summary.peak_bytes, profile.summary.peak_bytes);
+            assert!(written.spans.iter().any(|s| s.name == "checkpoint_save"));
+            assert_eq!(disposition(libc::SIGINT), own);
+        },
+    );
+}
+
+extern "C" fn later_handler(_: libc::c_int) {}
+
+/// A handler the program installs while the session runs is the program's choice: finishing
+/// the session leaves it in place instead of putting back the one from before.
+#[test]
+fn a_handler_installed_during_the_session_survives_finish() {
+    common::isolated(
+        "a_handler_installed_during_the_session_survives_finish",
+        || {
+            let session = Session::builder()
+                .write_profile(false)
+                .write_on_signal(true)
+                .start()
+                .unwrap();
+            let later = later_handler as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            // SAFETY: `later_handler` does nothing.
+            unsafe { libc::signal(libc::SIGINT, later) };
+            session.finish().unwrap();
+            assert_eq!(disposition(libc::SIGINT), later);
         },
     );
 }

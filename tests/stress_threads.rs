@@ -387,7 +387,7 @@ fn a_panic_inside_a_span() {
         let forward = profile
             .spans
             .iter()
-            .find(|s| s.path == "train_step/forward")
+            .find(|s| profile.span_path(s.id) == "train_step/forward")
             .expect("the panicking span is in the profile");
         assert_eq!(forward.calls, 4, "each panicking thread entered it once");
         let after = profile
@@ -396,7 +396,7 @@ fn a_panic_inside_a_span() {
             .find(|s| s.name == "after_the_panic")
             .expect("the span after the panic is in the profile");
         assert_eq!(
-            (after.parent, after.path.as_str()),
+            (after.parent, profile.span_path(after.id).as_str()),
             (None, "after_the_panic"),
             "unwinding should have closed `caught`: {:?}",
             profile.spans

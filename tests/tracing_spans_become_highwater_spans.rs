@@ -52,7 +52,7 @@ fn tracing_spans_name_and_categorise_allocations() {
         profile
             .spans
             .iter()
-            .find(|s| s.path == path)
+            .find(|s| profile.span_path(s.id) == path)
             .unwrap_or_else(|| panic!("no span {path}: {:#?}", profile.spans))
     };
     let forward = span("train_step/forward");

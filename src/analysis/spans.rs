@@ -8,6 +8,14 @@
 //! the end, over the nodes (children always have higher node ids than their parents, so one
 //! reverse pass suffices).
 //!
+//! # Bounded whatever the nesting
+//!
+//! Nodes nest at most [`MAX_SPAN_DEPTH`] deep: a span deeper than that (10,000 nested spans, a
+//! guard leaked with `mem::forget` in a loop) is counted in one [`FOLDED_SPAN`] node under the
+//! deepest kept one, and everything below it too. Past [`MAX_SPAN_NODES`] distinct nodes, new
+//! ones are counted in one top-level [`FOLDED_SPAN`] node. Both are counted
+//! ([`Spans::folded_deep`], [`Spans::folded_nodes`]) so the profile can say so.
+//!
 //! # Residual bytes without walking ancestors
 //!
 //! Each live block remembers the instance it was allocated in (its *owner*). An instance keeps a
@@ -34,15 +42,21 @@ use std::collections::VecDeque;
 use rustc_hash::FxHashMap;
 
 use crate::model::SpanLabel;
+pub(crate) use crate::profile::{MAX_SPAN_DEPTH, MAX_SPAN_NODES};
 
 use super::event::{NameId, SpanSeq};
 use super::live::NONE;
+
+/// The name of a node that stands for folded spans (never a real interned id).
+pub(crate) const FOLDED_SPAN: NameId = NameId(u32::MAX - 1);
 
 /// One node of the span tree and its per-node figures (not yet rolled up).
 #[derive(Debug, Clone)]
 pub(crate) struct Node {
     /// Parent node, [`NONE`] for top-level spans.
     pub(crate) parent: u32,
+    /// Distance from the top (0 for a top-level span), at most [`MAX_SPAN_DEPTH`].
+    pub(crate) depth: u32,
     pub(crate) name: NameId,
     pub(crate) label: SpanLabel,
     pub(crate) calls: u64,
@@ -165,6 +179,12 @@ pub(crate) struct Spans {
     /// Open instances by (thread, id).
     open: FxHashMap<(u32, SpanSeq), u32>,
     pub(crate) peaks: PeakStack,
+    /// Span instances counted in a [`FOLDED_SPAN`] node because they nested too deep.
+    pub(crate) folded_deep: u64,
+    /// Span instances counted in the top-level [`FOLDED_SPAN`] node because the tree was full.
+    pub(crate) folded_nodes: u64,
+    /// The top-level node for spans past [`MAX_SPAN_NODES`], once needed.
+    overflow: Option<u32>,
 }
 
 impl Spans {
@@ -197,12 +217,43 @@ impl Spans {
     }
 
     fn node_for(&mut self, parent: u32, name: NameId, label: SpanLabel) -> u32 {
+        let parent_node = self.nodes.get(parent as usize);
+        if parent_node.is_some_and(|p| p.name == FOLDED_SPAN) {
+            // Everything below a folded node is counted in it.
+            self.folded_deep += 1;
+            return parent;
+        }
+        let depth = parent_node.map_or(0, |p| p.depth + 1);
+        let (name, label) = if depth >= MAX_SPAN_DEPTH {
+            self.folded_deep += 1;
+            (FOLDED_SPAN, SpanLabel::Plain)
+        } else {
+            (name, label)
+        };
         if let Some(&node) = self.node_ids.get(&(parent, name, label)) {
             return node;
         }
+        if self.nodes.len() >= MAX_SPAN_NODES {
+            self.folded_nodes += 1;
+            return match self.overflow {
+                Some(node) => node,
+                None => {
+                    let node = self.push_node(NONE, 0, FOLDED_SPAN, SpanLabel::Plain);
+                    self.overflow = Some(node);
+                    node
+                }
+            };
+        }
+        let node = self.push_node(parent, depth, name, label);
+        self.node_ids.insert((parent, name, label), node);
+        node
+    }
+
+    fn push_node(&mut self, parent: u32, depth: u32, name: NameId, label: SpanLabel) -> u32 {
         let node = u32::try_from(self.nodes.len()).unwrap_or(NONE);
         self.nodes.push(Node {
             parent,
+            depth,
             name,
             label,
             calls: 0,
@@ -212,7 +263,6 @@ impl Spans {
             peak: 0,
             residual: 0,
         });
-        self.node_ids.insert((parent, name, label), node);
         node
     }
 
@@ -418,5 +468,53 @@ impl Spans {
     #[cfg(test)]
     pub(crate) fn instances_in_use(&self) -> usize {
         self.instances.len() - self.free_slots.len()
+    }
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+
+    fn start(id: u32, parent: u32, name: u32, seq: u64) -> SpanStart {
+        SpanStart {
+            thread: 0,
+            parent_id: parent,
+            id,
+            name: NameId(name),
+            label: SpanLabel::Plain,
+            ts: seq,
+            seq,
+        }
+    }
+
+    #[test]
+    fn ten_thousand_nested_spans_keep_a_bounded_tree() {
+        let mut spans = Spans::default();
+        for id in 1..=10_000u32 {
+            spans.enter(start(id, id - 1, 7, u64::from(id)), 0);
+        }
+        assert_eq!(spans.nodes.len(), MAX_SPAN_DEPTH as usize + 1);
+        assert!(spans.nodes.iter().all(|n| n.depth <= MAX_SPAN_DEPTH));
+        let folded = spans.nodes.last().unwrap();
+        assert_eq!(folded.name, FOLDED_SPAN);
+        assert_eq!(spans.folded_deep, 10_000 - u64::from(MAX_SPAN_DEPTH));
+        for id in (1..=10_000u32).rev() {
+            spans.exit(0, id, 20_000, 0);
+        }
+        assert!(!spans.any_open());
+    }
+
+    #[test]
+    fn distinct_nodes_past_the_cap_fold_into_one() {
+        let mut spans = Spans::default();
+        let total = MAX_SPAN_NODES as u32 + 50;
+        for id in 1..=total {
+            spans.enter(start(id, 0, id, u64::from(id)), 0);
+            spans.exit(0, id, u64::from(id), 0);
+        }
+        assert_eq!(spans.nodes.len(), MAX_SPAN_NODES + 1);
+        assert_eq!(spans.folded_nodes, 50);
+        assert_eq!(spans.nodes[MAX_SPAN_NODES].name, FOLDED_SPAN);
+        assert_eq!(spans.nodes[MAX_SPAN_NODES].calls, 50);
     }
 }

@@ -41,7 +41,8 @@ use rustc_hash::FxHashMap;
 use crate::model::{Category, SpanLabel, Step};
 use crate::profile::{
     DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile, SpanEvent,
-    SpanMetrics, Summary, TimelinePoint, Warning, SCHEMA,
+    SpanMetrics, Summary, TimelinePoint, Warning, FOLDED_SPANS, MAX_SPAN_DEPTH, MAX_SPAN_NODES,
+    SCHEMA,
 };
 
 use super::downsample::{Downsampler, Sample};
@@ -50,7 +51,7 @@ use super::intern::Interner;
 use super::iterations::IterationSeries;
 use super::live::{self, Freed, LiveEntry, LiveSet, Origin, NONE};
 use super::span_sample::{SpanCall, SpanSample};
-use super::spans::{Closed, SpanStart, Spans};
+use super::spans::{Closed, SpanStart, Spans, FOLDED_SPAN};
 
 /// Bounds on what a [`Timeline`] keeps and reports.
 ///
@@ -720,6 +721,18 @@ impl Timeline {
             });
         }
         warnings.extend(leak_warning(&iterations));
+        if self.spans.folded_deep > 0 {
+            warnings.push(Warning::SpansTooDeep {
+                instances: self.spans.folded_deep,
+                max_depth: MAX_SPAN_DEPTH,
+            });
+        }
+        if self.spans.folded_nodes > 0 {
+            warnings.push(Warning::SpansTooMany {
+                instances: self.spans.folded_nodes,
+                max_nodes: MAX_SPAN_NODES as u64,
+            });
+        }
         if let Some(last) = iterations
             .last()
             .filter(|l| l.index + 1 > iterations.len() as u64)
@@ -737,43 +750,42 @@ impl Timeline {
             timeline: self.curve(),
             peak_breakdown: self.breakdown(&paths),
             largest_at_peak: self.largest(&paths),
-            spans: self.span_metrics(&paths, end_ns),
+            spans: self.span_metrics(end_ns),
             iterations,
             devices: self.device_stats(),
             pool_timeline: self.pool_timeline(),
-            span_events: self.span_events(&paths),
+            span_events: self.span_events(),
             capture: Default::default(),
             warnings,
         }
     }
 
-    /// The sampled span calls, with names, paths and depths.
-    fn span_events(&self, paths: &[String]) -> Vec<SpanEvent> {
+    /// The sampled span calls, by node id, with their depths.
+    fn span_events(&self) -> Vec<SpanEvent> {
         self.span_calls
             .calls()
             .iter()
-            .map(|call| {
-                let node = self.spans.nodes.get(call.node as usize);
-                let mut depth = 0u32;
-                let mut parent = node.map_or(NONE, |n| n.parent);
-                while parent != NONE && (depth as usize) < self.spans.nodes.len() {
-                    depth += 1;
-                    parent = self
-                        .spans
-                        .nodes
-                        .get(parent as usize)
-                        .map_or(NONE, |n| n.parent);
-                }
-                SpanEvent {
-                    thread: call.thread,
-                    name: node.map_or_else(String::new, |n| self.names.name_str(n.name)),
-                    path: self.path_of(paths, call.node).to_string(),
-                    start_ns: call.start_ns,
-                    duration_ns: call.end_ns.saturating_sub(call.start_ns),
-                    depth,
-                }
+            .map(|call| SpanEvent {
+                thread: call.thread,
+                span: call.node,
+                start_ns: call.start_ns,
+                duration_ns: call.end_ns.saturating_sub(call.start_ns),
+                depth: self
+                    .spans
+                    .nodes
+                    .get(call.node as usize)
+                    .map_or(0, |n| n.depth),
             })
             .collect()
+    }
+
+    /// A span node's name; the folded node's is [`FOLDED_SPANS`].
+    fn span_name(&self, name: NameId) -> String {
+        if name == FOLDED_SPAN {
+            FOLDED_SPANS.to_string()
+        } else {
+            self.names.name_str(name)
+        }
     }
 
     fn summary(&self, end_ns: u64) -> Summary {
@@ -805,7 +817,7 @@ impl Timeline {
     fn span_paths(&self) -> Vec<String> {
         let mut paths: Vec<String> = Vec::with_capacity(self.spans.nodes.len());
         for node in &self.spans.nodes {
-            let name = self.names.name_str(node.name);
+            let name = self.span_name(node.name);
             let path = match paths.get(node.parent as usize) {
                 Some(parent) => format!("{parent}/{name}"),
                 None => name,
@@ -926,7 +938,7 @@ impl Timeline {
             .collect()
     }
 
-    fn span_metrics(&self, paths: &[String], end_ns: u64) -> Vec<SpanMetrics> {
+    fn span_metrics(&self, end_ns: u64) -> Vec<SpanMetrics> {
         let nodes = &self.spans.nodes;
         let mut bytes: Vec<u64> = nodes.iter().map(|n| n.own_bytes).collect();
         let mut allocs: Vec<u64> = nodes.iter().map(|n| n.own_allocs).collect();
@@ -950,8 +962,7 @@ impl Timeline {
                 SpanMetrics {
                     id: u32::try_from(index).unwrap_or(NONE),
                     parent: (node.parent != NONE).then_some(node.parent),
-                    name: self.names.name_str(node.name),
-                    path: paths[index].clone(),
+                    name: self.span_name(node.name),
                     step,
                     category,
                     calls: node.calls,
@@ -993,7 +1004,7 @@ impl Timeline {
         let Some(&(name, _, _)) = chosen else {
             return Vec::new();
         };
-        let span = self.names.name_str(name);
+        let span = self.span_name(name);
         let exits = self
             .top_level_exits
             .get(&name)
@@ -1212,7 +1223,7 @@ mod tests {
         profile
             .spans
             .iter()
-            .find(|s| s.path == path)
+            .find(|s| profile.span_path(s.id) == path)
             .unwrap_or_else(|| panic!("no span {path} in {:#?}", profile.spans))
     }
 

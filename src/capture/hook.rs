@@ -7,7 +7,7 @@
 //! on the thread's ring, so it sees the flag and counts its events instead (`REENTRANT_DROPS`).
 
 use std::cell::Cell;
-use std::sync::atomic::{compiler_fence, AtomicU64};
+use std::sync::atomic::{compiler_fence, AtomicU32, AtomicU64};
 
 use super::raw::{PoolReport, RawEvent, RawKind};
 use super::registry::REGISTRY;
@@ -19,6 +19,11 @@ use crate::model::{Category, CategoryScope, SpanLabel};
 /// Open while a session records. Read on every hook call (Relaxed first, then SeqCst inside
 /// the ring's stop protocol); written only by the session.
 pub(crate) static RECORDING: AtomicBool = AtomicBool::new(false);
+
+/// Counts the times the gate opened (from 1): a thread whose innermost span was opened before
+/// the current opening announces it once, so a span opened before `Session::start` still
+/// names what runs inside it.
+static GATE_EPOCH: AtomicU32 = AtomicU32::new(0);
 
 /// Events dropped without a ring to count them in (no free ring, thread already exiting), by
 /// [`RawKind`]. Rare, so a shared read-modify-write is fine here.
@@ -61,6 +66,11 @@ struct ThreadState {
     internal: bool,
     /// The innermost open span (`0`: none).
     span: u32,
+    /// Its name (address and length of a `&'static str`) and label, to announce it.
+    span_name: (usize, u32),
+    span_label: u8,
+    /// The [`GATE_EPOCH`] in which the collector learnt of the innermost span (`0`: never).
+    announced: u32,
     /// Sequence number of this thread's last span.
     last_span: u32,
     /// What the open spans say about categories.
@@ -74,6 +84,9 @@ impl ThreadState {
         paused: false,
         internal: false,
         span: 0,
+        span_name: (0, 0),
+        span_label: 0,
+        announced: 0,
         last_span: 0,
         scope: CategoryScope {
             named: None,
@@ -242,12 +255,39 @@ fn push_now<const N: usize>(
         claimed => usize::from(claimed - 1),
     };
     let ring = &REGISTRY.slots()[index].ring;
+    if current.span != 0 && current.announced != GATE_EPOCH.load(Ordering::Relaxed) {
+        announce_span(&mut current, index);
+    }
     // SAFETY: this thread claimed ring `index` (its state says so) and has not retired it, so it
     // is the ring's only producer (`in_push` keeps a signal handler on this thread out);
     // `claim_ring` installed storage before recording the claim.
     let _: Pushed = unsafe {
         ring.push(&RECORDING, kinds, &SessionPolicy, || {
             build(current, clock::ticks())
+        })
+    };
+}
+
+/// Records an entry for the thread's innermost span, opened before this session's gate opened
+/// (the collector never saw it), as a top-level span (cold path: once per such span).
+#[cold]
+fn announce_span(current: &mut ThreadState, index: usize) {
+    current.announced = GATE_EPOCH.load(Ordering::Relaxed);
+    set_state(*current);
+    let (name, len) = current.span_name;
+    let ring = &REGISTRY.slots()[index].ring;
+    // SAFETY: as in `emit`: this thread owns ring `index`.
+    let _: Pushed = unsafe {
+        ring.push(&RECORDING, [RawKind::SpanEnter], &SessionPolicy, || {
+            [RawEvent {
+                ticks: clock::ticks(),
+                kind: RawKind::SpanEnter as u8,
+                flags: current.span_label,
+                device: 0,
+                span: 0,
+                a: name as u64,
+                b: u64::from(len) | (u64::from(current.span) << 32),
+            }]
         })
     };
 }
@@ -405,10 +445,21 @@ pub(crate) fn span_enter(name: &'static str, label: SpanLabel) -> SpanRestore {
         span: current.span,
         scope: current.scope,
         id: current.last_span.wrapping_add(1).max(1),
+        name: current.span_name,
+        label: current.span_label,
+        announced: current.announced,
     };
     current.last_span = restore.id;
     current.span = restore.id;
     current.scope = current.scope.enter(label);
+    current.span_name = (name.as_ptr() as usize, name.len() as u32);
+    current.span_label = label.to_byte();
+    // The entry below announces this span, when recording (it was never announced otherwise).
+    current.announced = if RECORDING.load(Ordering::Relaxed) {
+        GATE_EPOCH.load(Ordering::Relaxed)
+    } else {
+        0
+    };
     set_state(current);
     emit([RawKind::SpanEnter], |_, ticks| {
         [RawEvent::span_enter(
@@ -433,6 +484,9 @@ pub(crate) fn span_exit(restore: SpanRestore) {
     if let Some(mut current) = state() {
         current.span = restore.span;
         current.scope = restore.scope;
+        current.span_name = restore.name;
+        current.span_label = restore.label;
+        current.announced = restore.announced;
         set_state(current);
     }
 }
@@ -444,6 +498,10 @@ pub(crate) struct SpanRestore {
     scope: CategoryScope,
     /// The span this guard opened (`0`: none, the thread-local was unreachable).
     id: u32,
+    /// The enclosing span's name, label and announcement, to put back.
+    name: (usize, u32),
+    label: u8,
+    announced: u32,
 }
 
 /// Marks the calling thread as highwater's own: nothing it allocates is recorded.
@@ -487,6 +545,7 @@ pub(crate) fn highwater_running_here() -> bool {
 
 /// Opens the recording gate (the session, once everything is ready).
 pub(crate) fn open_gate() {
+    GATE_EPOCH.fetch_add(1, Ordering::SeqCst);
     RECORDING.store(true, Ordering::SeqCst);
 }
 

@@ -101,6 +101,8 @@ pub(crate) fn install() {
     {
         // SAFETY: getpid has no preconditions.
         OWNER_PID.store(unsafe { libc::getpid() } as u64, Ordering::Relaxed);
+        // A forked child that starts its own session owns the rings from now on.
+        FORKED_CHILD.store(false, Ordering::Relaxed);
         static ONCE: std::sync::Once = std::sync::Once::new();
         ONCE.call_once(|| {
             let mut key: libc::pthread_key_t = 0;
@@ -164,6 +166,11 @@ extern "C" fn on_thread_exit(value: *mut libc::c_void) {
 extern "C" fn in_forked_child() {
     FORKED_CHILD.store(true, Ordering::Relaxed);
     super::hook::RECORDING.store(false, Ordering::SeqCst);
+    // Only the forking thread survives, and it is not inside a push: no ring is busy, whatever
+    // the parent's threads were doing (atomic stores only, async-signal-safe).
+    for slot in super::registry::REGISTRY.slots() {
+        slot.ring.clear_busy_after_fork();
+    }
     // No collector runs here: nobody may wait for one.
     super::hook::collector_stopped();
 }

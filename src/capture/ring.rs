@@ -543,6 +543,15 @@ impl Ring {
         std::array::from_fn(|kind| self.producer.dropped[kind].load(Ordering::Relaxed))
     }
 
+    /// In a forked child: the producer (a thread of the parent) did not survive the fork, so it
+    /// is not between a gate check and its publish, whatever its flag said at the fork. Without
+    /// this, the stopper in the child's own session would wait for it forever. (Its unpublished
+    /// event, if any, was never visible: `head` did not move.)
+    #[cfg(not(loom))]
+    pub(crate) fn clear_busy_after_fork(&self) {
+        self.producer.busy.store(0, Ordering::Relaxed);
+    }
+
     /// Whether the producer is between a gate check and its publish (waiting for room
     /// included). After [`close_gate`], a `false` means every event recorded under the open
     /// gate is published.

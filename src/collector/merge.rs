@@ -9,7 +9,10 @@
 //! A ring the caller drained only partly (the drain stopped at its bound, so events remain in
 //! the ring) *holds* the watermark at the stamp of the last event taken from it: the events
 //! still in the ring are at least that new, and anything newer from another ring must wait for
-//! them. The hold is lifted by the next drain that empties the ring.
+//! them. The hold is lifted by the next drain that empties the ring. A ring whose producer was
+//! caught mid-push (between its clock reading and its publish: a thread descheduled there for
+//! longer than the lag would otherwise publish a straggler) is passed as not emptied too, and
+//! holds at the last stamp ever taken from it, even when its queue is empty.
 //!
 //! Events at the same stamp are handed out ring by ring, lower index first; within a ring,
 //! in the order they were pushed. A straggler (an event pushed after newer ones were handed
@@ -36,6 +39,8 @@ struct Queue<T> {
     events: VecDeque<T>,
     /// Stamp of the last event taken from a ring that was not emptied by its last drain.
     hold: Option<u64>,
+    /// Stamp of the last event ever taken from the ring.
+    last: Option<u64>,
 }
 
 /// Per-ring queues merged into one time order; `stamp` gives an event's time.
@@ -55,6 +60,7 @@ impl<T, S: Stamp<T>> Merge<T, S> {
                 .map(|_| Queue {
                     events: VecDeque::new(),
                     hold: None,
+                    last: None,
                 })
                 .collect(),
             fronts: BinaryHeap::new(),
@@ -68,17 +74,16 @@ impl<T, S: Stamp<T>> Merge<T, S> {
     }
 
     /// Adds `events`, drained from `ring` oldest first. `emptied`: the drain took everything
-    /// the ring had; otherwise the ring holds the watermark at the last event added (or at the
-    /// last one added before, when `events` is empty).
+    /// the ring had and no push was in flight; otherwise the ring holds the watermark at the
+    /// last event ever taken from it (a ring that never gave an event cannot hold).
     pub(crate) fn push(&mut self, ring: usize, events: impl IntoIterator<Item = T>, emptied: bool) {
         let queue = &mut self.queues[ring];
         let was_empty = queue.events.is_empty();
         queue.events.extend(events);
-        if emptied {
-            queue.hold = None;
-        } else if let Some(last) = queue.events.back() {
-            queue.hold = Some(self.stamp.stamp(last));
+        if let Some(last) = queue.events.back() {
+            queue.last = Some(self.stamp.stamp(last));
         }
+        queue.hold = if emptied { None } else { queue.last };
         if was_empty {
             if let Some(front) = queue.events.front() {
                 self.fronts.push(Reverse((self.stamp.stamp(front), ring)));
@@ -194,6 +199,24 @@ mod tests {
         assert_eq!(release(&mut m, 10), Vec::<&str>::new());
         m.push(0, [(7, "a7")], true);
         assert_eq!(release(&mut m, 10), ["b5", "a7"]);
+    }
+
+    /// A producer caught between its clock reading and its publish: its ring is passed as not
+    /// emptied, and holds at its last stamp even once its queue has been merged empty, so a
+    /// newer event of another ring waits for the event still in flight.
+    #[test]
+    fn a_ring_with_a_push_in_flight_holds_even_when_its_queue_is_empty() {
+        let mut m = merge(2);
+        m.push(0, [(1, "a1")], true);
+        m.push(1, [(2, "b2")], true);
+        assert_eq!(release(&mut m, 10), ["a1", "b2"]);
+        // Ring 0's producer is mid-push; ring 1 publishes something newer.
+        m.push(0, [], false);
+        m.push(1, [(6, "b6")], true);
+        assert_eq!(release(&mut m, 10), Vec::<&str>::new());
+        // The push lands (stamped 4, before b6) and the producer is idle again.
+        m.push(0, [(4, "a4")], true);
+        assert_eq!(release(&mut m, 10), ["a4", "b6"]);
     }
 
     #[test]

@@ -241,6 +241,8 @@ impl Merger {
     fn catch_up(&mut self, watermark_ns: u64) {
         while self.drain(watermark_ns) {
             self.merge_until(watermark_ns);
+            // A ring held by a producer descheduled mid-push needs that thread to run.
+            std::thread::yield_now();
         }
         self.merge_until(watermark_ns);
     }
@@ -256,6 +258,9 @@ impl Merger {
                 continue;
             }
             self.scratch.clear();
+            // Before the drain: a producer busy now may have read its clock but not published;
+            // its event is no older than the last one drained, so the ring holds there.
+            let in_flight = slot.ring.is_busy();
             let room = STAGED_PER_RING.saturating_sub(self.merge.staged(index));
             // SAFETY: this thread is the only consumer of every ring (one collector runs at a
             // time: the session starts it and joins it before another can start), and storage
@@ -288,7 +293,8 @@ impl Merger {
                     thread
                 }
             };
-            self.merge.push(index, self.scratch.drain(..), emptied);
+            self.merge
+                .push(index, self.scratch.drain(..), emptied && !in_flight);
             self.charge_drops(index, thread, dropped);
             // Everything a retired owner wrote before retiring is drained once it is emptied.
             self.cursors[index].retired = state == SlotState::Retired && emptied;

@@ -191,9 +191,11 @@ pub fn render(profile: &Profile) -> String {
             },
         ));
     }
+    let paths = profile.span_paths();
     for span in spans {
+        let node = span.span as usize;
         events.push(TraceEvent {
-            name: &span.name,
+            name: profile.spans.get(node).map_or("", |s| s.name.as_str()),
             ph: "X",
             pid: PROGRAM_PID,
             tid: span.thread,
@@ -201,7 +203,9 @@ pub fn render(profile: &Profile) -> String {
             dur: Some(micros(span.duration_ns)),
             cat: Some("span"),
             s: None,
-            args: Args::Span { path: &span.path },
+            args: Args::Span {
+                path: paths.get(node).map_or("", String::as_str),
+            },
         });
     }
 

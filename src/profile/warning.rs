@@ -30,7 +30,7 @@ use crate::units::format_bytes_delta;
 /// assert!(warning.to_string().starts_with("7 events were dropped"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "code", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "code", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Warning {
     /// Events were lost while recording (a ring was full, a thread had exited or no ring was
@@ -88,6 +88,35 @@ pub enum Warning {
         /// Run time the checkpoint covers, ns.
         recorded_ns: u64,
     },
+    /// Spans nested deeper than [`MAX_SPAN_DEPTH`](super::MAX_SPAN_DEPTH) are counted in one
+    /// [`FOLDED_SPANS`](super::FOLDED_SPANS) node under the deepest kept one.
+    SpansTooDeep {
+        /// Span instances folded.
+        instances: u64,
+        /// The depth limit.
+        max_depth: u32,
+    },
+    /// Spans at paths past the first [`MAX_SPAN_NODES`](super::MAX_SPAN_NODES) are counted in
+    /// one top-level [`FOLDED_SPANS`](super::FOLDED_SPANS) node.
+    SpansTooMany {
+        /// Span instances folded.
+        instances: u64,
+        /// The node limit.
+        max_nodes: u64,
+    },
+    /// Op or dtype names arrived after the process-wide name table was full; they are shown
+    /// under one placeholder name.
+    NamesFolded {
+        /// Names folded during the session.
+        names: u64,
+        /// The table's limit.
+        max_names: u64,
+        /// The placeholder they are shown as.
+        shown_as: String,
+    },
+    /// A checkpoint written on a signal the program handles itself; the session was still
+    /// recording, and its own end writes the whole run.
+    Checkpoint,
     /// A warning from a profile written before warnings were typed: its sentence, as written.
     Note {
         /// The sentence.
@@ -105,6 +134,10 @@ impl Warning {
             Warning::AllocLogIncomplete { .. } => "alloc_log_incomplete",
             Warning::RecordingDisabled => "recording_disabled",
             Warning::Partial { .. } => "partial",
+            Warning::SpansTooDeep { .. } => "spans_too_deep",
+            Warning::SpansTooMany { .. } => "spans_too_many",
+            Warning::NamesFolded { .. } => "names_folded",
+            Warning::Checkpoint => "checkpoint",
             Warning::Note { .. } => "note",
         }
     }
@@ -169,13 +202,46 @@ impl fmt::Display for Warning {
                  figures stop there (if the run was killed, this is what it left)",
                 crate::units::format_duration_ns(*recorded_ns)
             ),
+            Warning::SpansTooDeep {
+                instances,
+                max_depth,
+            } => write!(
+                f,
+                "{instances} span instances nested deeper than {max_depth} levels are counted \
+                 in one `{}` node",
+                super::FOLDED_SPANS
+            ),
+            Warning::SpansTooMany {
+                instances,
+                max_nodes,
+            } => write!(
+                f,
+                "{instances} span instances at paths past the first {max_nodes} are counted in \
+                 one top-level `{}` node",
+                super::FOLDED_SPANS
+            ),
+            Warning::NamesFolded {
+                names,
+                max_names,
+                shown_as,
+            } => write!(
+                f,
+                "{names} op or dtype names arrived after the name table was full ({max_names} \
+                 names); they are shown as `{shown_as}`"
+            ),
+            Warning::Checkpoint => f.write_str(
+                "checkpoint written on a signal the program handles; the session was still \
+                 recording",
+            ),
             Warning::Note { text } => f.write_str(text),
         }
     }
 }
 
-/// Reads [`Profile::warnings`](super::Profile::warnings): typed warnings, and the plain
-/// sentences profiles held before warnings had a type (as [`Warning::Note`]).
+/// Reads [`Profile::warnings`](super::Profile::warnings): typed warnings, the plain sentences
+/// profiles held before warnings had a type (as [`Warning::Note`]), and — by the compatibility
+/// rule of [`SCHEMA`](super::SCHEMA) — warnings of codes a newer writer added (as a
+/// [`Warning::Note`] that shows the code and its figures).
 pub(super) fn deserialize_list<'de, D>(deserializer: D) -> Result<Vec<Warning>, D::Error>
 where
     D: Deserializer<'de>,
@@ -185,6 +251,7 @@ where
     enum Stored {
         Typed(Warning),
         Sentence(String),
+        Newer(serde_json::Map<String, serde_json::Value>),
     }
     let stored = Vec::<Stored>::deserialize(deserializer)?;
     Ok(stored
@@ -192,6 +259,18 @@ where
         .map(|warning| match warning {
             Stored::Typed(warning) => warning,
             Stored::Sentence(text) => Warning::Note { text },
+            Stored::Newer(mut fields) => {
+                let code = fields
+                    .remove("code")
+                    .and_then(|code| code.as_str().map(str::to_owned))
+                    .unwrap_or_else(|| "unknown".to_string());
+                Warning::Note {
+                    text: format!(
+                        "warning `{code}` from a newer highwater: {}",
+                        serde_json::Value::Object(fields)
+                    ),
+                }
+            }
         })
         .collect())
 }
@@ -225,6 +304,20 @@ mod tests {
             Warning::Partial {
                 recorded_ns: 1_500_000_000,
             },
+            Warning::SpansTooDeep {
+                instances: 9936,
+                max_depth: 64,
+            },
+            Warning::SpansTooMany {
+                instances: 50,
+                max_nodes: 8192,
+            },
+            Warning::NamesFolded {
+                names: 3,
+                max_names: 65536,
+                shown_as: "(more names)".into(),
+            },
+            Warning::Checkpoint,
             Warning::Note {
                 text: "an old sentence".into(),
             },
@@ -285,7 +378,19 @@ mod tests {
                 Warning::RecordingDisabled
             ]
         );
-        let unknown = serde_json::from_str::<List>(r#"[{"code": "from_the_future"}]"#);
-        assert!(unknown.is_err());
+        // A newer writer's code, and a field it added to a known one: both load.
+        let List(newer) = serde_json::from_str(
+            r#"[{"code": "from_the_future", "bytes": 5}, {"code": "dropped_events", "events": 2, "added": 1}]"#,
+        )
+        .unwrap();
+        assert_eq!(
+            newer,
+            [
+                Warning::Note {
+                    text: "warning `from_the_future` from a newer highwater: {\"bytes\":5}".into()
+                },
+                Warning::DroppedEvents { events: 2 }
+            ]
+        );
     }
 }

@@ -131,15 +131,10 @@ fn span(
     bytes: (u64, u64, u64),
 ) -> u32 {
     let id = spans.len() as u32;
-    let path = match parent {
-        Some(p) => format!("{}/{name}", spans[p as usize].path),
-        None => name.to_string(),
-    };
     spans.push(SpanMetrics {
         id,
         parent,
         name: name.to_string(),
-        path,
         step,
         category: None,
         calls,
@@ -591,11 +586,16 @@ fn span_tree_and_events() -> (Vec<SpanMetrics>, Vec<SpanEvent>) {
     let _ = init;
 
     // Instances: step and its children on thread 1, data loading on thread 2.
-    let mut push = |thread, name: &str, path: String, start_ns, duration_ns, depth| {
+    let tree = Profile {
+        spans: spans.clone(),
+        ..Profile::default()
+    };
+    let ids: std::collections::HashMap<String, u32> =
+        tree.span_paths().into_iter().zip(0..).collect();
+    let mut push = |thread, _name: &str, path: String, start_ns, duration_ns, depth| {
         events.push(SpanEvent {
             thread,
-            name: name.to_string(),
-            path,
+            span: ids[&path],
             start_ns,
             duration_ns,
             depth,

@@ -126,7 +126,7 @@ fn deep_nesting_is_refused_not_a_stack_overflow() {
     fs::write(&arrays, "[".repeat(100_000)).unwrap();
     assert_refused_everywhere(&arrays);
     let objects = dir.path().join("deep-objects.json");
-    let mut text = String::from("{\"schema\": \"highwater/1\", \"meta\": ");
+    let mut text = String::from("{\"schema\": \"highwater/2\", \"meta\": ");
     text.push_str(&"{\"a\": ".repeat(100_000));
     text.push_str(&"}".repeat(100_000));
     text.push('}');
@@ -138,7 +138,7 @@ fn deep_nesting_is_refused_not_a_stack_overflow() {
 fn a_huge_array_is_refused_quickly() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("huge-array.json");
-    let mut text = String::from("{\"schema\": \"highwater/1\", \"timeline\": [");
+    let mut text = String::from("{\"schema\": \"highwater/2\", \"timeline\": [");
     text.push_str(&"0,".repeat(5_000_000));
     text.push_str("0]}");
     fs::write(&path, text).unwrap();

@@ -149,11 +149,10 @@ fn diff_reports_what_grew_and_what_shrank() {
         .peak_by_category
         .get_mut(&Category::Activation)
         .unwrap() += 512 << 20;
-    let forward = bigger
-        .spans
-        .iter_mut()
-        .find(|s| s.path == "step/forward")
+    let forward_id = (0..bigger.spans.len() as u32)
+        .find(|&id| bigger.span_path(id) == "step/forward")
         .unwrap();
+    let forward = &mut bigger.spans[forward_id as usize];
     forward.peak_bytes += 512 << 20;
     let after = write_profile(dir.path(), "after.json", &bigger);
     let after = after.to_str().unwrap();
@@ -266,19 +265,20 @@ fn a_hostile_but_valid_profile_is_shown_without_panics() {
     let mut profile = sample_profile();
     profile.summary.peak_bytes = u64::MAX;
     profile.summary.duration_ns = u64::MAX;
+    // Extreme but consistent: the categories still add up to at most the peak.
     for v in profile.summary.peak_by_category.values_mut() {
-        *v = u64::MAX;
+        *v = 0;
     }
     // (A category this version does not know cannot be in a profile it loads:
     // `tests/data/bad/unknown_category.json` is refused with exit code 2.)
-    // A parent cycle, a self-parent and an out-of-range parent.
-    profile.spans[0].parent = Some(0);
-    profile.spans[1].parent = Some(2);
-    profile.spans[2].parent = Some(1);
-    profile.spans[3].parent = Some(u32::MAX);
+    profile
+        .summary
+        .peak_by_category
+        .insert(Category::Other, u64::MAX);
     profile.spans[4].name = "evil\u{1b}[2J\nname".into();
     profile.iterations[0].delta_bytes = i64::MIN;
     profile.timeline[0].timestamp_ns = u64::MAX;
+    profile.timeline[1].live_bytes = u64::MAX;
     profile.timeline[1].by_category = [(Category::Other, u64::MAX); 1].into_iter().collect();
     profile.pool_timeline[0].fragmentation = -7.5;
     let a = write_profile(dir.path(), "a.json", &profile);
@@ -287,6 +287,21 @@ fn a_hostile_but_valid_profile_is_shown_without_panics() {
     small.spans = profile.spans.clone();
     let b = write_profile(dir.path(), "b.json", &small);
     let b = b.to_str().unwrap();
+    // A parent cycle, a self-parent and an out-of-range parent: not a tree highwater writes,
+    // so every command refuses it (exit 2) naming the file and the rule.
+    let mut cyclic = profile.clone();
+    cyclic.spans[0].parent = Some(0);
+    cyclic.spans[1].parent = Some(2);
+    cyclic.spans[2].parent = Some(1);
+    cyclic.spans[3].parent = Some(u32::MAX);
+    let c = write_profile(dir.path(), "cyclic.json", &cyclic);
+    let output = highwater(&["spans", c.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cyclic.json") && stderr.contains("parents come before"),
+        "{stderr}"
+    );
     for args in [
         vec!["summary", a],
         vec!["summary", a, "--json"],

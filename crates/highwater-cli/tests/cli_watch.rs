@@ -51,6 +51,12 @@ fn profile_at(step: u64, partial: bool) -> Profile {
         (Category::Parameter, MIB),
     ]
     .into();
+    // What a loaded profile must satisfy: no device or single block above the peak.
+    for device in &mut profile.devices {
+        device.peak_bytes = peak;
+        device.peak_by_category = profile.summary.peak_by_category.clone();
+    }
+    profile.largest_at_peak.retain(|live| live.bytes <= peak);
     profile.summary.duration_ns = step * 1_000_000_000;
     profile.iterations.truncate(step as usize);
     profile

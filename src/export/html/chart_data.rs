@@ -186,11 +186,17 @@ fn pool_curve(name: &str, pool: &[&PoolPoint]) -> PoolCurve {
 /// that covers the peak.
 fn peak_range(profile: &Profile) -> Option<(String, u64, u64)> {
     let peak = profile.summary.peak_timestamp_ns;
+    let name_of = |s: &crate::profile::SpanEvent| {
+        profile
+            .spans
+            .get(s.span as usize)
+            .map_or("", |node| node.name.as_str())
+    };
     let covering = |name: Option<&str>| {
         profile
             .span_events
             .iter()
-            .filter(|s| name.is_none_or(|n| s.name == n))
+            .filter(|s| name.is_none_or(|n| name_of(s) == n))
             .filter(|s| s.start_ns <= peak && peak <= s.start_ns.saturating_add(s.duration_ns))
             .min_by_key(|s| (s.depth, s.start_ns))
             .map(|s| (s.start_ns, s.start_ns.saturating_add(s.duration_ns)))
@@ -212,7 +218,7 @@ fn peak_range(profile: &Profile) -> Option<(String, u64, u64)> {
         .span_events
         .iter()
         .find(|s| s.start_ns == t0 && s.start_ns.saturating_add(s.duration_ns) == t1)
-        .map_or("span", |s| s.name.as_str());
+        .map_or("span", name_of);
     Some((format!("the {name} span that holds the peak"), t0, t1))
 }
 
@@ -250,12 +256,13 @@ fn peak_step(profile: &Profile, peak_points: &[&TimelinePoint]) -> Option<PeakSt
     // The outermost and longest first: they say the most when not all fit.
     in_range.sort_by_key(|s| (s.depth, std::cmp::Reverse(s.duration_ns), s.start_ns));
     let spans_not_drawn = in_range.len().saturating_sub(MAX_PEAK_STEP_SPANS);
+    let node = |s: &crate::profile::SpanEvent| profile.spans.get(s.span as usize);
     let spans = in_range
         .into_iter()
         .take(MAX_PEAK_STEP_SPANS)
         .map(|s| SpanBand {
-            name: s.name.clone(),
-            path: s.path.clone(),
+            name: node(s).map_or_else(String::new, |n| n.name.clone()),
+            path: profile.span_path(s.span),
             thread: s.thread,
             depth: s.depth,
             start: s.start_ns.max(t0),

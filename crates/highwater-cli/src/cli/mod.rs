@@ -148,12 +148,8 @@ pub(crate) fn exit_code(error: &anyhow::Error) -> u8 {
 /// The allocation log to read for `input` (a log, or a profile naming one; a relative log path
 /// is tried as written, then beside the profile), and the profile when `input` is one.
 fn locate_log(input: &Path) -> anyhow::Result<(std::path::PathBuf, Option<Profile>)> {
-    let mut head = [0u8; 8];
-    let is_log = std::fs::File::open(input)
-        .and_then(|mut file| io::Read::read_exact(&mut file, &mut head))
-        .is_ok()
-        && &head == highwater::alloc_log::MAGIC;
-    if is_log {
+    // Never blocks on a FIFO without a writer (highwater's reader opens it non-blocking).
+    if highwater::alloc_log::AllocLog::is_log(input) {
         return Ok((input.to_path_buf(), None));
     }
     let profile = load(input)?;

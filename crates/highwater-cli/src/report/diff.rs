@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+#[cfg(test)]
 use highwater::profile::SpanMetrics;
 use highwater::{Category, Profile};
 
@@ -133,19 +134,16 @@ pub fn diff(before: &Profile, after: &Profile) -> ProfileDiff {
             .then_with(|| a.category.as_str().cmp(b.category.as_str()))
     });
 
-    let by_path = |spans: &[SpanMetrics]| {
+    let by_path = |profile: &Profile| {
         let mut map: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
-        for span in spans {
-            map.entry(span.path.clone()).or_insert((
-                span.peak_bytes,
-                span.residual_bytes,
-                span.bytes_allocated,
-            ));
+        for (span, path) in profile.spans.iter().zip(profile.span_paths()) {
+            map.entry(path)
+                .or_insert((span.peak_bytes, span.residual_bytes, span.bytes_allocated));
         }
         map
     };
-    let old = by_path(&before.spans);
-    let new = by_path(&after.spans);
+    let old = by_path(before);
+    let new = by_path(after);
     let paths: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
     let mut spans: Vec<SpanDelta> = paths
         .into_iter()
@@ -192,10 +190,12 @@ pub fn diff(before: &Profile, after: &Profile) -> ProfileDiff {
 mod tests {
     use super::*;
 
-    fn span(path: &str, peak: u64, residual: u64, allocated: u64) -> SpanMetrics {
+    /// Span node `id` at `path`; its parent is node 0 unless it is top level.
+    fn span(id: u32, path: &str, peak: u64, residual: u64, allocated: u64) -> SpanMetrics {
         SpanMetrics {
+            id,
+            parent: path.contains('/').then_some(0),
             name: path.rsplit('/').next().unwrap_or(path).to_string(),
-            path: path.to_string(),
             peak_bytes: peak,
             residual_bytes: residual,
             bytes_allocated: allocated,
@@ -210,18 +210,18 @@ mod tests {
         a.summary.peak_by_category.insert(Category::Activation, 60);
         a.summary.peak_by_category.insert(Category::Parameter, 40);
         a.spans = vec![
-            span("step", 100, 0, 500),
-            span("step/forward", 80, 10, 300),
-            span("step/gone", 5, 0, 5),
+            span(0, "step", 100, 0, 500),
+            span(1, "step/forward", 80, 10, 300),
+            span(2, "step/gone", 5, 0, 5),
         ];
         let mut b = a.clone();
         b.summary.peak_bytes = 70;
         b.summary.peak_by_category.insert(Category::Activation, 30);
         b.summary.peak_by_category.insert(Category::Gradient, 5);
         b.spans = vec![
-            span("step", 100, 0, 500),
-            span("step/forward", 50, 10, 300),
-            span("step/new", 0, 7, 7),
+            span(0, "step", 100, 0, 500),
+            span(1, "step/forward", 50, 10, 300),
+            span(2, "step/new", 0, 7, 7),
         ];
         let d = diff(&a, &b);
         assert_eq!(d.peak_bytes.delta, -30);
@@ -243,7 +243,7 @@ mod tests {
     #[test]
     fn identical_profiles_have_no_span_changes() {
         let mut a = Profile::empty();
-        a.spans = vec![span("step", 1, 2, 3)];
+        a.spans = vec![span(0, "step", 1, 2, 3)];
         let d = diff(&a, &a);
         assert!(d.spans.is_empty());
         assert_eq!(d.peak_bytes.delta, 0);

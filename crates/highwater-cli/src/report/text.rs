@@ -253,6 +253,8 @@ pub fn top_text(profile: &Profile, limit: usize) -> String {
 pub struct SpanRow<'a> {
     /// Distance from the root.
     pub depth: usize,
+    /// Names from the outermost span, joined with `/` (the profile stores the tree by id).
+    pub path: String,
     /// The node's metrics.
     #[serde(flatten)]
     pub span: &'a SpanMetrics,
@@ -260,10 +262,12 @@ pub struct SpanRow<'a> {
 
 /// The span tree in display order (parents before children) with depths.
 pub fn span_rows(profile: &Profile) -> Vec<SpanRow<'_>> {
+    let mut paths = profile.span_paths();
     span_tree(&profile.spans)
         .into_iter()
         .map(|row| SpanRow {
             depth: row.depth,
+            path: std::mem::take(&mut paths[row.index]),
             span: &profile.spans[row.index],
         })
         .collect()

@@ -121,8 +121,9 @@ impl View {
         let mut spans: Vec<SpanRow> = profile
             .spans
             .iter()
-            .map(|span| SpanRow {
-                path: span.path.clone(),
+            .zip(profile.span_paths())
+            .map(|(span, path)| SpanRow {
+                path,
                 peak_bytes: span.peak_bytes,
                 residual_bytes: span.residual_bytes,
                 calls: span.calls,
