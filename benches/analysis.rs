@@ -11,7 +11,7 @@
 //! op events) for both, so the two rates compare directly.
 //!
 //! **Memory.** A counting global allocator reports the heap each analysis holds after the
-//! replay (the `Timeline` before `finish`, the baseline's finished document) and the most it
+//! replay (the `Timeline` before `profile`, the baseline's finished document) and the most it
 //! held at once. Both sides pay the counter (a nanosecond or so per allocator call).
 //!
 //! **Output.** The profiles of the replays are written with `Profile::write` and read back with
@@ -141,9 +141,9 @@ struct Replay {
     /// CPU time of this thread during the apply loop.
     apply_cpu: Duration,
     finish: Duration,
-    /// Heap the `Timeline` held after the last event, before `finish`.
+    /// Heap the `Timeline` held after the last event, before `profile`.
     retained: u64,
-    /// Most heap held at once during the replay and `finish`.
+    /// Most heap held at once during the replay and `profile`.
     peak_heap: u64,
 }
 
@@ -160,7 +160,7 @@ fn replay(stream: &stream::Stream, count: usize) -> Replay {
     let apply_cpu = thread_cpu_time().saturating_sub(began_cpu);
     let retained = HELD.load(Ordering::Relaxed).saturating_sub(before);
     let began = Instant::now();
-    let profile = timeline.finish(stream.end_ns(count));
+    let profile = timeline.profile(stream.end_ns(count));
     let finish = began.elapsed();
     let peak_heap = MOST_HELD.load(Ordering::Relaxed).saturating_sub(before);
     drop(timeline);

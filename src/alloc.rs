@@ -100,6 +100,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Alloc<A> {
         if !moved.is_null() {
             capture::record_realloc(
                 ticks,
+                capture::clock::ticks(),
                 block as usize,
                 layout.size(),
                 moved as usize,

@@ -27,7 +27,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::capture::lifecycle::DEFAULT_RING_EVENTS;
+use crate::capture::DEFAULT_RING_EVENTS;
 use crate::error::Error;
 use crate::profile::CaptureMode;
 

@@ -15,9 +15,11 @@ use crate::fileio::{self, ReadError};
 
 use crate::model::{Category, Step};
 
+mod sites;
 mod tree;
 mod warning;
 
+pub use sites::{CallSite, Frame, SiteSampling, SiteShare, MAX_CALL_SITES, MAX_SITE_SHARES};
 pub use tree::{span_tree, TreeRow};
 pub use warning::Warning;
 
@@ -99,6 +101,14 @@ pub struct Profile {
     /// [`Profile::warnings`]. Empty in profiles written before this field existed.
     #[serde(default)]
     pub span_events: Vec<SpanEvent>,
+    /// Where the sampled allocations came from, largest at the peak first, at most
+    /// [`MAX_CALL_SITES`]. Empty when sampling was off and in profiles written before this
+    /// field existed.
+    #[serde(default)]
+    pub sites: Vec<CallSite>,
+    /// How [`Profile::sites`] were sampled.
+    #[serde(default)]
+    pub sampling: SiteSampling,
 }
 
 /// Most [`SpanEvent`]s a profile keeps, whatever the run's length.
@@ -168,6 +178,11 @@ pub struct Summary {
     /// Live bytes at the peak by category (zero categories omitted; written with lower-case
     /// category names as keys).
     pub peak_by_category: BTreeMap<Category, u64>,
+    /// The part of [`Summary::peak_by_category`] that was temporary: bytes live at the peak that
+    /// were freed before the span that allocated them exited (same keys; zero categories
+    /// omitted). The rest outlived its span: state.
+    #[serde(default)]
+    pub peak_temporary_by_category: BTreeMap<Category, u64>,
     /// Allocations recorded (reallocs counted separately).
     pub alloc_count: u64,
     /// Frees recorded (reallocs counted separately).
@@ -228,6 +243,10 @@ pub struct PeakRow {
     pub bytes: u64,
     /// Allocations live at the peak.
     pub count: u64,
+    /// The call sites behind this row's bytes, largest first (indices into
+    /// [`Profile::sites`], at most three); empty when sampling was off.
+    #[serde(default)]
+    pub top_sites: Vec<u32>,
 }
 
 /// One allocation live at the peak.

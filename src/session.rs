@@ -20,7 +20,7 @@ use crossbeam_channel::Sender;
 use parking_lot::Mutex;
 
 use crate::analysis::TimelineConfig;
-use crate::capture::ring::enable_asymmetric_barrier;
+use crate::capture::gate::enable_asymmetric_barrier;
 use crate::capture::{self, clock, lifecycle, names, wake};
 use crate::checkpoint::CheckpointConfig;
 use crate::collector::{self, CollectorConfig, Control};
@@ -50,9 +50,6 @@ const EXIT_WAIT: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 struct Running {
     generation: u64,
-    /// The process that started the session; a forked child inherits this value, not the
-    /// collector thread behind it.
-    pid: libc::pid_t,
     collector: JoinHandle<()>,
     control: Sender<Control>,
     output: PathBuf,
@@ -218,7 +215,7 @@ impl SessionBuilder {
     /// installed, `write_on_signal` off Linux), [`Error::AlreadyRunning`] if a session is
     /// recording, [`Error::Spawn`] if the collector thread cannot start.
     pub fn start(self) -> Result<Session, Error> {
-        capture::paused(|| self.start_paused())
+        capture::with_recording_paused(|| self.start_paused())
     }
 
     fn start_paused(self) -> Result<Session, Error> {
@@ -252,10 +249,7 @@ impl SessionBuilder {
         }
         install_process_handlers();
         let mut active = ACTIVE.lock();
-        if active
-            .as_ref()
-            .is_some_and(|running| running.pid != this_pid())
-        {
+        if active.is_some() && !lifecycle::is_owner_process() {
             // Inherited through fork: its collector thread stayed in the parent. Forget it
             // without touching its channel or thread handle, which belong to the parent.
             std::mem::forget(active.take());
@@ -263,12 +257,13 @@ impl SessionBuilder {
         if active.is_some() || capture::recording() {
             return Err(Error::AlreadyRunning);
         }
+        // Before the signal handlers: they ask `lifecycle` whether this is the owner process.
+        capture::install_process_handlers();
         if settings.signals {
             arm_signals()?;
         }
         let clock_name = clock::init(settings.force_monotonic);
-        lifecycle::set_ring_capacity(settings.ring_events);
-        lifecycle::install();
+        capture::set_ring_capacity(settings.ring_events);
         capture::begin_session(settings.capture_mode == CaptureMode::Lossless);
         enable_asymmetric_barrier();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));
@@ -307,10 +302,8 @@ impl SessionBuilder {
             Error::Spawn(error)
         })?;
         let generation = LAST_GENERATION.fetch_add(1, Ordering::SeqCst) + 1;
-        let pid = this_pid();
         *active = Some(Running {
             generation,
-            pid,
             collector,
             control,
             output: settings.output,
@@ -324,7 +317,6 @@ impl SessionBuilder {
         crate::device::set_pool_sink(record_pool_snapshot);
         Ok(Session {
             generation,
-            pid,
             recording: true,
         })
     }
@@ -338,8 +330,6 @@ impl SessionBuilder {
 pub struct Session {
     /// The session this value owns (`0` when `HIGHWATER=off` disabled recording).
     generation: u64,
-    /// The process that started it.
-    pid: libc::pid_t,
     /// False once finished, and when `HIGHWATER=off` disabled recording.
     recording: bool,
 }
@@ -362,7 +352,6 @@ impl Session {
     fn inert() -> Session {
         Session {
             generation: 0,
-            pid: this_pid(),
             recording: false,
         }
     }
@@ -370,13 +359,13 @@ impl Session {
     /// Whether this session records (false when `HIGHWATER=off`, and in a forked child).
     pub fn is_recording(&self) -> bool {
         self.recording
-            && self.pid == this_pid()
+            && lifecycle::is_owner_process()
             && CURRENT.load(Ordering::SeqCst) == self.generation
     }
 
     /// Why this value may not act on the running session, if it may not.
     fn not_mine(&self) -> Option<Error> {
-        if self.pid != this_pid() {
+        if !lifecycle::is_owner_process() {
             Some(Error::ForkedChild)
         } else if CURRENT.load(Ordering::SeqCst) != self.generation {
             Some(Error::Ended)
@@ -402,7 +391,7 @@ impl Session {
         if let Some(error) = self.not_mine() {
             return Err(error);
         }
-        capture::paused(|| snapshot_of(self.generation))
+        capture::with_recording_paused(|| snapshot_of(self.generation))
     }
 
     /// Stops recording, analyses what is left, writes the profile and returns it.
@@ -428,14 +417,17 @@ impl Session {
         if let Some(error) = self.not_mine() {
             return Err(error);
         }
-        capture::paused(|| finish_active(Some(self.generation))).unwrap_or(Err(Error::Ended))
+        capture::with_recording_paused(|| finish_active(Some(self.generation)))
+            .unwrap_or(Err(Error::Ended))
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
         if self.recording && self.not_mine().is_none() {
-            if let Some(Err(error)) = capture::paused(|| finish_active(Some(self.generation))) {
+            if let Some(Err(error)) =
+                capture::with_recording_paused(|| finish_active(Some(self.generation)))
+            {
                 eprintln!("highwater: {error}");
             }
         }
@@ -483,7 +475,7 @@ fn finish_active(generation: Option<u64>) -> Option<Result<Profile, Error>> {
     let running = {
         let mut active = ACTIVE.lock();
         let mine = active.as_ref().is_some_and(|running| {
-            running.pid == this_pid() && generation.is_none_or(|g| g == running.generation)
+            lifecycle::is_owner_process() && generation.is_none_or(|g| g == running.generation)
         });
         if !mine {
             return None;
@@ -497,7 +489,7 @@ fn finish_active(generation: Option<u64>) -> Option<Result<Profile, Error>> {
 /// signal watcher thread); waits for a finish already under way on another thread.
 #[cfg(target_os = "linux")]
 fn finish_for_signal() {
-    if let Some(Err(error)) = capture::paused(|| finish_active(None)) {
+    if let Some(Err(error)) = capture::with_recording_paused(|| finish_active(None)) {
         eprintln!("highwater: {error}");
     }
 }
@@ -506,11 +498,11 @@ fn finish_for_signal() {
 /// the signal watcher thread). The session keeps recording; a finish that got there first wins.
 #[cfg(target_os = "linux")]
 fn checkpoint_for_signal() {
-    let result = capture::paused(|| {
+    let result = capture::with_recording_paused(|| {
         let _finishing = FINISHING.lock();
         let (generation, output, write) = {
             let active = ACTIVE.lock();
-            match active.as_ref().filter(|running| running.pid == this_pid()) {
+            match active.as_ref().filter(|_| lifecycle::is_owner_process()) {
                 Some(running) => (running.generation, running.output.clone(), running.write),
                 None => return Ok(()),
             }
@@ -734,7 +726,7 @@ extern "C" fn finish_at_exit() {
         return;
     }
     let result = std::panic::catch_unwind(|| {
-        capture::paused(|| {
+        capture::with_recording_paused(|| {
             let Some(_finishing) = FINISHING.try_lock_for(EXIT_WAIT) else {
                 return Err(format!(
                     "the process exited while the profile was being written, which did not end \
@@ -750,7 +742,7 @@ extern "C" fn finish_at_exit() {
                 );
             };
             let running = match active.take() {
-                Some(running) if running.pid == this_pid() => running,
+                Some(running) if lifecycle::is_owner_process() => running,
                 // A forked child's copy of the parent's session: not ours to finish.
                 Some(inherited) => {
                     std::mem::forget(inherited);

@@ -50,7 +50,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::capture;
+use crate::capture::{self, lifecycle};
 
 /// The signals handled, in the order of [`PREVIOUS`]'s entries.
 const SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
@@ -60,8 +60,6 @@ const SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
 static PENDING: AtomicI32 = AtomicI32::new(0);
 /// The pipe's write end, for the handler (`-1` until created).
 static PIPE_WRITE: AtomicI32 = AtomicI32::new(-1);
-/// The process that installed the handlers; a forked child differs.
-static OWNER_PID: AtomicI32 = AtomicI32::new(0);
 /// Whether highwater's handler is installed for each of [`SIGNALS`]. Written under [`STATE`].
 static INSTALLED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
 
@@ -111,7 +109,6 @@ pub(crate) fn arm(handlers: Handlers) -> io::Result<()> {
         start_watcher()?;
         *watcher_pid = pid;
     }
-    OWNER_PID.store(pid, Ordering::SeqCst);
     for (index, signal) in SIGNALS.into_iter().enumerate() {
         if INSTALLED[index].load(Ordering::SeqCst) {
             continue;
@@ -264,8 +261,9 @@ extern "C" fn on_signal(
     let previous = unsafe { &(*PREVIOUS.0.get())[index] };
     let programs_own =
         previous.sa_sigaction != libc::SIG_DFL && previous.sa_sigaction != libc::SIG_IGN;
-    // SAFETY: getpid is async-signal-safe.
-    let owner = unsafe { libc::getpid() } == OWNER_PID.load(Ordering::SeqCst);
+    // The session's owner process, as capture knows it (a forked child is not); asking it is
+    // async-signal-safe.
+    let owner = lifecycle::is_owner_process();
     let first = owner
         && PENDING
             .compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst)

@@ -729,7 +729,7 @@ proptest! {
             model.apply(event);
         }
         let end = events.iter().map(|e| e.ts_ns).max().unwrap_or(0) + 10;
-        let profile = streaming.finish(end);
+        let profile = streaming.profile(end);
         model.finish(end);
         model.check(&profile, 5);
         for point in &profile.timeline {
@@ -766,7 +766,7 @@ proptest! {
             timeline.apply(&Event { ts_ns: ts, thread, span, kind });
         }
         timeline.note_dropped(3);
-        let profile = timeline.finish(u64::MAX);
+        let profile = timeline.profile(u64::MAX);
         prop_assert!(profile.peak_breakdown.len() <= 2);
         prop_assert!(profile.largest_at_peak.len() <= 2);
         prop_assert_eq!(profile.summary.event_count, raw.len() as u64);

@@ -5,57 +5,14 @@
 //! through the global allocator, that nested call would come back through the detector. The
 //! rings are small, so the lossless wait for room (spin, then futex) runs too.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::alloc::System;
+use std::sync::atomic::Ordering;
 
 use highwater::{Alloc, Category, Session, Step};
 
-static NESTED: AtomicU64 = AtomicU64::new(0);
-static CALLS: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    static DEPTH: Cell<u32> = const { Cell::new(0) };
-}
-
-struct Detector(Alloc<System>);
-
-impl Detector {
-    fn around<R>(&self, call: impl FnOnce(&Alloc<System>) -> R) -> R {
-        let depth = DEPTH.with(|d| {
-            let depth = d.get();
-            d.set(depth + 1);
-            depth
-        });
-        if depth > 0 {
-            NESTED.fetch_add(1, Ordering::SeqCst);
-        }
-        CALLS.fetch_add(1, Ordering::Relaxed);
-        let result = call(&self.0);
-        DEPTH.with(|d| d.set(depth));
-        result
-    }
-}
-
-// SAFETY: forwards every call unchanged.
-unsafe impl GlobalAlloc for Detector {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: caller's contract.
-        self.around(|inner| unsafe { inner.alloc(layout) })
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: caller's contract.
-        self.around(|inner| unsafe { inner.alloc_zeroed(layout) })
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: caller's contract.
-        self.around(|inner| unsafe { inner.dealloc(ptr, layout) })
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: caller's contract.
-        self.around(|inner| unsafe { inner.realloc(ptr, layout, new_size) })
-    }
-}
+#[path = "support/reentry_detector.rs"]
+mod reentry_detector;
+use reentry_detector::{Detector, CALLS, NESTED};
 
 #[global_allocator]
 static ALLOC: Detector = Detector(Alloc::new(System));

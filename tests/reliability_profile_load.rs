@@ -43,6 +43,7 @@ fn rich_profile() -> Profile {
             peak_timestamp_ns: 1_500,
             peak_device: "cpu".into(),
             peak_by_category: categories.clone(),
+            peak_temporary_by_category: BTreeMap::new(),
             alloc_count: 10,
             free_count: 8,
             realloc_count: 1,
@@ -74,6 +75,7 @@ fn rich_profile() -> Profile {
             device: "cuda:0".into(),
             bytes: 3 << 20,
             count: 2,
+            top_sites: Vec::new(),
         }],
         largest_at_peak: vec![LiveAllocation {
             bytes: 2 << 20,

@@ -7,8 +7,9 @@
 //! on the thread's ring, so it sees the flag and counts its events instead (`REENTRANT_DROPS`).
 
 use std::cell::Cell;
-use std::sync::atomic::{compiler_fence, AtomicU32, AtomicU64};
+use std::sync::atomic::{compiler_fence, AtomicU64, AtomicUsize};
 
+use super::gate::{self, GATE_EPOCH, RECORDING};
 use super::raw::{PoolReport, RawEvent, RawKind};
 use super::registry::REGISTRY;
 use super::ring::{Pushed, Ring, WhenFull};
@@ -16,14 +17,24 @@ use super::sync::{AtomicBool, Ordering};
 use super::{clock, lifecycle, wake};
 use crate::model::{Category, CategoryScope, SpanLabel};
 
-/// Open while a session records. Read on every hook call (Relaxed first, then SeqCst inside
-/// the ring's stop protocol); written only by the session.
-pub(crate) static RECORDING: AtomicBool = AtomicBool::new(false);
+/// Default events per ring: 64 Ki events, 2 MiB per recording thread (touched as it fills, and
+/// all of it once the ring has wrapped). Lossless capture waits for the collector when a ring is
+/// full, so a bigger ring buys fewer waits, not fewer losses; see `BENCHMARKS.md`.
+pub(crate) const DEFAULT_RING_EVENTS: usize = 1 << 16;
 
-/// Counts the times the gate opened (from 1): a thread whose innermost span was opened before
-/// the current opening announces it once, so a span opened before `Session::start` still
-/// names what runs inside it.
-static GATE_EPOCH: AtomicU32 = AtomicU32::new(0);
+/// The session's ring size, in events.
+static RING_EVENTS: AtomicUsize = AtomicUsize::new(DEFAULT_RING_EVENTS);
+
+/// Sets the capacity of rings claimed from now on (a power of two).
+pub(crate) fn set_ring_capacity(events: usize) {
+    RING_EVENTS.store(events, Ordering::Relaxed);
+}
+
+/// The session's ring size: what a newly claimed ring (or an empty one kept from an earlier
+/// session) is given.
+pub(crate) fn ring_capacity() -> u64 {
+    RING_EVENTS.load(Ordering::Relaxed) as u64
+}
 
 /// Events dropped without a ring to count them in (no free ring, thread already exiting), by
 /// [`RawKind`]. Rare, so a shared read-modify-write is fine here.
@@ -127,12 +138,6 @@ fn set_state(state: ThreadState) {
     let _ = THREAD.try_with(|thread| thread.state.set(state));
 }
 
-/// Whether a session is recording right now (a cheap first check for callers).
-#[inline(always)]
-pub(crate) fn recording() -> bool {
-    RECORDING.load(Ordering::Relaxed)
-}
-
 /// Counts events lost without a ring to charge them to.
 #[cold]
 fn drop_unattributed(kinds: &[RawKind]) {
@@ -171,7 +176,7 @@ impl WhenFull for SessionPolicy {
     }
 
     fn fit_storage(&self, ring: &Ring) {
-        let wanted = lifecycle::ring_capacity();
+        let wanted = ring_capacity();
         if ring.capacity() != wanted && ring.is_empty() {
             install_storage(ring, wanted);
         }
@@ -307,7 +312,7 @@ fn claim_ring(current: &mut ThreadState) -> Option<usize> {
     let generation = REGISTRY.generation();
     let claimed = REGISTRY.claim().and_then(|index| {
         let ring = &REGISTRY.slots()[index].ring;
-        let capacity = lifecycle::ring_capacity();
+        let capacity = ring_capacity();
         // A ring reused from an earlier session gets this session's size.
         if ring.capacity() != capacity && !install_storage(ring, capacity) && !ring.has_storage() {
             // Without storage the slot is useless to us, and the collector skips slots
@@ -331,8 +336,29 @@ fn claim_ring(current: &mut ThreadState) -> Option<usize> {
     claimed
 }
 
+/// Makes this process the session's owner and has thread exit hand rings back and a fork
+/// stop recording in the child. Called when a session starts.
+pub(crate) fn install_process_handlers() {
+    lifecycle::install(lifecycle::Callbacks {
+        thread_exit: retire_current_thread,
+        forked_child: stop_in_forked_child,
+    });
+}
+
+/// A forked child never records: its collector thread did not survive the fork, so nobody may
+/// wait for one either. Async-signal-safe (atomics only): it runs in an `atfork` handler.
+fn stop_in_forked_child() {
+    gate::close_in_forked_child();
+    // Only the forking thread survives, and it is not inside a push: no ring is busy, whatever
+    // the parent's threads were doing.
+    for slot in REGISTRY.slots() {
+        slot.ring.clear_busy_after_fork();
+    }
+    collector_stopped();
+}
+
 /// Called at thread exit (from the thread-exit watcher) with the ring the thread claimed.
-pub(crate) fn retire_current_thread(index: usize) {
+fn retire_current_thread(index: usize) {
     if let Some(mut current) = state() {
         current.ring = RETIRED;
         set_state(current);
@@ -411,10 +437,11 @@ pub(crate) fn record_free(addr: usize, size: usize) {
 
 /// Records a completed realloc as one unit. `released` was read before the inner realloc
 /// ran, so the old block's half sorts before any reuse of it by another thread; the new
-/// block's half is stamped now, after the inner call returned it.
+/// block's half is stamped `returned`, read just after the inner call returned it.
 #[inline(always)]
 pub(crate) fn record_realloc(
     released: u64,
+    returned: u64,
     old_addr: usize,
     old_size: usize,
     new_addr: usize,
@@ -422,10 +449,15 @@ pub(crate) fn record_realloc(
 ) {
     emit(
         [RawKind::ReallocFrom, RawKind::ReallocTo],
+        // `returned`, read as the inner call came back, not the reading taken once the ring has
+        // room: a thread that waited for room would otherwise stamp the realloc after another
+        // thread's reuse of the old block (freed inside the inner call), and the merge would
+        // apply that reuse first. While it waits, its busy ring holds the merge at its last
+        // stamp, so the earlier stamp is still merged in order.
         |current, ticks| {
             RawEvent::realloc(
                 released,
-                ticks,
+                returned.min(ticks),
                 current.span,
                 current.scope.category(),
                 (old_addr as u64, old_size as u64),
@@ -514,7 +546,7 @@ pub(crate) fn mark_internal_thread() {
 
 /// Runs `f` with recording paused on this thread, for highwater code that allocates on a user
 /// thread (interning a name, starting or finishing a session).
-pub(crate) fn paused<R>(f: impl FnOnce() -> R) -> R {
+pub(crate) fn with_recording_paused<R>(f: impl FnOnce() -> R) -> R {
     /// Puts the thread's `paused` flag back, even if `f` unwinds.
     struct Resume(bool);
     impl Drop for Resume {
@@ -541,12 +573,6 @@ pub(crate) fn paused<R>(f: impl FnOnce() -> R) -> R {
 /// what it allocates is not the user's, for measurements as for the profile.
 pub(crate) fn highwater_running_here() -> bool {
     state().is_some_and(|current| current.paused || current.internal)
-}
-
-/// Opens the recording gate (the session, once everything is ready).
-pub(crate) fn open_gate() {
-    GATE_EPOCH.fetch_add(1, Ordering::SeqCst);
-    RECORDING.store(true, Ordering::SeqCst);
 }
 
 /// The category the thread's open spans give a new block.

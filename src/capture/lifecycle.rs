@@ -1,31 +1,19 @@
-//! Process and thread lifecycle around capture: ring storage, thread exit and `fork`.
+//! The operating system under capture: ring storage, thread exit, `fork` and the owner
+//! process.
 //!
-//! Ring storage comes from `mmap` (never the global allocator) and is kept for reuse. A thread
-//! learns nothing about its own exit from a destructor-free thread-local, so a pthread key with
-//! a destructor hands its ring back; the key is created when a session starts, off the hot
-//! path. A forked child stops recording: its collector thread did not survive the fork.
+//! Plain OS wrappers that know nothing of the hook: what to do when a thread exits or the
+//! process forks is the callbacks [`install`] is given. Ring storage comes from `mmap` (never
+//! the global allocator). A thread learns nothing about its own exit from a destructor-free
+//! thread-local, so a pthread key with a destructor reports it; the key is created when a
+//! session starts, off the hot path. The owner process is the one source of truth for "is this
+//! the process that started the session, not a forked child", for capture and the signal
+//! handler alike.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use super::raw::RawEvent;
 use super::sync::SlotCell;
-
-/// Default events per ring: 64 Ki events, 2 MiB per recording thread (touched as it fills, and
-/// all of it once the ring has wrapped). Lossless capture waits for the collector when a ring is
-/// full, so a bigger ring buys fewer waits, not fewer losses; see `BENCHMARKS.md`.
-pub(crate) const DEFAULT_RING_EVENTS: usize = 1 << 16;
-
-static RING_EVENTS: AtomicUsize = AtomicUsize::new(DEFAULT_RING_EVENTS);
-
-/// Sets the capacity of rings claimed from now on (a power of two).
-pub(crate) fn set_ring_capacity(events: usize) {
-    RING_EVENTS.store(events, Ordering::Relaxed);
-}
-
-/// Capacity for a newly stored ring.
-pub(crate) fn ring_capacity() -> u64 {
-    RING_EVENTS.load(Ordering::Relaxed) as u64
-}
 
 /// Maps zeroed storage for `capacity` slots outside the global allocator; `None` if the system
 /// refuses. Kept while the ring keeps its size (rings are reused by later threads and
@@ -88,41 +76,57 @@ pub(crate) unsafe fn free_ring_storage(slots: *mut SlotCell<RawEvent>, capacity:
     }
 }
 
-/// The pthread key whose destructor hands a thread's ring back; `u64::MAX` until created.
+/// What the process's thread-exit and fork handlers call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Callbacks {
+    /// Called on an exiting thread with the value it gave [`watch_thread_exit`].
+    pub(crate) thread_exit: fn(usize),
+    /// Called in a forked child, in its `atfork` handler (so it must be async-signal-safe).
+    pub(crate) forked_child: fn(),
+}
+
+/// The callbacks of the first [`install`]; the handlers run only once they are set.
+static CALLBACKS: OnceLock<Callbacks> = OnceLock::new();
+/// The pthread key whose destructor reports a thread's exit; `u64::MAX` until created.
 static EXIT_KEY: AtomicU64 = AtomicU64::new(u64::MAX);
 /// pid of the process whose session owns the rings; a forked child differs.
 static OWNER_PID: AtomicU64 = AtomicU64::new(0);
 /// Set in a forked child: it never records.
 static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
 
-/// Prepares thread-exit and fork handling. Idempotent; called when a session starts.
-pub(crate) fn install() {
+/// Makes the calling process the owner process, and installs the thread-exit and fork
+/// handlers that call `callbacks` (the first time; later calls keep the first callbacks).
+/// Called when a session starts.
+pub(crate) fn install(callbacks: Callbacks) {
     #[cfg(unix)]
     {
         // SAFETY: getpid has no preconditions.
-        OWNER_PID.store(unsafe { libc::getpid() } as u64, Ordering::Relaxed);
+        OWNER_PID.store(unsafe { libc::getpid() } as u64, Ordering::SeqCst);
         // A forked child that starts its own session owns the rings from now on.
-        FORKED_CHILD.store(false, Ordering::Relaxed);
+        FORKED_CHILD.store(false, Ordering::SeqCst);
         static ONCE: std::sync::Once = std::sync::Once::new();
         ONCE.call_once(|| {
+            let _ = CALLBACKS.set(callbacks);
             let mut key: libc::pthread_key_t = 0;
             // SAFETY: `key` is writable; `on_thread_exit` has the destructor signature.
             if unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0 {
                 EXIT_KEY.store(u64::from(key), Ordering::Release);
             }
-            // SAFETY: `in_forked_child` only stores to atomics, which is async-signal-safe.
+            // SAFETY: `in_forked_child` stores to an atomic and runs the fork callback, which
+            // `Callbacks` requires to be async-signal-safe.
             unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
         });
     }
 }
 
 /// Whether this process is the one that started the session (not a forked child).
+/// Async-signal-safe (`getpid` and atomic loads), so the signal handler asks it too.
 pub(crate) fn is_owner_process() -> bool {
     #[cfg(unix)]
     {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() } as u64;
-        !FORKED_CHILD.load(Ordering::Relaxed) && OWNER_PID.load(Ordering::Relaxed) == pid
+        !FORKED_CHILD.load(Ordering::SeqCst) && OWNER_PID.load(Ordering::SeqCst) == pid
     }
     #[cfg(not(unix))]
     true
@@ -139,13 +143,14 @@ pub(crate) fn os_thread_id() -> u64 {
     0
 }
 
-/// Arranges for ring `index` to be handed back when the calling thread exits.
+/// Arranges for the thread-exit callback to be called with `index` when the calling thread
+/// exits.
 pub(crate) fn watch_thread_exit(index: usize) {
     #[cfg(unix)]
     {
         let key = EXIT_KEY.load(Ordering::Acquire);
         if key != u64::MAX {
-            // The value is the ring index + 1 (the destructor runs only for non-null values).
+            // The value is `index + 1` (the destructor runs only for non-null values).
             // SAFETY: `key` came from pthread_key_create; the value is never dereferenced.
             unsafe {
                 libc::pthread_setspecific(key as libc::pthread_key_t, (index + 1) as *const _)
@@ -159,18 +164,15 @@ pub(crate) fn watch_thread_exit(index: usize) {
 #[cfg(unix)]
 extern "C" fn on_thread_exit(value: *mut libc::c_void) {
     let index = (value as usize).wrapping_sub(1);
-    super::hook::retire_current_thread(index);
+    if let Some(callbacks) = CALLBACKS.get() {
+        (callbacks.thread_exit)(index);
+    }
 }
 
 #[cfg(unix)]
 extern "C" fn in_forked_child() {
-    FORKED_CHILD.store(true, Ordering::Relaxed);
-    super::hook::RECORDING.store(false, Ordering::SeqCst);
-    // Only the forking thread survives, and it is not inside a push: no ring is busy, whatever
-    // the parent's threads were doing (atomic stores only, async-signal-safe).
-    for slot in super::registry::REGISTRY.slots() {
-        slot.ring.clear_busy_after_fork();
+    FORKED_CHILD.store(true, Ordering::SeqCst);
+    if let Some(callbacks) = CALLBACKS.get() {
+        (callbacks.forked_child)();
     }
-    // No collector runs here: nobody may wait for one.
-    super::hook::collector_stopped();
 }

@@ -9,11 +9,10 @@
 use loom::sync::Arc;
 use loom::thread;
 
+use super::gate::{close_gate, GateProtocol, Sound};
 use super::raw::{RawEvent, RawKind};
 use super::registry::{Registry, Slot, SlotState};
-use super::ring::{
-    close_gate, GateProtocol, ParkProtocol, Pushed, Ring, Sound, SoundPark, WhenFull,
-};
+use super::ring::{ParkProtocol, Pushed, Ring, SoundPark, WhenFull};
 use super::sync::{AtomicBool, AtomicU64, Ordering, SlotCell};
 use super::wake::WaitWord;
 

@@ -8,6 +8,7 @@
 //! event as dropped (drop mode); where it cannot record at all (no free ring, thread exiting,
 //! re-entered from a signal handler) it counts the event.
 
+pub(crate) mod gate;
 pub(crate) mod raw;
 pub(crate) mod registry;
 pub(crate) mod ring;
@@ -23,6 +24,8 @@ pub(crate) mod lifecycle;
 #[cfg(not(loom))]
 pub(crate) mod names;
 
+#[cfg(not(loom))]
+pub(crate) use gate::{open_gate, recording};
 #[cfg(not(loom))]
 pub(crate) use hook::*;
 

@@ -14,7 +14,7 @@ use std::sync::LazyLock;
 
 use parking_lot::Mutex;
 
-use super::hook::paused;
+use super::hook::with_recording_paused;
 
 /// The CPU heap's device id.
 pub(crate) const CPU: u16 = 0;
@@ -55,7 +55,7 @@ static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(|| {
 
 /// The id of `name`.
 pub(crate) fn name(name: &str) -> u32 {
-    paused(|| {
+    with_recording_paused(|| {
         let mut table = TABLE.lock();
         table.intern(name)
     })
@@ -86,7 +86,7 @@ impl Table {
 
 /// The id of a shape.
 pub(crate) fn shape(dims: &[usize]) -> u32 {
-    paused(|| {
+    with_recording_paused(|| {
         let dims: Box<[u64]> = dims.iter().map(|&d| d as u64).collect();
         let mut table = TABLE.lock();
         if let Some(id) = table.shape_ids.get(&dims) {
@@ -101,7 +101,7 @@ pub(crate) fn shape(dims: &[usize]) -> u32 {
 
 /// The id of a device name (`"cpu"` is [`CPU`]). Past 4096 devices, new names share the last id.
 pub(crate) fn device(name: &str) -> u16 {
-    paused(|| {
+    with_recording_paused(|| {
         let mut table = TABLE.lock();
         if let Some(id) = table.device_ids.get(name) {
             return *id;

@@ -29,108 +29,10 @@
 
 use std::time::Duration;
 
+use super::gate::{GateProtocol, Sound};
 use super::raw::{RawEvent, RawKind};
 use super::sync::{fence, AtomicBool, AtomicPtr, AtomicU64, Ordering, SlotCell};
 use super::wake::WaitWord;
-
-/// How a producer announces itself before reading the gate, and how a stopper closes the gate
-/// before reading producers. Both sides must be sequentially consistent.
-pub(crate) trait GateProtocol {
-    /// Producer: marks `busy`, then reads `gate`.
-    fn enter(busy: &AtomicU64, gate: &AtomicBool) -> bool;
-}
-
-/// The protocol the hook uses.
-///
-/// Where the kernel offers `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)` ([`ASYMMETRIC`]),
-/// the producer's side is a plain store and a compiler fence, and the stopper's membarrier
-/// supplies the fence on every running thread: the asymmetric form of the same
-/// store-buffering argument, which moves the whole cost to the rare stop. Otherwise an SC swap
-/// and an SC load (one locked instruction on x86-64, cheaper than `mfence`). Loom treats SC
-/// accesses as acquire/release (it would report false races) but models SC fences exactly, so
-/// under loom the order is built from relaxed accesses around `fence(SeqCst)`.
-#[derive(Debug)]
-pub(crate) struct Sound;
-
-impl GateProtocol for Sound {
-    #[inline(always)]
-    fn enter(busy: &AtomicU64, gate: &AtomicBool) -> bool {
-        #[cfg(not(loom))]
-        {
-            if ASYMMETRIC.load(Ordering::Relaxed) {
-                // The stopper's membarrier acts as a full fence on this thread, so program
-                // order (kept by the compiler fence) is all this side needs.
-                busy.store(1, Ordering::Relaxed);
-                std::sync::atomic::compiler_fence(Ordering::SeqCst);
-                gate.load(Ordering::Relaxed)
-            } else {
-                busy.swap(1, Ordering::SeqCst);
-                gate.load(Ordering::SeqCst)
-            }
-        }
-        #[cfg(loom)]
-        {
-            busy.store(1, Ordering::Relaxed);
-            super::sync::fence(Ordering::SeqCst);
-            gate.load(Ordering::Relaxed)
-        }
-    }
-}
-
-/// Whether producers use the asymmetric protocol (see [`Sound`]). Set once, before any
-/// session opens its gate, and never cleared.
-#[cfg(not(loom))]
-pub(crate) static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
-
-/// Registers this process for expedited private membarriers; on success producers switch to
-/// the asymmetric protocol. Called before a session opens its gate.
-#[cfg(not(loom))]
-pub(crate) fn enable_asymmetric_barrier() {
-    #[cfg(target_os = "linux")]
-    {
-        const MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED: libc::c_long = 1 << 4;
-        // SAFETY: membarrier takes a command and flags; registering has no memory effects.
-        let registered = unsafe {
-            libc::syscall(
-                libc::SYS_membarrier,
-                MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED,
-                0,
-            )
-        } == 0;
-        if registered {
-            ASYMMETRIC.store(true, Ordering::SeqCst);
-        }
-    }
-}
-
-/// A full memory barrier on every running thread of this process.
-#[cfg(all(not(loom), target_os = "linux"))]
-fn membarrier() -> bool {
-    const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
-    // SAFETY: membarrier takes a command and flags; the process registered for this command
-    // before `ASYMMETRIC` was set.
-    unsafe { libc::syscall(libc::SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0) == 0 }
-}
-
-/// Closes `gate`; afterwards a [`Ring::is_busy`] that reads `false` on a ring guarantees its
-/// producer no longer writes under the open gate.
-pub(crate) fn close_gate(gate: &AtomicBool) {
-    #[cfg(not(loom))]
-    {
-        gate.store(false, Ordering::SeqCst);
-        #[cfg(target_os = "linux")]
-        if ASYMMETRIC.load(Ordering::SeqCst) && !membarrier() {
-            // Registered but refused now: nothing else gives the producers' side its fence,
-            // so wait out any producer that could still see the gate open. Never expected.
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-    }
-    #[cfg(loom)]
-    {
-        gate.store(false, Ordering::Relaxed);
-        super::sync::fence(Ordering::SeqCst);
-    }
-}
 
 /// What became of a push.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -336,7 +238,10 @@ impl Ring {
     /// and, in drop mode, does not skip reading it. Called by a new owner after its claim, and
     /// by a session before it opens the gate (no producer pushes then).
     pub(crate) fn reset_producer(&self) {
-        self.producer.refresh_at.store(0, Ordering::Relaxed);
+        // `refresh_at == head`: the next push is due to read `tail`. (Positions wrap, so
+        // there is no "before everything" value to park it at.)
+        let head = self.producer.head.load(Ordering::Relaxed);
+        self.producer.refresh_at.store(head, Ordering::Relaxed);
         self.producer.drop_skips.store(0, Ordering::Relaxed);
     }
 
@@ -380,9 +285,14 @@ impl Ring {
             return Pushed::GateClosed;
         }
         let head = producer.head.load(Ordering::Relaxed);
-        if head + N as u64 > producer.refresh_at.load(Ordering::Relaxed)
-            && !self.make_room::<W>(head, N as u64, full)
-        {
+        // Positions are compared as distances, so they may wrap past `u64::MAX`: the push is
+        // due to read `tail` once it would pass `refresh_at` (which is never more than a ring
+        // ahead of `head`).
+        let ahead = producer
+            .refresh_at
+            .load(Ordering::Relaxed)
+            .wrapping_sub(head);
+        if ahead < N as u64 && !self.make_room::<W>(head, N as u64, full) {
             for kind in kinds {
                 let counter = &producer.dropped[kind as usize];
                 counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
@@ -394,7 +304,7 @@ impl Ring {
         let capacity = self.capacity.load(Ordering::Relaxed);
         let slots = self.slots.load(Ordering::Relaxed);
         for (offset, event) in events.into_iter().enumerate() {
-            let index = (head + offset as u64) & (capacity - 1);
+            let index = head.wrapping_add(offset as u64) & (capacity - 1);
             // SAFETY:
             // - `index < capacity`, and `slots` holds `capacity` slots (`replace_storage`'s
             //   contract; only this thread replaces them, so both loads see its own values);
@@ -403,7 +313,9 @@ impl Ring {
             // - only this thread writes slots (the caller is the only producer).
             unsafe { (*slots.add(index as usize)).with_mut(|slot| slot.write(event)) };
         }
-        producer.head.store(head + N as u64, Ordering::Release);
+        producer
+            .head
+            .store(head.wrapping_add(N as u64), Ordering::Release);
         producer.busy.store(0, Ordering::Release);
         Pushed::Recorded
     }
@@ -444,9 +356,9 @@ impl Ring {
         let half = capacity / 2;
         let refresh_at = if head.wrapping_sub(tail) + needed > half {
             full.wake_collector();
-            tail + capacity
+            tail.wrapping_add(capacity)
         } else {
-            tail + half
+            tail.wrapping_add(half)
         };
         self.producer
             .refresh_at
@@ -511,8 +423,8 @@ impl Ring {
         let tail = self.consumer.tail.load(Ordering::Relaxed);
         let count = published.wrapping_sub(tail).min(max);
         let head = tail.wrapping_add(count);
-        out.extend((tail..head).map(|position| {
-            let index = position & (capacity - 1);
+        out.extend((0..count).map(|offset| {
+            let index = tail.wrapping_add(offset) & (capacity - 1);
             // SAFETY:
             // - `index < capacity` slots exist (`replace_storage`'s contract);
             // - the producer published this slot: `position < head`, loaded with Acquire after
@@ -553,12 +465,265 @@ impl Ring {
     }
 
     /// Whether the producer is between a gate check and its publish (waiting for room
-    /// included). After [`close_gate`], a `false` means every event recorded under the open
+    /// included). After [`close_gate`](super::gate::close_gate), a `false` means every event recorded under the open
     /// gate is published.
     pub(crate) fn is_busy(&self) -> bool {
         #[cfg(not(loom))]
         return self.producer.busy.load(Ordering::SeqCst) != 0;
         #[cfg(loom)]
         return self.producer.busy.load(Ordering::Acquire) != 0;
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+impl Ring {
+    /// Moves an empty ring's positions to `position`, as if `position` events had passed
+    /// through it: lets a test reach the `u64` wrap without pushing 2^64 events.
+    fn start_at(&self, position: u64) {
+        assert!(self.is_empty(), "only an empty ring can be moved");
+        self.producer.head.store(position, Ordering::Relaxed);
+        self.consumer.tail.store(position, Ordering::Relaxed);
+        self.reset_producer();
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    /// Drop mode with no collector: a full ring drops at once. Counts the collector's wake-ups.
+    #[derive(Default)]
+    struct Dropping {
+        wakes: Cell<u32>,
+    }
+
+    impl WhenFull for Dropping {
+        fn lossless(&self) -> bool {
+            false
+        }
+        fn collector_serves(&self) -> bool {
+            false
+        }
+        fn wake_collector(&self) {
+            self.wakes.set(self.wakes.get() + 1);
+        }
+        fn note_wait(&self) {}
+        fn fit_storage(&self, _ring: &Ring) {}
+    }
+
+    /// A ring with `capacity` slots on the heap (plain `Vec` storage, so Miri can check it).
+    struct Fixture {
+        ring: Ring,
+        policy: Dropping,
+        _storage: Vec<SlotCell<RawEvent>>,
+    }
+
+    impl Fixture {
+        fn new(capacity: u64) -> Fixture {
+            let mut storage: Vec<SlotCell<RawEvent>> =
+                (0..capacity).map(|_| SlotCell::default()).collect();
+            let ring = Ring::new();
+            // SAFETY: `storage` holds `capacity` initialised slots and lives as long as the
+            // ring (both are in the fixture, and its heap buffer never moves); the ring is new,
+            // so empty, and nobody else produces into it.
+            let old = unsafe { ring.replace_storage(storage.as_mut_ptr(), capacity) };
+            assert!(old.is_none());
+            Fixture {
+                ring,
+                policy: Dropping::default(),
+                _storage: storage,
+            }
+        }
+
+        /// Pushes one allocation stamped `ticks`.
+        fn push(&self, ticks: u64) -> Pushed {
+            self.push_unit([ticks])
+        }
+
+        /// Pushes `ticks.len()` events as one unit (like a realloc's two halves).
+        fn push_unit<const N: usize>(&self, ticks: [u64; N]) -> Pushed {
+            let gate = AtomicBool::new(true);
+            let events = ticks.map(|ticks| RawEvent {
+                ticks,
+                ..RawEvent::default()
+            });
+            // SAFETY: this test is the ring's only producer; storage is installed.
+            unsafe {
+                self.ring
+                    .push(&gate, [RawKind::Alloc; N], &self.policy, || events)
+            }
+        }
+
+        /// Drains at most `max` events and returns their stamps.
+        fn drain_at_most(&self, max: u64) -> Vec<u64> {
+            let mut out = Vec::new();
+            // SAFETY: this test is the ring's only consumer; storage is installed.
+            let moved = unsafe { self.ring.drain_at_most(&mut out, max) };
+            assert_eq!(moved, out.len() as u64);
+            out.into_iter().map(|event| event.ticks).collect()
+        }
+
+        fn drain(&self) -> Vec<u64> {
+            self.drain_at_most(u64::MAX)
+        }
+
+        fn dropped(&self) -> u64 {
+            self.ring.dropped()[RawKind::Alloc as usize]
+        }
+    }
+
+    #[test]
+    fn events_come_out_in_order_after_wrapping_past_capacity_many_times() {
+        let ring = Fixture::new(8);
+        let mut next = 0u64;
+        let mut expected = 0u64;
+        // Batch sizes that do not divide the capacity, so batches straddle the slot wrap at
+        // every offset; 240 batches are 1080 events, 135 trips around 8 slots.
+        for batch in [1u64, 3, 5, 7, 8, 2, 6, 4].iter().cycle().take(240) {
+            for _ in 0..*batch {
+                assert_eq!(ring.push(next), Pushed::Recorded, "event {next}");
+                next += 1;
+            }
+            let drained = ring.drain();
+            assert_eq!(drained, (expected..next).collect::<Vec<_>>());
+            expected = next;
+        }
+        assert_eq!(next, 1080, "135 trips around 8 slots");
+        assert_eq!(ring.dropped(), 0);
+        assert!(ring.ring.is_empty());
+    }
+
+    #[test]
+    fn positions_carry_on_past_the_u64_wrap() {
+        let ring = Fixture::new(8);
+        ring.ring.start_at(u64::MAX - 2);
+        // Eight events fill the ring from position 2^64 - 3 to 4 (wrapped).
+        for ticks in 0..8 {
+            assert_eq!(ring.push(ticks), Pushed::Recorded, "event {ticks}");
+        }
+        assert_eq!(
+            ring.push(8),
+            Pushed::Dropped,
+            "an 8-slot ring took a ninth event"
+        );
+        assert_eq!(ring.dropped(), 1);
+        assert_eq!(ring.drain_at_most(5), vec![0, 1, 2, 3, 4]);
+        // After a drop the producer skips re-reading `tail` for a while (drop mode); a fresh
+        // view lets it see the room the drain made.
+        ring.ring.reset_producer();
+        for ticks in 8..13 {
+            assert_eq!(ring.push(ticks), Pushed::Recorded, "event {ticks}");
+        }
+        assert_eq!(ring.push(13), Pushed::Dropped);
+        assert_eq!(ring.drain(), (5..13).collect::<Vec<_>>());
+        assert!(ring.ring.is_empty());
+        assert_eq!(ring.ring.producer.head.load(Ordering::Relaxed), 10);
+    }
+
+    #[test]
+    fn partial_drains_hand_out_the_oldest_events_and_free_exactly_their_slots() {
+        let ring = Fixture::new(16);
+        ring.ring.start_at(u64::MAX - 20);
+        let mut next = 0u64;
+        let mut expected = 0u64;
+        for round in 0..100u64 {
+            // Fill what is free, then drain a varying part of it.
+            while ring.push(next) == Pushed::Recorded {
+                next += 1;
+            }
+            assert_eq!(
+                next - expected,
+                16,
+                "round {round}: the ring holds its capacity"
+            );
+            ring.ring.reset_producer();
+            let take = round % 16 + 1;
+            let drained = ring.drain_at_most(take);
+            assert_eq!(drained, (expected..expected + take).collect::<Vec<_>>());
+            expected += take;
+            // Exactly `take` slots came free.
+            for _ in 0..take {
+                assert_eq!(ring.push(next), Pushed::Recorded, "event {next}");
+                next += 1;
+            }
+            assert_eq!(ring.push(next), Pushed::Dropped);
+            ring.ring.reset_producer();
+        }
+        assert_eq!(ring.drain(), (expected..next).collect::<Vec<_>>());
+        assert_eq!(ring.dropped(), 200);
+    }
+
+    #[test]
+    fn a_unit_straddling_the_slot_wrap_comes_out_whole_and_in_order() {
+        let ring = Fixture::new(8);
+        // Seven single events leave the unit's halves in slots 7 and 0.
+        for ticks in 0..7 {
+            assert_eq!(ring.push(ticks), Pushed::Recorded);
+        }
+        assert_eq!(ring.drain(), (0..7).collect::<Vec<_>>());
+        for ticks in 7..13 {
+            assert_eq!(ring.push(ticks), Pushed::Recorded);
+        }
+        assert_eq!(ring.push_unit([100, 101]), Pushed::Recorded);
+        assert_eq!(ring.drain(), vec![7, 8, 9, 10, 11, 12, 100, 101]);
+    }
+
+    #[test]
+    fn a_unit_straddling_the_u64_wrap_comes_out_whole_and_in_order() {
+        let ring = Fixture::new(8);
+        ring.ring.start_at(u64::MAX);
+        assert_eq!(ring.push_unit([100, 101]), Pushed::Recorded);
+        assert_eq!(ring.ring.producer.head.load(Ordering::Relaxed), 1);
+        assert_eq!(ring.drain(), vec![100, 101]);
+    }
+
+    #[test]
+    fn a_unit_that_does_not_fit_is_dropped_whole_never_half_written() {
+        let ring = Fixture::new(8);
+        ring.ring.start_at(u64::MAX - 3);
+        for ticks in 0..7 {
+            assert_eq!(ring.push(ticks), Pushed::Recorded);
+        }
+        // One slot is free: a two-event unit does not fit, and both its events are counted.
+        assert_eq!(ring.push_unit([100, 101]), Pushed::Dropped);
+        assert_eq!(ring.dropped(), 2);
+        assert_eq!(ring.drain(), (0..7).collect::<Vec<_>>());
+        ring.ring.reset_producer();
+        assert_eq!(ring.push_unit([102, 103]), Pushed::Recorded);
+        assert_eq!(ring.drain(), vec![102, 103]);
+    }
+
+    #[test]
+    fn the_collector_is_rung_once_the_ring_passes_half_full_even_across_the_wrap() {
+        let ring = Fixture::new(8);
+        ring.ring.start_at(u64::MAX - 1);
+        for ticks in 0..4 {
+            assert_eq!(ring.push(ticks), Pushed::Recorded);
+        }
+        assert_eq!(ring.policy.wakes.get(), 0, "rung at or below half full");
+        assert_eq!(ring.push(4), Pushed::Recorded);
+        assert_eq!(ring.policy.wakes.get(), 1, "not rung past half full");
+        ring.drain();
+    }
+
+    #[test]
+    fn a_closed_gate_writes_and_counts_nothing() {
+        let ring = Fixture::new(8);
+        let gate = AtomicBool::new(false);
+        // SAFETY: this test is the ring's only producer; storage is installed.
+        let pushed = unsafe {
+            ring.ring.push(
+                &gate,
+                [RawKind::Alloc],
+                &ring.policy,
+                || -> [RawEvent; 1] { panic!("stamped behind a closed gate") },
+            )
+        };
+        assert_eq!(pushed, Pushed::GateClosed);
+        assert_eq!(ring.dropped(), 0);
+        assert!(ring.drain().is_empty());
+        assert!(!ring.ring.is_busy());
     }
 }

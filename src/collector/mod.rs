@@ -18,8 +18,7 @@ use crate::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, Timeline, Tim
 use crate::capture::clock::Calibration;
 use crate::capture::raw::{Decoded, Decoder, RawEvent, RawKind, Record};
 use crate::capture::registry::{SlotState, REGISTRY};
-use crate::capture::ring::close_gate;
-use crate::capture::{self, names, wake, RECORDING, UNATTRIBUTED_DROPS};
+use crate::capture::{self, gate, names, wake, UNATTRIBUTED_DROPS};
 use crate::checkpoint::{CheckpointConfig, Checkpointer};
 use crate::profile::{CaptureMode, CaptureStats, Profile, ThreadCapture};
 
@@ -129,7 +128,7 @@ fn run(
                 let now = config.calibration.now_ns();
                 merger.catch_up(now);
                 let end = now.max(merger.newest_ns);
-                let _ = reply.send(merger.timeline.finish(end));
+                let _ = reply.send(merger.timeline.profile(end));
             }
             Ok(Control::Stop(reply)) => {
                 // No checkpoint may land after the final profile the session writes.
@@ -404,7 +403,7 @@ impl Merger {
 
     /// The profile of what is merged up to `end_ns`, for a checkpoint; recording goes on.
     fn checkpoint(&self, end_ns: u64) -> Profile {
-        let mut profile = self.timeline.finish(end_ns.max(self.newest_ns));
+        let mut profile = self.timeline.profile(end_ns.max(self.newest_ns));
         profile.capture = CaptureStats {
             mode: if capture::lossless() {
                 CaptureMode::Lossless
@@ -558,7 +557,7 @@ impl Merger {
     /// as the running collector does: a writer between its clock reading and its publish may
     /// still add an older event.
     fn stop(&mut self, lag_ns: u64) -> Profile {
-        close_gate(&RECORDING);
+        gate::close_recording();
         loop {
             let now = self.calibration.now_ns();
             let busy = REGISTRY.slots().iter().any(|slot| slot.ring.is_busy());
@@ -589,7 +588,7 @@ impl Merger {
             self.timeline
                 .note_dropped(unattributed_total + reentrant_total);
         }
-        let mut profile = self.timeline.finish(end_ns);
+        let mut profile = self.timeline.profile(end_ns);
         // Re-entrant records have no ring to be charged to: they join the unattributed ones in
         // `dropped_by_kind` and have their own total.
         let loose = std::array::from_fn(|kind| unattributed[kind] + reentrant[kind]);
@@ -618,7 +617,7 @@ impl Merger {
 
     fn capture_stats(&self, unattributed: [u64; RawKind::COUNT]) -> CaptureStats {
         let mut stats = CaptureStats {
-            ring_events: crate::capture::lifecycle::ring_capacity(),
+            ring_events: capture::ring_capacity(),
             unattributed_dropped: unattributed.iter().sum(),
             threads: self.threads.clone(),
             ..CaptureStats::default()

@@ -292,6 +292,7 @@ pub fn sample_profile() -> Profile {
             peak_timestamp_ns: peak_ts,
             peak_device,
             peak_by_category,
+            peak_temporary_by_category: BTreeMap::new(),
             alloc_count,
             free_count,
             realloc_count: 3_120,
@@ -322,6 +323,8 @@ pub fn sample_profile() -> Profile {
             run_growth_bytes: ((ITERATIONS - 1) * LEAK_PER_ITERATION) as i64,
         }],
         span_events,
+        sites: Vec::new(),
+        sampling: Default::default(),
     }
 }
 
@@ -348,6 +351,7 @@ fn peak_rows(by_category: &BTreeMap<Category, u64>, device: &str) -> Vec<PeakRow
         device: device.to_string(),
         bytes,
         count,
+        top_sites: Vec::new(),
     };
     let mut rows = Vec::new();
     // Activations: per layer, attention and MLP intermediates; later layers a little bigger.
@@ -440,6 +444,7 @@ fn peak_rows(by_category: &BTreeMap<Category, u64>, device: &str) -> Vec<PeakRow
             device: device.to_string(),
             bytes: other,
             count: 412,
+            top_sites: Vec::new(),
         });
     }
     rows.retain(|r| r.bytes > 0);

@@ -1,0 +1,330 @@
+//! Applying one event: live blocks, span instances, the op stacks and the counters it moves.
+
+use crate::model::{Category, SpanLabel, Step};
+
+use super::super::downsample::Downsampler;
+use super::super::event::{DeviceId, Event, EventKind, NameId, ShapeId};
+use super::super::live::{Freed, LiveEntry, Origin, NONE};
+use super::super::span_sample::SpanCall;
+use super::super::spans::{Closed, SpanStart};
+use super::peaks::{PoolSample, PoolStats};
+use super::Timeline;
+
+/// The innermost-op stack of one thread.
+#[derive(Debug, Default)]
+pub(super) struct ThreadOps {
+    /// Open ops, innermost last, as op ids of [`Timeline::op_keys`].
+    pub(super) stack: Vec<u32>,
+    /// `OpBegin`s beyond [`MAX_OP_DEPTH`] not pushed, so their `OpEnd`s pop nothing.
+    pub(super) overflow: u64,
+}
+
+/// Deeper op nesting than this is garbage; it is counted, not stored.
+pub(super) const MAX_OP_DEPTH: usize = 256;
+
+/// A block an alloc or realloc makes live.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct NewBlock {
+    pub(super) device: DeviceId,
+    pub(super) addr: u64,
+    pub(super) size: u64,
+    /// What the span's bytes-allocated and the total grow by (a realloc's growth).
+    pub(super) counted: u64,
+    pub(super) category: Category,
+    /// An alloc (counted in alloc counts), not a realloc.
+    pub(super) is_alloc: bool,
+}
+
+/// Counters of the summary.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Counts {
+    pub(super) allocs: u64,
+    pub(super) frees: u64,
+    pub(super) reallocs: u64,
+    pub(super) total_alloc_bytes: u64,
+    pub(super) unknown_frees: u64,
+    pub(super) reorder_repairs: u64,
+}
+
+impl Timeline {
+    /// Applies one event. Events should come in time order; late ones are tolerated.
+    pub fn apply(&mut self, event: &Event) {
+        let seq = self.seq;
+        self.seq += 1;
+        let ts = event.ts_ns;
+        match event.kind {
+            EventKind::Alloc {
+                device,
+                addr,
+                size,
+                category,
+            } => {
+                self.counts.allocs += 1;
+                self.counts.total_alloc_bytes = self.counts.total_alloc_bytes.saturating_add(size);
+                self.device(device).allocs += 1;
+                let block = NewBlock {
+                    device,
+                    addr,
+                    size,
+                    counted: size,
+                    category,
+                    is_alloc: true,
+                };
+                self.make_live(event, block);
+                self.changed(device, ts, seq);
+            }
+            EventKind::Free { device, addr, .. } => {
+                self.device(device);
+                match self.live.free(device, addr, ts) {
+                    Freed::Ended(entry) => {
+                        self.device(device).frees += 1;
+                        self.counts.frees += 1;
+                        self.end(device, &entry);
+                        self.changed(device, ts, seq);
+                    }
+                    Freed::Straggler => self.counts.reorder_repairs += 1,
+                    Freed::Unknown => self.counts.unknown_frees += 1,
+                }
+            }
+            EventKind::Realloc {
+                old_addr,
+                new_addr,
+                new_size,
+                category,
+                released_ns,
+                ..
+            } => {
+                let device = DeviceId::CPU;
+                self.device(device);
+                self.counts.reallocs += 1;
+                let released = released_ns.map_or(ts, |at| at.min(ts));
+                let growth = match self.live.free(device, old_addr, released) {
+                    Freed::Ended(entry) => {
+                        self.end(device, &entry);
+                        new_size.saturating_sub(entry.size)
+                    }
+                    Freed::Straggler => {
+                        self.counts.reorder_repairs += 1;
+                        new_size
+                    }
+                    Freed::Unknown => {
+                        self.counts.unknown_frees += 1;
+                        new_size
+                    }
+                };
+                self.counts.total_alloc_bytes =
+                    self.counts.total_alloc_bytes.saturating_add(growth);
+                let block = NewBlock {
+                    device,
+                    addr: new_addr,
+                    size: new_size,
+                    counted: growth,
+                    category,
+                    is_alloc: false,
+                };
+                self.make_live(event, block);
+                self.changed(device, ts, seq);
+            }
+            EventKind::SetCategory {
+                device,
+                addr,
+                category,
+            } => {
+                self.device(device);
+                if let Some((size, old)) = self.live.set_category(device, addr, category) {
+                    let state = self.device(device);
+                    state.sub(old, size);
+                    state.add(category, size);
+                    self.changed(device, ts, seq);
+                }
+            }
+            EventKind::SpanEnter { id, name, label } => {
+                if label == SpanLabel::Step(Step::Backward) && self.autograd_retained.is_none() {
+                    let activation = Category::Activation.index();
+                    let retained = self
+                        .devices
+                        .iter()
+                        .fold(0u64, |sum, d| sum.saturating_add(d.by_category[activation]));
+                    self.autograd_retained = Some(retained);
+                }
+                let start = SpanStart {
+                    thread: event.thread,
+                    parent_id: event.span,
+                    id,
+                    name,
+                    label,
+                    ts,
+                    seq,
+                };
+                let reopened = self.spans.enter(start, self.measure);
+                if let Some(closed) = reopened {
+                    self.closed(event.thread, closed, ts);
+                }
+            }
+            EventKind::SpanExit { id } => {
+                if let Some(closed) = self.spans.exit(event.thread, id, ts, self.measure) {
+                    self.closed(event.thread, closed, ts);
+                }
+            }
+            EventKind::OpBegin {
+                name, shape, dtype, ..
+            } => {
+                let op = self.op_id(name, shape, dtype);
+                let ops = self.threads.entry(event.thread).or_default();
+                if ops.stack.len() < MAX_OP_DEPTH {
+                    ops.stack.push(op);
+                    self.open_ops += 1;
+                } else {
+                    ops.overflow += 1;
+                }
+            }
+            EventKind::Annotate {
+                device,
+                addr,
+                op,
+                shape,
+                dtype,
+            } => {
+                let op = self.op_id(op, shape, dtype);
+                self.live.annotate(device, addr, op);
+            }
+            EventKind::OpEnd => {
+                if let Some(ops) = self.threads.get_mut(&event.thread) {
+                    if ops.overflow > 0 {
+                        ops.overflow -= 1;
+                    } else if ops.stack.pop().is_some() {
+                        self.open_ops = self.open_ops.saturating_sub(1);
+                    }
+                }
+            }
+            EventKind::PoolState {
+                device,
+                capacity,
+                reserved,
+                largest_free,
+                fragmentation,
+            } => {
+                let buckets = self.curve_buckets();
+                let fragmentation = if fragmentation.is_finite() {
+                    fragmentation
+                } else {
+                    0.0
+                };
+                let state = self.device(device);
+                let pool = state.pool.get_or_insert_with(|| PoolStats {
+                    capacity,
+                    peak_reserved: 0,
+                    max_fragmentation: 0.0,
+                    curve: Downsampler::new(buckets),
+                });
+                pool.capacity = capacity;
+                pool.peak_reserved = pool.peak_reserved.max(reserved);
+                pool.max_fragmentation = pool.max_fragmentation.max(fragmentation);
+                pool.curve.push(PoolSample {
+                    ts,
+                    capacity,
+                    reserved,
+                    largest_free,
+                    fragmentation,
+                });
+            }
+        }
+    }
+
+    /// The id of an (op name, shape, dtype) triple, interned on first sight.
+    pub(super) fn op_id(
+        &mut self,
+        name: NameId,
+        shape: Option<ShapeId>,
+        dtype: Option<NameId>,
+    ) -> u32 {
+        let key = [
+            name.0,
+            shape.map_or(NONE, |s| s.0),
+            dtype.map_or(NONE, |d| d.0),
+        ];
+        if let Some(&op) = self.op_ids.get(&key) {
+            return op;
+        }
+        let op = u32::try_from(self.op_keys.len()).unwrap_or(NONE);
+        self.op_keys.push(key);
+        self.op_ids.insert(key, op);
+        op
+    }
+
+    /// Where a block allocated by `event` comes from: innermost op and span.
+    pub(super) fn origin(&self, event: &Event) -> (Origin, u32) {
+        let owner = self.spans.lookup(event.thread, event.span).unwrap_or(NONE);
+        let mut origin = Origin::NOWHERE;
+        origin.node = self.spans.node_of(owner);
+        if self.open_ops > 0 {
+            if let Some(&op) = self
+                .threads
+                .get(&event.thread)
+                .and_then(|ops| ops.stack.last())
+            {
+                origin.op = op;
+            }
+        }
+        (origin, owner)
+    }
+
+    /// Inserts a live block for an alloc or the new side of a realloc; a block already live at
+    /// the key is ended (as if freed now) and counted as a repair.
+    pub(super) fn make_live(&mut self, event: &Event, block: NewBlock) {
+        let NewBlock {
+            device,
+            addr,
+            size,
+            counted,
+            category,
+            is_alloc,
+        } = block;
+        let (origin, owner) = self.origin(event);
+        let entry = LiveEntry {
+            size,
+            ts: event.ts_ns,
+            thread: event.thread,
+            owner,
+            origin,
+            category,
+        };
+        // Counters first: `changed` copies them right after, and a copy of values written
+        // after the map insert would wait for the insert's store (often a cache miss).
+        self.device(device).add(category, size);
+        if let Some(old) = self.live.insert(device, addr, entry) {
+            self.counts.reorder_repairs += 1;
+            self.end(device, &old);
+        }
+        self.spans.on_alloc(owner, size, counted, is_alloc);
+    }
+
+    /// Takes an ended block off the counters and its span's residual.
+    pub(super) fn end(&mut self, device: DeviceId, entry: &LiveEntry) {
+        self.device(device).sub(entry.category, entry.size);
+        self.spans.on_end(entry.owner, entry.size);
+    }
+
+    /// A span instance closed at `ts` on `thread`: it is offered to the call sample, and
+    /// top-level exits mark iterations.
+    pub(super) fn closed(&mut self, thread: u32, closed: Closed, ts: u64) {
+        let node = closed.node;
+        self.span_calls.offer(SpanCall {
+            thread,
+            node,
+            start_ns: closed.enter_ts,
+            end_ns: ts,
+        });
+        let Some(n) = self.spans.nodes.get(node as usize) else {
+            return;
+        };
+        if n.parent != NONE {
+            return;
+        }
+        let live = self.total_live();
+        self.top_level_exits
+            .entry(n.name)
+            .or_default()
+            .push(ts, live);
+    }
+}
