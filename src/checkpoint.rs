@@ -7,6 +7,10 @@
 //! The hand-over is a one-slot channel: when the writer is still busy with the last checkpoint
 //! the new one is skipped, not queued. The writer is joined before the session writes its final
 //! profile, which replaces the last checkpoint.
+//!
+//! A refused allocation (see `capture::oom`) asks for a checkpoint at once, whether periodic
+//! ones are on or not: the collector waits for the writer to take it ([`Checkpointer::write_now`])
+//! and the writer tells the refused threads when it is on disk.
 
 use std::path::PathBuf;
 use std::thread::JoinHandle;
@@ -25,8 +29,8 @@ pub const SUGGESTED_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(10);
 /// What the collector needs to write checkpoints.
 #[derive(Debug, Clone)]
 pub(crate) struct CheckpointConfig {
-    /// Time between checkpoints.
-    pub(crate) every: Duration,
+    /// Time between checkpoints; `None`: only at a refused allocation.
+    pub(crate) every: Option<Duration>,
     /// The session's output path.
     pub(crate) path: PathBuf,
     /// The run's `meta`, as the final profile will have it.
@@ -36,10 +40,12 @@ pub(crate) struct CheckpointConfig {
 /// The collector's side of checkpointing: when the next one is due, and the writer thread.
 #[derive(Debug)]
 pub(crate) struct Checkpointer {
-    every: Duration,
+    every: Option<Duration>,
     meta: RunMeta,
-    next_due: Instant,
-    to_writer: Option<Sender<Profile>>,
+    /// When the next periodic checkpoint is due (`None`: never).
+    next_due: Option<Instant>,
+    /// Checkpoints to write, each with the refusal ticket it answers, if any.
+    to_writer: Option<Sender<(Profile, Option<u32>)>>,
     writer: Option<JoinHandle<()>>,
 }
 
@@ -48,7 +54,7 @@ impl Checkpointer {
     /// starts the session: std allocates on a new thread before its closure can mark it
     /// internal.
     pub(crate) fn start(config: CheckpointConfig) -> std::io::Result<Checkpointer> {
-        let (to_writer, from_collector) = crossbeam_channel::bounded::<Profile>(1);
+        let (to_writer, from_collector) = crossbeam_channel::bounded::<(Profile, Option<u32>)>(1);
         let (ready, started) = crossbeam_channel::bounded(1);
         let path = config.path;
         let writer = std::thread::Builder::new()
@@ -56,10 +62,13 @@ impl Checkpointer {
             .spawn(move || {
                 capture::mark_internal_thread();
                 let _ = ready.send(());
-                for profile in from_collector {
+                for (profile, refusals) in from_collector {
                     // A failed checkpoint leaves the previous file as it was (the write is
                     // atomic); the next one, or the final profile, tries again.
                     let _ = profile.write(&path);
+                    if let Some(ticket) = refusals {
+                        capture::oom::written(ticket);
+                    }
                 }
             })?;
         started.recv().map_err(|_| {
@@ -68,7 +77,7 @@ impl Checkpointer {
         Ok(Checkpointer {
             every: config.every,
             meta: config.meta,
-            next_due: Instant::now() + config.every,
+            next_due: config.every.map(|every| Instant::now() + every),
             to_writer: Some(to_writer),
             writer: Some(writer),
         })
@@ -76,13 +85,38 @@ impl Checkpointer {
 
     /// Whether a checkpoint should be taken now.
     pub(crate) fn due(&self) -> bool {
-        Instant::now() >= self.next_due
+        self.next_due.is_some_and(|due| Instant::now() >= due)
     }
 
     /// Marks `profile` as a checkpoint of this run and hands it to the writer, unless the writer
     /// is still busy with the previous one; the next checkpoint is due one interval from now.
-    pub(crate) fn offer(&mut self, mut profile: Profile) {
-        self.next_due = Instant::now() + self.every;
+    pub(crate) fn offer(&mut self, profile: Profile) {
+        let profile = self.mark(profile);
+        if let Some(to_writer) = &self.to_writer {
+            // Full: the writer is still on the last one; skipping keeps memory bounded and
+            // the collector draining. Disconnected: the writer is gone; the final write stays.
+            let _ = to_writer.try_send((profile, None));
+        }
+    }
+
+    /// Hands `profile` to the writer as the checkpoint that answers refusal tickets up to
+    /// `ticket`, waiting for the writer to finish the one before if need be (a refusal's
+    /// checkpoint is never skipped). Without a writer the tickets are done at once.
+    pub(crate) fn write_now(&mut self, profile: Profile, ticket: u32) {
+        let profile = self.mark(profile);
+        let sent = self
+            .to_writer
+            .as_ref()
+            .is_some_and(|to_writer| to_writer.send((profile, Some(ticket))).is_ok());
+        if !sent {
+            capture::oom::written(ticket);
+        }
+    }
+
+    /// `profile` marked as a checkpoint of this run, taken now; the next periodic one is due
+    /// one interval from now.
+    fn mark(&mut self, mut profile: Profile) -> Profile {
+        self.next_due = self.every.map(|every| Instant::now() + every);
         profile.meta = RunMeta {
             threads: profile.meta.threads,
             partial: true,
@@ -92,11 +126,7 @@ impl Checkpointer {
         profile.warnings.push(Warning::Partial {
             recorded_ns: profile.summary.duration_ns,
         });
-        if let Some(to_writer) = &self.to_writer {
-            // Full: the writer is still on the last one; skipping keeps memory bounded and
-            // the collector draining. Disconnected: the writer is gone; the final write stays.
-            let _ = to_writer.try_send(profile);
-        }
+        profile
     }
 
     /// Waits for the checkpoint being written, if any, and ends the writer, so nothing it does
@@ -164,7 +194,7 @@ mod tests {
             ..RunMeta::default()
         };
         let mut checkpointer = Checkpointer::start(CheckpointConfig {
-            every: Duration::from_secs(3600),
+            every: Some(Duration::from_secs(3600)),
             path: path.clone(),
             meta,
         })

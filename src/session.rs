@@ -27,7 +27,7 @@ use crate::collector::{self, CollectorConfig, Control};
 use crate::config::{check_ring_events, EnvConfig, Requested, Settings};
 use crate::error::Error;
 use crate::export::html;
-use crate::profile::{CaptureMode, Profile, RunMeta, Warning};
+use crate::profile::{CaptureMode, OomSource, Profile, RunMeta, Warning};
 
 pub use crate::config::DEFAULT_OUTPUT;
 
@@ -287,14 +287,12 @@ impl SessionBuilder {
             lag: Duration::from_millis(5),
             timeline: self.timeline,
             alloc_log: settings.alloc_log.clone(),
-            checkpoint: settings
-                .checkpoint_every
-                .filter(|_| settings.write)
-                .map(|every| CheckpointConfig {
-                    every,
-                    path: settings.output.clone(),
-                    meta: meta.clone(),
-                }),
+            // Even with periodic checkpoints off, a refused allocation writes one.
+            checkpoint: settings.write.then(|| CheckpointConfig {
+                every: settings.checkpoint_every,
+                path: settings.output.clone(),
+                meta: meta.clone(),
+            }),
         })
         .map_err(|error| {
             capture::collector_stopped();
@@ -315,6 +313,7 @@ impl SessionBuilder {
         CURRENT.store(generation, Ordering::SeqCst);
         capture::open_gate();
         crate::device::set_pool_sink(record_pool_snapshot);
+        crate::device::set_refusal_sink(record_pool_refusal);
         Ok(Session {
             generation,
             recording: true,
@@ -551,6 +550,28 @@ fn record_pool_snapshot(s: &crate::device::PoolSnapshot) {
             s.largest_free_block,
             s.fragmentation,
         );
+    }
+}
+
+/// The device pools' refusal sink while a session records: each device that refused becomes an
+/// out-of-memory event, and the calling thread waits (boundedly) for a checkpoint that has them,
+/// as a thread whose heap allocation was refused does.
+fn record_pool_refusal(shortfalls: &[crate::device::Shortfall]) {
+    if !capture::recording() {
+        return;
+    }
+    let mut recorded = false;
+    for shortfall in shortfalls {
+        let device = capture::names::device(&shortfall.name);
+        recorded |= capture::record_oom(
+            device,
+            OomSource::Pool,
+            shortfall.requested,
+            Some(shortfall.largest_free),
+        );
+    }
+    if recorded {
+        capture::oom::wait_for_checkpoint(capture::collector_serves);
     }
 }
 

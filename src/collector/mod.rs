@@ -18,7 +18,7 @@ use crate::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, Timeline, Tim
 use crate::capture::clock::Calibration;
 use crate::capture::raw::{Decoded, Decoder, RawEvent, RawKind, Record};
 use crate::capture::registry::{SlotState, REGISTRY};
-use crate::capture::{self, gate, names, wake, UNATTRIBUTED_DROPS};
+use crate::capture::{self, gate, names, oom, wake, UNATTRIBUTED_DROPS};
 use crate::checkpoint::{CheckpointConfig, Checkpointer};
 use crate::profile::{CaptureMode, CaptureStats, Profile, ThreadCapture};
 
@@ -50,6 +50,25 @@ pub(crate) struct CollectorConfig {
     pub(crate) alloc_log: Option<PathBuf>,
     /// Checkpoints to write while recording, if any.
     pub(crate) checkpoint: Option<CheckpointConfig>,
+}
+
+/// A thread's allocation was refused and it waits (ticket `asked` or older): merges everything
+/// stamped until now, which includes every refusal with such a ticket (each was published before
+/// its ticket was taken), and has the writer put that on disk, then marks the tickets done. No
+/// writer (the session writes no profile): the tickets are done at once.
+fn checkpoint_refusals(
+    config: &CollectorConfig,
+    merger: &mut Merger,
+    checkpointer: Option<&mut Checkpointer>,
+    asked: u32,
+) {
+    let Some(checkpointer) = checkpointer else {
+        oom::written(asked);
+        return;
+    };
+    let now = config.calibration.now_ns();
+    merger.catch_up(now);
+    checkpointer.write_now(merger.checkpoint(now), asked);
 }
 
 /// Starts the collector thread.
@@ -97,10 +116,13 @@ fn run(
     impl Drop for StopServing {
         fn drop(&mut self) {
             capture::collector_stopped();
+            oom::release_waiters();
         }
     }
     let _serving = StopServing;
     let lag_ns = config.lag.as_nanos() as u64;
+    // Refusals asked about before this session are not this session's to answer.
+    let mut oom_answered = oom::asked();
     loop {
         // Read the bell before looking for work: a producer or a request that rings it after
         // this read cuts the sleep below short.
@@ -116,7 +138,11 @@ fn run(
                 merger.drain(0);
                 let watermark = now.saturating_sub(lag_ns);
                 merger.merge_until(watermark);
-                if let Some(checkpointer) = checkpointer.as_mut().filter(|c| c.due()) {
+                let asked = oom::asked();
+                if asked != oom_answered {
+                    checkpoint_refusals(&config, &mut merger, checkpointer.as_mut(), asked);
+                    oom_answered = asked;
+                } else if let Some(checkpointer) = checkpointer.as_mut().filter(|c| c.due()) {
                     checkpointer.offer(merger.checkpoint(watermark));
                 }
                 wake::collector_sleep(bell, config.interval);
@@ -533,6 +559,17 @@ impl Merger {
                 reserved: pool.reserved,
                 largest_free: pool.largest_free,
                 fragmentation: pool.fragmentation,
+            },
+            Record::Oom {
+                device,
+                source,
+                requested,
+                largest_free,
+            } => EventKind::Oom {
+                device: self.device(device),
+                source,
+                requested,
+                largest_free,
             },
         };
         let event = Event {

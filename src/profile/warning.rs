@@ -117,6 +117,18 @@ pub enum Warning {
     /// A checkpoint written on a signal the program handles itself; the session was still
     /// recording, and its own end writes the whole run.
     Checkpoint,
+    /// Allocations were refused (the heap allocator returned null, or a device pool refused an
+    /// admission); [`Profile::oom_events`](super::Profile::oom_events) says what was live then.
+    OutOfMemory {
+        /// Refusals in the run ([`Summary::oom_count`](super::Summary::oom_count)).
+        refusals: u64,
+        /// The first one: its device, the bytes it asked for and when, ns into the run.
+        device: String,
+        /// Bytes the first refusal asked for.
+        requested_bytes: u64,
+        /// When the first refusal happened, ns since the session started.
+        at_ns: u64,
+    },
     /// A warning from a profile written before warnings were typed: its sentence, as written.
     Note {
         /// The sentence.
@@ -138,6 +150,7 @@ impl Warning {
             Warning::SpansTooMany { .. } => "spans_too_many",
             Warning::NamesFolded { .. } => "names_folded",
             Warning::Checkpoint => "checkpoint",
+            Warning::OutOfMemory { .. } => "out_of_memory",
             Warning::Note { .. } => "note",
         }
     }
@@ -233,6 +246,19 @@ impl fmt::Display for Warning {
                 "checkpoint written on a signal the program handles; the session was still \
                  recording",
             ),
+            Warning::OutOfMemory {
+                refusals,
+                device,
+                requested_bytes,
+                at_ns,
+            } => write!(
+                f,
+                "{refusals} allocation{} refused: the first asked {device} for {} at {}; see \
+                 the out-of-memory events for what was live then",
+                if *refusals == 1 { " was" } else { "s were" },
+                crate::units::format_bytes(*requested_bytes),
+                crate::units::format_duration_ns(*at_ns)
+            ),
             Warning::Note { text } => f.write_str(text),
         }
     }
@@ -318,6 +344,12 @@ mod tests {
                 shown_as: "(more names)".into(),
             },
             Warning::Checkpoint,
+            Warning::OutOfMemory {
+                refusals: 2,
+                device: "cuda:0".into(),
+                requested_bytes: 3 << 30,
+                at_ns: 2_000_000_000,
+            },
             Warning::Note {
                 text: "an old sentence".into(),
             },

@@ -305,6 +305,7 @@ pub fn sample_profile() -> Profile {
             final_by_category,
             duration_ns,
             event_count: 2 * alloc_count + 5_000,
+            oom_count: 0,
         },
         timeline,
         peak_breakdown,
@@ -325,6 +326,7 @@ pub fn sample_profile() -> Profile {
         span_events,
         sites: Vec::new(),
         sampling: Default::default(),
+        oom_events: Vec::new(),
     }
 }
 

@@ -59,6 +59,8 @@ impl Sample for PoolSample {
 #[derive(Debug, Clone)]
 pub(super) struct PoolStats {
     pub(super) capacity: u64,
+    /// Reserved bytes as of the pool's last report.
+    pub(super) reserved: u64,
     pub(super) peak_reserved: u64,
     pub(super) max_fragmentation: f64,
     pub(super) curve: Downsampler<PoolSample>,
