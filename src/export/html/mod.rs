@@ -184,9 +184,15 @@ mod tests {
         let section = &section[..section.find("</section>").unwrap()];
         assert!(section.contains("<td>heap allocator</td>"), "{section}");
         assert!(section.contains(">3.0 GiB</td>"), "{section}");
-        assert!(section.contains("step/&lt;forward&gt;"), "escaped: {section}");
+        assert!(
+            section.contains("step/&lt;forward&gt;"),
+            "escaped: {section}"
+        );
         assert!(section.contains("<summary>Live on"), "{section}");
-        assert!(section.contains(">init</td>") && section.contains(">75.0%</td>"), "{section}");
+        assert!(
+            section.contains(">init</td>") && section.contains(">75.0%</td>"),
+            "{section}"
+        );
         assert!(
             page.contains(&format!(
                 "\"ooms\":[{{\"device\":\"{device}\",\"t\":1500000000,\"label\":\"OOM: 3.0 GiB refused\"}}]"

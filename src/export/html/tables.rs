@@ -328,7 +328,11 @@ pub(super) fn oom_section(out: &mut String, profile: &Profile) {
         span_path_cell(out, &oom.span_path);
         text_cell(out, oom.op.as_deref().unwrap_or("-"));
         num_cell(out, oom.live_bytes, &format_bytes(oom.live_bytes));
-        num_cell(out, oom.total_live_bytes, &format_bytes(oom.total_live_bytes));
+        num_cell(
+            out,
+            oom.total_live_bytes,
+            &format_bytes(oom.total_live_bytes),
+        );
         let reserved = oom.pool_reserved_bytes.unwrap_or(0);
         num_cell(out, reserved, &optional(oom.pool_reserved_bytes));
         let largest = oom.largest_free_bytes.unwrap_or(0);

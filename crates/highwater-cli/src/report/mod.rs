@@ -9,6 +9,9 @@ mod diff;
 mod text;
 
 pub(crate) use diff::diff;
+#[cfg(test)]
+pub(crate) use text::tests::with_a_refusal;
 pub(crate) use text::{
-    clean, diff_text, span_rows, spans_text, summary_json, summary_text, top_rows, top_text,
+    clean, diff_text, oom_line, span_rows, spans_text, summary_json, summary_text, top_rows,
+    top_text,
 };

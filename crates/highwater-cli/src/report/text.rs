@@ -186,7 +186,11 @@ fn oom_text(profile: &Profile, out: &mut String) {
         out,
         "out of memory: {} allocation{} refused (first {} listed)",
         format_count(profile.summary.oom_count),
-        if profile.summary.oom_count == 1 { "" } else { "s" },
+        if profile.summary.oom_count == 1 {
+            ""
+        } else {
+            "s"
+        },
         profile.oom_events.len()
     );
     for oom in &profile.oom_events {
@@ -218,7 +222,7 @@ fn oom_text(profile: &Profile, out: &mut String) {
 }
 
 /// One refusal in a sentence: when, who refused what, where, and what was live.
-pub fn oom_line(oom: &OomEvent) -> String {
+pub(crate) fn oom_line(oom: &OomEvent) -> String {
     let source = match oom.source {
         OomSource::Heap => "the heap allocator",
         OomSource::Pool => "the device pool",
@@ -523,7 +527,7 @@ pub fn summary_json(profile: &Profile) -> SummaryJson<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::sample::{sample_profile, sample_profile_with_drops};
 
@@ -552,9 +556,12 @@ mod tests {
             span_path: "step/forward".into(),
             op: Some("matmul".into()),
             live_bytes: 6 << 30,
-            live_by_category: [(Category::Parameter, 4 << 30), (Category::Activation, 2 << 30)]
-                .into_iter()
-                .collect(),
+            live_by_category: [
+                (Category::Parameter, 4 << 30),
+                (Category::Activation, 2 << 30),
+            ]
+            .into_iter()
+            .collect(),
             total_live_bytes: 7 << 30,
             pool_capacity_bytes: Some(32 << 30),
             pool_reserved_bytes: Some(8 << 30),
@@ -585,9 +592,18 @@ mod tests {
             ),
             "{text}"
         );
-        assert!(text.contains("live on tpu:0 at the first refusal (2.00 s):"), "{text}");
-        let row = text.lines().find(|l| l.trim_start().starts_with("init")).unwrap();
-        assert!(row.contains("parameter") && row.contains("4.0 GiB") && row.contains("66.7%"), "{row}");
+        assert!(
+            text.contains("live on tpu:0 at the first refusal (2.00 s):"),
+            "{text}"
+        );
+        let row = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("init"))
+            .unwrap();
+        assert!(
+            row.contains("parameter") && row.contains("4.0 GiB") && row.contains("66.7%"),
+            "{row}"
+        );
         // Without refusals there is no such section.
         assert!(!summary_text(&sample_profile()).contains("out of memory"));
     }

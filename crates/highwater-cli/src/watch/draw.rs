@@ -43,7 +43,7 @@ pub(crate) fn screen(frame: &mut Frame, screen: &Screen) {
         return;
     };
     frame.render_widget(Paragraph::new(figures_line(view)), figures);
-    let [sparkline, categories, spans, _] = Layout::vertical([
+    let [sparkline, categories, spans, ooms] = Layout::vertical([
         Constraint::Length(6),
         Constraint::Length(view.categories.len() as u16 + 3),
         // Borders, header, rows and the iteration line under them.
@@ -54,7 +54,32 @@ pub(crate) fn screen(frame: &mut Frame, screen: &Screen) {
     draw_sparkline(frame, sparkline, view);
     draw_categories(frame, categories, view);
     draw_spans(frame, spans, view);
+    draw_ooms(frame, ooms, view);
     footer_lines(frame, footer, screen);
+}
+
+/// The refused allocations, when there were any: the latest ones in sentences.
+fn draw_ooms(frame: &mut Frame, area: Rect, view: &View) {
+    if view.oom_count == 0 {
+        return;
+    }
+    let title = format!(
+        " out of memory: {} allocation{} refused ",
+        format_count(view.oom_count),
+        if view.oom_count == 1 { "" } else { "s" }
+    );
+    let lines: Vec<Line<'static>> = view
+        .ooms
+        .iter()
+        .map(|line| Line::from(format!(" {line}")))
+        .collect();
+    frame.render_widget(
+        Paragraph::new(lines)
+            .wrap(ratatui::widgets::Wrap { trim: false })
+            .style(Style::new().fg(Color::Red))
+            .block(Block::bordered().title(title.as_str())),
+        area,
+    );
 }
 
 fn header_lines(view: Option<&View>, state: RunState) -> Vec<Line<'static>> {
@@ -249,6 +274,37 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("q quits"), "{text}");
+    }
+
+    #[test]
+    fn shows_the_refusals_of_a_run_that_ran_out_of_memory() {
+        let profile = crate::report::with_a_refusal();
+        let view = View::new(&profile, RunState::Died);
+        let screen_of = Screen {
+            path: Path::new("run.json"),
+            view: Some(&view),
+            problem: None,
+            refresh: Duration::from_millis(500),
+        };
+        let text = rendered(&screen_of, 140, 44);
+        assert!(
+            text.contains("out of memory: 3 allocations refused"),
+            "{text}"
+        );
+        assert!(
+            text.contains("the device pool refused 20.0 GiB on tpu:0 in step/forward"),
+            "{text}"
+        );
+        let calm = View::new(&crate::sample::sample_profile(), RunState::Running);
+        let text = rendered(
+            &Screen {
+                view: Some(&calm),
+                ..screen_of
+            },
+            140,
+            44,
+        );
+        assert!(!text.contains("out of memory"), "{text}");
     }
 
     #[test]

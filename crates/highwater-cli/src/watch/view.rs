@@ -92,7 +92,14 @@ pub(crate) struct View {
     /// The last iteration that ended, with its residual.
     pub(crate) iteration: Option<IterationResidual>,
     pub(crate) dropped_events: u64,
+    /// Refused allocations so far.
+    pub(crate) oom_count: u64,
+    /// The latest refusals kept, newest last, each in a sentence, at most [`OOM_LINES`].
+    pub(crate) ooms: Vec<String>,
 }
+
+/// How many refusals the view words.
+pub(crate) const OOM_LINES: usize = 3;
 
 impl View {
     /// The view of `profile`, whose run is in `state`.
@@ -145,6 +152,15 @@ impl View {
             top_spans: spans,
             iteration: profile.iterations.last().cloned(),
             dropped_events: summary.dropped_events,
+            oom_count: summary.oom_count,
+            ooms: profile
+                .oom_events
+                .iter()
+                .rev()
+                .take(OOM_LINES)
+                .rev()
+                .map(crate::report::oom_line)
+                .collect(),
         }
     }
 
