@@ -52,7 +52,7 @@ const CHECKPOINT_BLOCK: usize = 330;
 /// The checkpoint intervals `--checkpoint-ab` compares (zero: off), by name.
 const CHECKPOINT_MODES: [(&str, Duration); 3] = [
     ("off", Duration::ZERO),
-    ("10 s", highwater::SUGGESTED_CHECKPOINT_INTERVAL),
+    ("10 s", highwater::DEFAULT_CHECKPOINT_INTERVAL),
     ("1 s", Duration::from_secs(1)),
 ];
 

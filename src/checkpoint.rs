@@ -21,10 +21,11 @@ use crossbeam_channel::Sender;
 use crate::capture;
 use crate::profile::{Profile, RunMeta, Warning};
 
-/// A sensible interval to pass to [`SessionBuilder::checkpoint_every`](crate::SessionBuilder::checkpoint_every)
-/// (or `HIGHWATER_CHECKPOINT=10`). Sessions do not checkpoint unless asked: with checkpoints on,
-/// a many-thread workload test saw ordering repairs, which is being looked into.
-pub const SUGGESTED_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(10);
+/// How often a session writes a checkpoint unless told otherwise
+/// ([`SessionBuilder::checkpoint_every`](crate::SessionBuilder::checkpoint_every),
+/// `HIGHWATER_CHECKPOINT`): often enough that a killed run loses little, rarely enough that the
+/// cost is noise (see `BENCHMARKS.md`).
+pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// What the collector needs to write checkpoints.
 #[derive(Debug, Clone)]

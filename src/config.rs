@@ -18,7 +18,7 @@
 //! | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | [`ring_events`](crate::SessionBuilder::ring_events) | 65536 |
 //! | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | — | `tsc` where available |
 //! | `HIGHWATER_SIGNALS` | on/off | [`write_on_signal`](crate::SessionBuilder::write_on_signal) | off |
-//! | `HIGHWATER_CHECKPOINT` | seconds between checkpoints (`10`, `0.5`), 0.001 to 86400; `0` for none | [`checkpoint_every`](crate::SessionBuilder::checkpoint_every) | none |
+//! | `HIGHWATER_CHECKPOINT` | seconds between checkpoints (`10`, `0.5`), 0.001 to 86400; `0` for none | [`checkpoint_every`](crate::SessionBuilder::checkpoint_every) | 10 |
 //!
 //! Paths are kept as the operating system gave them ([`OsString`]), so a non-UTF-8 name is
 //! written under exactly that name.
@@ -74,7 +74,7 @@ pub(crate) struct Settings {
     pub(crate) ring_events: usize,
     pub(crate) capture_mode: CaptureMode,
     pub(crate) force_monotonic: bool,
-    /// Time between checkpoints; `None` (the default, or a zero interval) for none.
+    /// Time between checkpoints; `None` (a zero interval) for none.
     pub(crate) checkpoint_every: Option<Duration>,
 }
 
@@ -107,7 +107,11 @@ impl Settings {
             force_monotonic: env.force_monotonic.unwrap_or(false),
             checkpoint_every: env
                 .checkpoint
-                .unwrap_or(requested.checkpoint_every)
+                .unwrap_or(
+                    requested
+                        .checkpoint_every
+                        .or(Some(crate::checkpoint::DEFAULT_CHECKPOINT_INTERVAL)),
+                )
                 .filter(|every| !every.is_zero()),
         }
     }
@@ -304,7 +308,7 @@ mod tests {
     }
 
     #[test]
-    fn checkpoints_are_off_unless_asked_for() {
+    fn checkpoints_default_to_every_ten_seconds_and_zero_turns_them_off() {
         let secs = Duration::from_secs;
         let resolve = |code: Option<Duration>, env: &[(&str, &str)]| {
             let requested = Requested {
@@ -313,7 +317,8 @@ mod tests {
             };
             Settings::resolve(&requested, &parse(env).unwrap()).checkpoint_every
         };
-        assert_eq!(resolve(None, &[]), None);
+        assert_eq!(resolve(None, &[]), Some(secs(10)));
+        assert_eq!(resolve(None, &[("HIGHWATER_CHECKPOINT", "0")]), None);
         assert_eq!(resolve(Some(secs(3)), &[]), Some(secs(3)));
         assert_eq!(resolve(Some(Duration::ZERO), &[]), None);
         assert_eq!(

@@ -100,7 +100,7 @@ mod tracing_layer;
 #[cfg(not(loom))]
 pub use alloc::Alloc;
 #[cfg(not(loom))]
-pub use checkpoint::SUGGESTED_CHECKPOINT_INTERVAL;
+pub use checkpoint::DEFAULT_CHECKPOINT_INTERVAL;
 #[cfg(not(loom))]
 pub use error::Error;
 #[cfg(not(loom))]

@@ -75,7 +75,7 @@ struct Running {
 /// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | [`SessionBuilder::ring_events`] | 65536 (2 MiB per thread) |
 /// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | — | `tsc` where available |
 /// | `HIGHWATER_SIGNALS` | `on`, `off` (also `1`/`0`, …) | [`SessionBuilder::write_on_signal`] | off |
-/// | `HIGHWATER_CHECKPOINT` | seconds (`10`, `0.5`); `0` for none | [`SessionBuilder::checkpoint_every`] | none: checkpoints are opt-in |
+/// | `HIGHWATER_CHECKPOINT` | seconds (`10`, `0.5`); `0` for none | [`SessionBuilder::checkpoint_every`] | 10 s |
 ///
 /// # Examples
 ///
@@ -172,9 +172,10 @@ impl SessionBuilder {
     }
 
     /// Writes the profile so far to the output path every `interval` while recording
-    /// (default none; [`SUGGESTED_CHECKPOINT_INTERVAL`](crate::SUGGESTED_CHECKPOINT_INTERVAL) is
-    /// a sensible value; `Duration::ZERO` for none), so a run killed with SIGKILL still leaves a profile.
-    /// `HIGHWATER_CHECKPOINT=<seconds>` overrides it.
+    /// (default [`DEFAULT_CHECKPOINT_INTERVAL`](crate::DEFAULT_CHECKPOINT_INTERVAL), 10 s;
+    /// `Duration::ZERO` for none), so a run killed with SIGKILL still leaves a profile.
+    /// `HIGHWATER_CHECKPOINT=<seconds>` overrides it. A refused allocation writes one at once
+    /// whatever the interval, even with periodic ones off.
     ///
     /// A checkpoint is a complete profile marked `meta.partial: true` with its time
     /// (`meta.checkpoint_unix_ms`); the collector's own writer thread writes it atomically, so
