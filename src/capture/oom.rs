@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::sync::{AtomicU32, Ordering};
+use super::sync::{fence, AtomicU32, Ordering};
 use super::wake::{self, WaitWord};
 use crate::profile::OomSource;
 
@@ -54,6 +54,10 @@ pub(crate) fn heap_refused(size: usize) {
 pub(crate) fn wait_for_checkpoint(serving: impl Fn() -> bool) {
     // Ticket after the event was published: a collector that sees the ticket sees the event.
     let ticket = ASKED.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+    // Take the ticket, then read `serving`: the other half of the stopper's pair (it stops
+    // serving, then releases every ticket taken), so a ticket taken too late to be released
+    // sees that nobody serves.
+    fence(Ordering::SeqCst);
     wake::ring_collector();
     let deadline = Instant::now() + OOM_CHECKPOINT_WAIT;
     loop {
