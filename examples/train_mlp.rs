@@ -43,7 +43,24 @@ struct Args {
     out: Option<PathBuf>,
     /// Timing mode: alternate recorded and unrecorded blocks of steps in one process.
     ab: bool,
+    /// Timing mode: recorded blocks with checkpoints off, at the default interval and at 1 s.
+    checkpoint_ab: bool,
 }
+
+/// Steps per block in `--checkpoint-ab` mode: over 10 s of steps, so a block at the default
+/// interval writes a checkpoint too.
+const CHECKPOINT_BLOCK: usize = 330;
+
+/// The checkpoint intervals `--checkpoint-ab` compares (zero: off), by name.
+const CHECKPOINT_MODES: [(&str, Duration); 3] = [
+    ("off", Duration::ZERO),
+    ("10 s", highwater::DEFAULT_CHECKPOINT_INTERVAL),
+    ("1 s", Duration::from_secs(1)),
+];
+
+/// The order of the blocks, by index into [`CHECKPOINT_MODES`]: each mode as often early as
+/// late.
+const CHECKPOINT_ORDER: [usize; 6] = [0, 2, 1, 1, 2, 0];
 
 /// Steps per block in `--ab` mode.
 const AB_BLOCK: usize = 5;
@@ -55,6 +72,7 @@ impl Args {
             leak: false,
             out: None,
             ab: false,
+            checkpoint_ab: false,
         };
         let mut argv = std::env::args().skip(1);
         while let Some(arg) = argv.next() {
@@ -67,9 +85,12 @@ impl Args {
                 }
                 "--leak" => args.leak = true,
                 "--ab" => args.ab = true,
+                "--checkpoint-ab" => args.checkpoint_ab = true,
                 "--out" => args.out = Some(argv.next().context("--out needs a path")?.into()),
                 "-h" | "--help" => {
-                    println!("usage: train_mlp [--steps N] [--leak] [--out PATH] [--ab]");
+                    println!(
+                        "usage: train_mlp [--steps N] [--leak] [--out PATH] [--ab] [--checkpoint-ab]"
+                    );
                     println!(
                         "  --out PATH  where the profile goes (default highwater-profile.json); \
                          HIGHWATER_OUT overrides it"
@@ -77,6 +98,11 @@ impl Args {
                     println!(
                         "  --ab  timing only: blocks of {AB_BLOCK} steps alternate recorded and \
                          unrecorded (on, off, off, on, …) in one process; no profile"
+                    );
+                    println!(
+                        "  --checkpoint-ab  timing only: recorded blocks of {CHECKPOINT_BLOCK} steps \
+                         with checkpoints off, at the default interval and every 1 s (writing to \
+                         --out), in one process"
                     );
                     std::process::exit(0);
                 }
@@ -96,6 +122,8 @@ struct Run {
     step_cpu: Vec<Duration>,
     /// Per step: whether a session recorded it (`--ab` mode).
     step_recorded: Vec<bool>,
+    /// Per step: the index into [`CHECKPOINT_MODES`] its session ran with (`--checkpoint-ab`).
+    step_checkpoint_mode: Vec<usize>,
     first_loss: f32,
     last_loss: f32,
     params: usize,
@@ -139,6 +167,7 @@ fn train(args: &Args) -> Result<Run> {
     let mut step_times = Vec::with_capacity(args.steps);
     let mut step_cpu = Vec::with_capacity(args.steps);
     let mut step_recorded = Vec::with_capacity(args.steps);
+    let mut step_checkpoint_mode = Vec::with_capacity(args.steps);
     let mut ab_session: Option<Session> = None;
     let (mut first_loss, mut last_loss) = (f32::NAN, f32::NAN);
     for step in 0..args.steps {
@@ -152,6 +181,25 @@ fn train(args: &Args) -> Result<Run> {
                 let session = Session::builder().write_profile(false).start()?;
                 ab_session = Some(session).filter(Session::is_recording);
             }
+        }
+        if args.checkpoint_ab && step % CHECKPOINT_BLOCK == 0 {
+            if let Some(session) = ab_session.take() {
+                session.finish()?;
+            }
+            let mode = CHECKPOINT_ORDER[(step / CHECKPOINT_BLOCK) % CHECKPOINT_ORDER.len()];
+            let out = args
+                .out
+                .clone()
+                .unwrap_or_else(|| "highwater-profile.json".into());
+            let session = Session::builder()
+                .output(out)
+                .checkpoint_every(CHECKPOINT_MODES[mode].1)
+                .start()?;
+            ab_session = Some(session).filter(Session::is_recording);
+        }
+        if args.checkpoint_ab {
+            let block = step / CHECKPOINT_BLOCK;
+            step_checkpoint_mode.push(CHECKPOINT_ORDER[block % CHECKPOINT_ORDER.len()]);
         }
         step_recorded.push(ab_session.is_some());
         let start = Instant::now();
@@ -200,6 +248,7 @@ fn train(args: &Args) -> Result<Run> {
         step_times,
         step_cpu,
         step_recorded,
+        step_checkpoint_mode,
         first_loss,
         last_loss,
         params,
@@ -210,6 +259,9 @@ fn main() -> Result<()> {
     let args = Args::parse()?;
     if args.ab {
         return time_ab(&args);
+    }
+    if args.checkpoint_ab {
+        return time_checkpoints(&args);
     }
     let mut builder = Session::builder();
     if let Some(out) = &args.out {
@@ -293,6 +345,47 @@ fn time_ab(args: &Args) -> Result<()> {
                 ab.pairs
             ),
             None => println!("ab: no recorded/unrecorded pairs (HIGHWATER=off, or too few steps)"),
+        }
+    }
+    Ok(())
+}
+
+/// `--checkpoint-ab`: mean step time per checkpoint mode, against checkpoints off.
+fn time_checkpoints(args: &Args) -> Result<()> {
+    if std::env::var_os("HIGHWATER_CHECKPOINT").is_some() {
+        bail!("--checkpoint-ab sets the interval itself; unset HIGHWATER_CHECKPOINT");
+    }
+    let run = train(args)?;
+    println!(
+        "checkpoint-ab: {} steps, recorded blocks of {CHECKPOINT_BLOCK} (the first 20 steps of \
+         each block left out as warm-up)",
+        args.steps
+    );
+    let mean_ms = |times: &[Duration], mode: usize| {
+        let kept: Vec<f64> = times
+            .iter()
+            .zip(&run.step_checkpoint_mode)
+            .enumerate()
+            .filter(|(step, (_, m))| **m == mode && step % CHECKPOINT_BLOCK >= 20)
+            .map(|(_, (t, _))| t.as_secs_f64() * 1e3)
+            .collect();
+        (!kept.is_empty()).then(|| kept.iter().sum::<f64>() / kept.len() as f64)
+    };
+    for (what, times) in [("wall", &run.step_times), ("cpu", &run.step_cpu)] {
+        let Some(off) = mean_ms(times, 0) else {
+            bail!(
+                "no block ran with checkpoints off: use --steps {}",
+                6 * CHECKPOINT_BLOCK
+            );
+        };
+        for (mode, (name, interval)) in CHECKPOINT_MODES.iter().enumerate() {
+            if let Some(ms) = mean_ms(times, mode) {
+                println!(
+                    "checkpoint-ab {what:<4}: {name:<7} ({:>4.1} s) {ms:.2} ms/step, {:.3}× off",
+                    interval.as_secs_f64(),
+                    ms / off
+                );
+            }
         }
     }
     Ok(())

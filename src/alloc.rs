@@ -8,7 +8,9 @@ use crate::{capture, measure};
 /// wraps while a [`Session`](crate::Session) runs, and passes straight through otherwise.
 ///
 /// Recording writes a 32-byte event into a per-thread ring: no lock, no allocation through the
-/// global allocator, no panic. The wrapped allocator is called first for allocations and last
+/// global allocator, no panic. When the wrapped allocator returns null, the refusal is recorded
+/// as an out-of-memory event and the thread waits (at most 5 s) for the session to write a
+/// checkpoint that includes it, before null is returned: Rust aborts the process next. The wrapped allocator is called first for allocations and last
 /// for frees, so a block freed on one thread is recorded as freed before another thread can be
 /// handed the same address.
 ///
@@ -60,6 +62,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Alloc<A> {
         if !block.is_null() {
             capture::record_alloc(block as usize, layout.size());
             measure::on_alloc(block as usize, layout.size());
+        } else {
+            capture::oom::heap_refused(layout.size());
         }
         block
     }
@@ -71,6 +75,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Alloc<A> {
         if !block.is_null() {
             capture::record_alloc(block as usize, layout.size());
             measure::on_alloc(block as usize, layout.size());
+        } else {
+            capture::oom::heap_refused(layout.size());
         }
         block
     }
@@ -107,6 +113,9 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Alloc<A> {
                 new_size,
             );
             measure::on_realloc(block as usize, layout.size(), moved as usize, new_size);
+        } else {
+            // The old block stays live, as the caller still owns it.
+            capture::oom::heap_refused(new_size);
         }
         moved
     }

@@ -18,12 +18,14 @@
 //! | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | [`ring_events`](crate::SessionBuilder::ring_events) | 65536 |
 //! | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | — | `tsc` where available |
 //! | `HIGHWATER_SIGNALS` | on/off | [`write_on_signal`](crate::SessionBuilder::write_on_signal) | off |
+//! | `HIGHWATER_CHECKPOINT` | seconds between checkpoints (`10`, `0.5`), 0.001 to 86400; `0` for none | [`checkpoint_every`](crate::SessionBuilder::checkpoint_every) | 10 |
 //!
 //! Paths are kept as the operating system gave them ([`OsString`]), so a non-UTF-8 name is
 //! written under exactly that name.
 
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::capture::DEFAULT_RING_EVENTS;
 use crate::error::Error;
@@ -42,6 +44,7 @@ pub(crate) struct Requested {
     pub(crate) signals: Option<bool>,
     pub(crate) html: Option<bool>,
     pub(crate) alloc_log: Option<PathBuf>,
+    pub(crate) checkpoint_every: Option<Duration>,
 }
 
 /// What the `HIGHWATER_*` environment variables say; `None` where a variable is unset.
@@ -55,6 +58,8 @@ pub(crate) struct EnvConfig {
     pub(crate) capture_mode: Option<CaptureMode>,
     pub(crate) force_monotonic: Option<bool>,
     pub(crate) signals: Option<bool>,
+    /// `Some(None)`: the variable turns checkpoints off.
+    pub(crate) checkpoint: Option<Option<Duration>>,
 }
 
 /// The settings a session runs with, after [precedence](self#precedence).
@@ -69,6 +74,8 @@ pub(crate) struct Settings {
     pub(crate) ring_events: usize,
     pub(crate) capture_mode: CaptureMode,
     pub(crate) force_monotonic: bool,
+    /// Time between checkpoints; `None` (a zero interval) for none.
+    pub(crate) checkpoint_every: Option<Duration>,
 }
 
 impl Settings {
@@ -98,6 +105,14 @@ impl Settings {
                 DEFAULT_RING_EVENTS,
             ),
             force_monotonic: env.force_monotonic.unwrap_or(false),
+            checkpoint_every: env
+                .checkpoint
+                .unwrap_or(
+                    requested
+                        .checkpoint_every
+                        .or(Some(crate::checkpoint::DEFAULT_CHECKPOINT_INTERVAL)),
+                )
+                .filter(|every| !every.is_zero()),
         }
     }
 }
@@ -176,8 +191,19 @@ impl EnvConfig {
                 })
                 .transpose()?
         };
+        let checkpoint = {
+            const NAME: &str = "HIGHWATER_CHECKPOINT";
+            const EXPECTED: &str = "seconds between checkpoints (0.001 to 86400), or 0 for none";
+            text(NAME, EXPECTED)?
+                .map(|value| {
+                    crate::checkpoint::parse_interval(&value)
+                        .ok_or_else(|| invalid(NAME, value.as_ref(), EXPECTED))
+                })
+                .transpose()?
+        };
         Ok(EnvConfig {
             capture_mode,
+            checkpoint,
             enabled: switch("HIGHWATER")?,
             output: path("HIGHWATER_OUT")?,
             alloc_log: path("HIGHWATER_ALLOC_LOG")?,
@@ -253,6 +279,7 @@ mod tests {
             signals: Some(false),
             html: Some(false),
             alloc_log: Some("code.alloc".into()),
+            checkpoint_every: Some(Duration::from_secs(3)),
         };
         let env = parse(&[
             ("HIGHWATER_OUT", "env.json"),
@@ -261,6 +288,7 @@ mod tests {
             ("HIGHWATER_HTML", "1"),
             ("HIGHWATER_ALLOC_LOG", "env.alloc"),
             ("HIGHWATER_CAPTURE", "drop"),
+            ("HIGHWATER_CHECKPOINT", "7"),
         ])
         .unwrap();
         let settings = Settings::resolve(&requested, &env);
@@ -270,11 +298,45 @@ mod tests {
         assert!(settings.html);
         assert_eq!(settings.alloc_log, Some(PathBuf::from("env.alloc")));
         assert_eq!(settings.capture_mode, CaptureMode::DropWhenFull);
+        assert_eq!(settings.checkpoint_every, Some(Duration::from_secs(7)));
         // An unset variable leaves the builder's choice.
         let settings = Settings::resolve(&requested, &EnvConfig::default());
         assert_eq!(settings.output, PathBuf::from("code.json"));
         assert_eq!(settings.ring_events, 1 << 12);
         assert_eq!(settings.alloc_log, Some(PathBuf::from("code.alloc")));
+        assert_eq!(settings.checkpoint_every, Some(Duration::from_secs(3)));
+    }
+
+    #[test]
+    fn checkpoints_default_to_every_ten_seconds_and_zero_turns_them_off() {
+        let secs = Duration::from_secs;
+        let resolve = |code: Option<Duration>, env: &[(&str, &str)]| {
+            let requested = Requested {
+                checkpoint_every: code,
+                ..Requested::default()
+            };
+            Settings::resolve(&requested, &parse(env).unwrap()).checkpoint_every
+        };
+        assert_eq!(resolve(None, &[]), Some(secs(10)));
+        assert_eq!(resolve(None, &[("HIGHWATER_CHECKPOINT", "0")]), None);
+        assert_eq!(resolve(Some(secs(3)), &[]), Some(secs(3)));
+        assert_eq!(resolve(Some(Duration::ZERO), &[]), None);
+        assert_eq!(
+            resolve(Some(secs(3)), &[("HIGHWATER_CHECKPOINT", "7")]),
+            Some(secs(7))
+        );
+        assert_eq!(
+            resolve(Some(secs(3)), &[("HIGHWATER_CHECKPOINT", "0")]),
+            None
+        );
+        assert_eq!(
+            resolve(Some(Duration::ZERO), &[("HIGHWATER_CHECKPOINT", "1")]),
+            Some(secs(1))
+        );
+        assert_eq!(
+            parse(&[("HIGHWATER_CHECKPOINT", "0")]).unwrap().checkpoint,
+            Some(None)
+        );
     }
 
     #[test]
@@ -301,6 +363,8 @@ mod tests {
             ("HIGHWATER_SIGNALS", "sometimes"),
             ("HIGHWATER_HTML", "sometimes"),
             ("HIGHWATER_CAPTURE", "sometimes"),
+            ("HIGHWATER_CHECKPOINT", "often"),
+            ("HIGHWATER_CHECKPOINT", "-1"),
         ] {
             let message = parse(&[(var, value)]).unwrap_err().to_string();
             assert!(message.contains(var), "{message}");

@@ -77,6 +77,8 @@ pub mod alloc_log;
 #[cfg_attr(docsrs, doc(cfg(feature = "candle")))]
 pub mod candle;
 #[cfg(not(loom))]
+mod checkpoint;
+#[cfg(not(loom))]
 mod collector;
 #[cfg(not(loom))]
 mod config;
@@ -99,6 +101,8 @@ mod tracing_layer;
 
 #[cfg(not(loom))]
 pub use alloc::Alloc;
+#[cfg(not(loom))]
+pub use checkpoint::DEFAULT_CHECKPOINT_INTERVAL;
 #[cfg(not(loom))]
 pub use error::Error;
 #[cfg(not(loom))]

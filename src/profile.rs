@@ -109,6 +109,76 @@ pub struct Profile {
     /// How [`Profile::sites`] were sampled.
     #[serde(default)]
     pub sampling: SiteSampling,
+    /// Allocations that were refused (the heap allocator returned null, a device pool refused
+    /// an admission), in time order, each with what was live at that moment; at most
+    /// [`MAX_OOM_EVENTS`] ([`Summary::oom_count`] counts them all). Empty in profiles written
+    /// before this field existed.
+    #[serde(default)]
+    pub oom_events: Vec<OomEvent>,
+}
+
+/// Most [`OomEvent`]s a profile lists: the first ones of a run, which are the ones that
+/// matter (a run that goes on refusing allocations repeats itself).
+pub const MAX_OOM_EVENTS: usize = 16;
+
+/// Most rows of one [`OomEvent::live`] breakdown; the rest fold into one `(other)` row.
+pub const MAX_OOM_ROWS: usize = 16;
+
+/// Who refused an allocation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OomSource {
+    /// The heap allocator [`Alloc`](crate::Alloc) wraps returned null.
+    #[default]
+    Heap,
+    /// A [`PoolManager`](crate::device::PoolManager) refused an admission.
+    Pool,
+}
+
+impl OomSource {
+    /// Decodes [`OomSource`]`as u8`; an unknown byte is [`OomSource::Heap`].
+    pub(crate) const fn from_byte(byte: u8) -> OomSource {
+        match byte {
+            1 => OomSource::Pool,
+            _ => OomSource::Heap,
+        }
+    }
+}
+
+/// One refused allocation, with what was live at that moment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OomEvent {
+    /// When it was refused, ns since the session started.
+    pub timestamp_ns: u64,
+    /// Who refused it.
+    pub source: OomSource,
+    /// The device it was asked of (`"cpu"` for the heap).
+    pub device: String,
+    /// Bytes asked for.
+    pub requested_bytes: u64,
+    /// The pool's largest free block at that moment (pools only).
+    pub largest_free_bytes: Option<u64>,
+    /// The thread that asked.
+    pub thread: u32,
+    /// The span path open on that thread (empty outside every span).
+    pub span_path: String,
+    /// The innermost op open on that thread, when one was recorded.
+    pub op: Option<String>,
+    /// Bytes live on the device at that moment.
+    pub live_bytes: u64,
+    /// Of those, bytes by category (zero categories omitted).
+    pub live_by_category: BTreeMap<Category, u64>,
+    /// Bytes live on all devices at that moment.
+    pub total_live_bytes: u64,
+    /// The device pool's usable bytes, when the device has a pool that reported.
+    #[serde(default)]
+    pub pool_capacity_bytes: Option<u64>,
+    /// The bytes the pool had reserved at that moment (its last report before the refusal).
+    #[serde(default)]
+    pub pool_reserved_bytes: Option<u64>,
+    /// What was live on the device, aggregated by (span path, op, category), largest first,
+    /// at most [`MAX_OOM_ROWS`].
+    pub live: Vec<PeakRow>,
 }
 
 /// Most [`SpanEvent`]s a profile keeps, whatever the run's length.
@@ -152,6 +222,18 @@ pub struct RunMeta {
     /// The allocation log written beside the profile, when one was asked for.
     #[serde(default)]
     pub alloc_log: Option<String>,
+    /// The process that wrote the profile (0 in profiles written before this field existed).
+    /// With [`RunMeta::partial`] it tells a reader whether the run is still going or died.
+    #[serde(default)]
+    pub pid: u32,
+    /// `true` when the profile is a checkpoint of a session still recording (or one that never
+    /// finished): the figures cover the run up to [`RunMeta::checkpoint_unix_ms`]. The final
+    /// profile has `false`.
+    #[serde(default)]
+    pub partial: bool,
+    /// When a checkpoint was taken, milliseconds since the Unix epoch; `None` in a final profile.
+    #[serde(default)]
+    pub checkpoint_unix_ms: Option<u64>,
 }
 
 /// The headline figures of a profile.
@@ -206,10 +288,18 @@ pub struct Summary {
     pub reorder_repairs: u64,
     /// Bytes live on all devices when the session ended.
     pub final_live_bytes: u64,
+    /// Of those, bytes by category (zero categories omitted; empty in profiles written before
+    /// this field existed).
+    #[serde(default)]
+    pub final_by_category: BTreeMap<Category, u64>,
     /// Session length in ns.
     pub duration_ns: u64,
     /// Events the analysis applied.
     pub event_count: u64,
+    /// Allocations refused during the run (heap and device pools; see
+    /// [`Profile::oom_events`]).
+    #[serde(default)]
+    pub oom_count: u64,
 }
 
 /// One point of the memory curve of one device.
@@ -691,6 +781,27 @@ impl Profile {
                 live.bytes
             ));
         }
+        if self.oom_events.len() as u64 > self.summary.oom_count {
+            return Err(format!(
+                "oom_events lists {} refusals, more than summary.oom_count {}",
+                self.oom_events.len(),
+                self.summary.oom_count
+            ));
+        }
+        for (index, oom) in self.oom_events.iter().enumerate() {
+            if sum(&oom.live_by_category) > u128::from(oom.live_bytes) {
+                return Err(format!(
+                    "oom_events[{index}].live_by_category adds up to more than its live_bytes {}",
+                    oom.live_bytes
+                ));
+            }
+            if oom.live_bytes > peak {
+                return Err(format!(
+                    "oom_events[{index}] has {} bytes live, above summary.peak_bytes {peak}",
+                    oom.live_bytes
+                ));
+            }
+        }
         for (index, span) in self.spans.iter().enumerate() {
             if span.id as usize != index {
                 return Err(format!("spans[{index}] has id {}", span.id));
@@ -821,6 +932,25 @@ mod tests {
         }
         let missing = Profile::load(dir.path().join("missing.json")).unwrap_err();
         assert!(matches!(missing, ProfileError::Read { .. }));
+    }
+
+    #[test]
+    fn a_profile_without_checkpoint_fields_is_a_final_one() {
+        let mut value = serde_json::to_value(Profile::empty()).unwrap();
+        let meta = value["meta"].as_object_mut().unwrap();
+        for field in ["pid", "partial", "checkpoint_unix_ms"] {
+            assert!(meta.remove(field).is_some(), "{field} is written");
+        }
+        value["summary"]
+            .as_object_mut()
+            .unwrap()
+            .remove("final_by_category");
+        let text = serde_json::to_vec(&value).unwrap();
+        let profile = Profile::from_json_bytes(&text, Path::new("old.json")).unwrap();
+        assert!(!profile.meta.partial);
+        assert_eq!(profile.meta.pid, 0);
+        assert_eq!(profile.meta.checkpoint_unix_ms, None);
+        assert!(profile.summary.final_by_category.is_empty());
     }
 
     #[test]

@@ -21,12 +21,13 @@ use crossbeam_channel::Sender;
 use crate::analysis::TimelineConfig;
 use crate::capture::gate::enable_asymmetric_barrier;
 use crate::capture::{self, clock, lifecycle, names, wake};
+use crate::checkpoint::CheckpointConfig;
 use crate::collector::{self, CollectorConfig, Control};
 use crate::config::{check_ring_events, EnvConfig, Requested, Settings};
 use crate::error::Error;
 use crate::export::html;
 use crate::fork_lock::{ForkSafeGuard, ForkSafeMutex};
-use crate::profile::{CaptureMode, Profile, RunMeta, Warning};
+use crate::profile::{CaptureMode, OomSource, Profile, RunMeta, Warning};
 
 pub use crate::config::DEFAULT_OUTPUT;
 
@@ -89,6 +90,7 @@ struct Running {
 /// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | [`SessionBuilder::ring_events`] | 65536 (2 MiB per thread) |
 /// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | — | `tsc` where available |
 /// | `HIGHWATER_SIGNALS` | `on`, `off` (also `1`/`0`, …) | [`SessionBuilder::write_on_signal`] | off |
+/// | `HIGHWATER_CHECKPOINT` | seconds (`10`, `0.5`); `0` for none | [`SessionBuilder::checkpoint_every`] | 10 s |
 ///
 /// # Examples
 ///
@@ -184,6 +186,32 @@ impl SessionBuilder {
         self
     }
 
+    /// Writes the profile so far to the output path every `interval` while recording
+    /// (default [`DEFAULT_CHECKPOINT_INTERVAL`](crate::DEFAULT_CHECKPOINT_INTERVAL), 10 s;
+    /// `Duration::ZERO` for none), so a run killed with SIGKILL still leaves a profile.
+    /// `HIGHWATER_CHECKPOINT=<seconds>` overrides it. A refused allocation writes one at once
+    /// whatever the interval, even with periodic ones off.
+    ///
+    /// A checkpoint is a complete profile marked `meta.partial: true` with its time
+    /// (`meta.checkpoint_unix_ms`); the collector's own writer thread writes it atomically, so
+    /// user threads never wait for it. The final profile replaces it. Nothing is written when
+    /// [`SessionBuilder::write_profile`] is off.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), highwater::Error> {
+    /// use std::time::Duration;
+    /// let session = highwater::Session::builder()
+    ///     .checkpoint_every(Duration::from_secs(30))
+    ///     .start()?;
+    /// # drop(session); Ok(()) }
+    /// ```
+    pub fn checkpoint_every(mut self, interval: Duration) -> SessionBuilder {
+        self.requested.checkpoint_every = Some(interval);
+        self
+    }
+
     /// Analysis settings (timeline resolution, table sizes).
     pub fn timeline(mut self, config: TimelineConfig) -> SessionBuilder {
         self.timeline = config;
@@ -255,12 +283,32 @@ impl SessionBuilder {
         capture::begin_session(settings.capture_mode == CaptureMode::Lossless);
         enable_asymmetric_barrier();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));
+        let meta = RunMeta {
+            program: program_name(),
+            highwater_version: env!("CARGO_PKG_VERSION").to_string(),
+            started_unix_ms: crate::checkpoint::unix_ms_now(),
+            clock: clock_name.to_string(),
+            threads: 0,
+            alloc_log: settings
+                .alloc_log
+                .as_ref()
+                .map(|path| path.to_string_lossy().into_owned()),
+            pid: std::process::id(),
+            partial: false,
+            checkpoint_unix_ms: None,
+        };
         let (collector, control) = collector::spawn(CollectorConfig {
             calibration,
             interval: Duration::from_millis(2),
             lag: Duration::from_millis(5),
             timeline: self.timeline,
             alloc_log: settings.alloc_log.clone(),
+            // Even with periodic checkpoints off, a refused allocation writes one.
+            checkpoint: settings.write.then(|| CheckpointConfig {
+                every: settings.checkpoint_every,
+                path: settings.output.clone(),
+                meta: meta.clone(),
+            }),
         })
         .map_err(|error| {
             capture::collector_stopped();
@@ -275,24 +323,13 @@ impl SessionBuilder {
             output: settings.output,
             write: settings.write,
             html: settings.html,
-            meta: RunMeta {
-                program: program_name(),
-                highwater_version: env!("CARGO_PKG_VERSION").to_string(),
-                started_unix_ms: SystemTime::now()
-                    .duration_since(UNIX_EPOCH)
-                    .map(|since| since.as_millis() as u64)
-                    .unwrap_or(0),
-                clock: clock_name.to_string(),
-                threads: 0,
-                alloc_log: settings
-                    .alloc_log
-                    .map(|path| path.to_string_lossy().into_owned()),
-            },
+            meta,
             folded_names_before: names::folded(),
         });
         CURRENT.store(generation, Ordering::SeqCst);
         capture::open_gate();
         crate::device::set_pool_sink(record_pool_snapshot);
+        crate::device::set_refusal_sink(record_pool_refusal);
         Ok(Session {
             generation,
             recording: true,
@@ -529,6 +566,28 @@ fn record_pool_snapshot(s: &crate::device::PoolSnapshot) {
             s.largest_free_block,
             s.fragmentation,
         );
+    }
+}
+
+/// The device pools' refusal sink while a session records: each device that refused becomes an
+/// out-of-memory event, and the calling thread waits (boundedly) for a checkpoint that has them,
+/// as a thread whose heap allocation was refused does.
+fn record_pool_refusal(shortfalls: &[crate::device::Shortfall]) {
+    if !capture::recording() {
+        return;
+    }
+    let mut recorded = false;
+    for shortfall in shortfalls {
+        let device = capture::names::device(&shortfall.name);
+        recorded |= capture::record_oom(
+            device,
+            OomSource::Pool,
+            shortfall.requested,
+            Some(shortfall.largest_free),
+        );
+    }
+    if recorded {
+        capture::oom::wait_for_checkpoint(capture::collector_serves);
     }
 }
 

@@ -322,6 +322,8 @@ impl Model {
                 }
             }
             EventKind::PoolState { .. } => {}
+            // A refusal changes no byte figure; its own figures are unit-tested in the timeline.
+            EventKind::Oom { .. } => {}
         }
         // Peaks and the span measure, after the event.
         for (&device, &live) in &self.device_live {

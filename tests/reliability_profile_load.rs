@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use highwater::profile::{
-    CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, ProfileError,
-    RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint, Warning,
+    CaptureStats, DeviceStats, IterationResidual, LiveAllocation, OomEvent, OomSource, PeakRow,
+    PoolPoint, ProfileError, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture,
+    TimelinePoint, Warning,
 };
 use highwater::{CaptureMode, Category, Profile};
 use proptest::prelude::*;
@@ -34,6 +35,9 @@ fn rich_profile() -> Profile {
             clock: "tsc".into(),
             threads: 3,
             alloc_log: Some("run.hwlog".into()),
+            pid: 4242,
+            partial: true,
+            checkpoint_unix_ms: Some(1_700_000_009_000),
         },
         summary: Summary {
             peak_bytes: 4 << 20,
@@ -50,8 +54,10 @@ fn rich_profile() -> Profile {
             unknown_frees: 1,
             reorder_repairs: 0,
             final_live_bytes: 1024,
+            final_by_category: [(Category::Activation, 1024)].into(),
             duration_ns: 9_000,
             event_count: 25,
+            oom_count: 1,
         },
         timeline: vec![
             TimelinePoint {
@@ -167,6 +173,29 @@ fn rich_profile() -> Profile {
             start_ns: 100,
             duration_ns: 900,
             depth: 1,
+        }],
+        oom_events: vec![OomEvent {
+            timestamp_ns: 8_000,
+            source: OomSource::Heap,
+            device: "cpu".into(),
+            requested_bytes: 1 << 40,
+            largest_free_bytes: None,
+            thread: 0,
+            span_path: "step/forward".into(),
+            op: Some("matmul".into()),
+            live_bytes: 2048,
+            live_by_category: [(Category::Activation, 2048)].into(),
+            total_live_bytes: 2048,
+            pool_capacity_bytes: None,
+            pool_reserved_bytes: None,
+            live: vec![PeakRow {
+                span_path: "step/forward".into(),
+                category: Category::Activation,
+                device: "cpu".into(),
+                bytes: 2048,
+                count: 2,
+                ..PeakRow::default()
+            }],
         }],
         ..Profile::empty()
     }

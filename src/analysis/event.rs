@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Category, SpanLabel};
+use crate::profile::OomSource;
 
 /// An interned string (span name, op name, dtype) in a [`Timeline`](super::Timeline)'s table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -147,5 +148,18 @@ pub enum EventKind {
         largest_free: u64,
         /// `1 - largest free block / free bytes` (0 when nothing is free).
         fragmentation: f64,
+    },
+    /// An allocation on this thread was refused: the heap allocator returned null, or a
+    /// device pool refused an admission.
+    Oom {
+        /// The device it was asked of.
+        device: DeviceId,
+        /// Who refused it.
+        source: OomSource,
+        /// Bytes asked for.
+        requested: u64,
+        /// The pool's largest free block, when known.
+        #[serde(default)]
+        largest_free: Option<u64>,
     },
 }

@@ -627,6 +627,31 @@ pub(crate) fn group_at_peak(live: &LiveSet) -> Vec<(GroupKey, u64, u64)> {
         .collect()
 }
 
+/// Aggregates the blocks live now on `device` by [`GroupKey`]: `(key, bytes, count)`, in no
+/// order. O(live blocks on the device): for rare moments (a refused allocation), not per event.
+pub(crate) fn group_live_now(live: &LiveSet, device: DeviceId) -> Vec<(GroupKey, u64, u64)> {
+    let mut groups: FxHashMap<GroupKey, (u64, u64)> = FxHashMap::default();
+    let Some(table) = live.index.get(usize::from(device.0)) else {
+        return Vec::new();
+    };
+    for &at in table {
+        let block = live.slab.get(at);
+        let context = live.contexts.get(block.context);
+        let key = GroupKey {
+            origin: context.origin,
+            category: context.category,
+            device: context.device,
+        };
+        let group = groups.entry(key).or_default();
+        group.0 = group.0.saturating_add(block.size);
+        group.1 += 1;
+    }
+    groups
+        .into_iter()
+        .map(|(key, (bytes, count))| (key, bytes, count))
+        .collect()
+}
+
 /// The `n` largest blocks live at the peak, largest first (ties: allocated earlier first,
 /// then by device and address).
 pub(crate) fn largest_at_peak(live: &LiveSet, n: usize) -> Vec<(DeviceId, LiveEntry)> {

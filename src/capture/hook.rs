@@ -16,6 +16,7 @@ use super::ring::{Pushed, Ring, WhenFull};
 use super::sync::{AtomicBool, Ordering};
 use super::{clock, lifecycle, wake};
 use crate::model::{Category, CategoryScope, SpanLabel};
+use crate::profile::OomSource;
 
 /// Default events per ring: 64 Ki events, 2 MiB per recording thread (touched as it fills, and
 /// all of it once the ring has wrapped). Lossless capture waits for the collector when a ring is
@@ -209,28 +210,37 @@ fn install_storage(ring: &Ring, capacity: u64) -> bool {
 /// judges a free older than the live block's allocation to belong to an earlier life: a free
 /// that reused an older reading could predate the allocation another thread made of the block
 /// it frees, and would be ignored.
+///
+/// Returns whether the events are in the ring.
 #[inline(always)]
 fn emit<const N: usize>(
     kinds: [RawKind; N],
     build: impl FnOnce(ThreadState, u64) -> [RawEvent; N],
-) {
+) -> bool {
     if !RECORDING.load(Ordering::Relaxed) {
-        return;
+        return false;
     }
     // Small closures, one per thread-local access, so each inlines (one closure around the
     // whole push would be compiled out of line).
     let entered = THREAD.try_with(|thread| !thread.in_push.replace(true));
     match entered {
         Ok(true) => {}
-        Ok(false) => return drop_reentrant(&kinds),
-        Err(_) => return drop_unattributed(&kinds),
+        Ok(false) => {
+            drop_reentrant(&kinds);
+            return false;
+        }
+        Err(_) => {
+            drop_unattributed(&kinds);
+            return false;
+        }
     }
     // A handler that ran before the flag was set has finished its push; one that runs after
     // sees the flag. The fences keep the compiler from moving the flag across the ring accesses.
     compiler_fence(Ordering::SeqCst);
-    push_now(kinds, build);
+    let recorded = push_now(kinds, build);
     compiler_fence(Ordering::SeqCst);
     let _ = THREAD.try_with(|thread| thread.in_push.set(false));
+    recorded
 }
 
 /// Finds (or claims) this thread's ring and pushes into it; runs with `in_push` set.
@@ -238,24 +248,25 @@ fn emit<const N: usize>(
 fn push_now<const N: usize>(
     kinds: [RawKind; N],
     build: impl FnOnce(ThreadState, u64) -> [RawEvent; N],
-) {
+) -> bool {
     let Some(mut current) = state() else {
-        return drop_unattributed(&kinds);
+        drop_unattributed(&kinds);
+        return false;
     };
     if current.paused || current.internal {
-        return;
+        return false;
     }
     let index = match current.ring {
         NO_RING | TABLE_FULL => match claim_ring(&mut current) {
             Some(index) => index,
             None => {
                 drop_unattributed(&kinds);
-                return;
+                return false;
             }
         },
         RETIRED => {
             drop_unattributed(&kinds);
-            return;
+            return false;
         }
         claimed => usize::from(claimed - 1),
     };
@@ -266,11 +277,12 @@ fn push_now<const N: usize>(
     // SAFETY: this thread claimed ring `index` (its state says so) and has not retired it, so it
     // is the ring's only producer (`in_push` keeps a signal handler on this thread out);
     // `claim_ring` installed storage before recording the claim.
-    let _: Pushed = unsafe {
+    let pushed = unsafe {
         ring.push(&RECORDING, kinds, &SessionPolicy, || {
             build(current, clock::ticks())
         })
     };
+    pushed == Pushed::Recorded
 }
 
 /// Records an entry for the thread's innermost span, opened before this session's gate opened
@@ -650,6 +662,34 @@ pub(crate) fn record_annotation(
         [RawKind::AnnotateHead, RawKind::AnnotateTail],
         |current, ticks| RawEvent::annotation(ticks, current.span, device, key, op, shape, dtype),
     );
+}
+
+/// Whether a collector drains this process's rings now (it has not stopped, and this is not a
+/// forked child): what a thread waiting on it checks each time it wakes.
+pub(crate) fn collector_serves() -> bool {
+    SessionPolicy.collector_serves()
+}
+
+/// Records that `source` refused `requested` bytes on interned `device` (cold: a refusal).
+/// Returns whether the event is in the ring, so that waiting for a checkpoint that includes it
+/// can succeed.
+#[cold]
+pub(crate) fn record_oom(
+    device: u16,
+    source: OomSource,
+    requested: u64,
+    largest_free: Option<u64>,
+) -> bool {
+    emit([RawKind::Oom], |current, ticks| {
+        [RawEvent::oom(
+            ticks,
+            current.span,
+            device,
+            source,
+            requested,
+            largest_free,
+        )]
+    })
 }
 
 /// Records a device pool's state.

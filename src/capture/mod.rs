@@ -23,6 +23,8 @@ mod hook;
 pub(crate) mod lifecycle;
 #[cfg(not(loom))]
 pub(crate) mod names;
+#[cfg(not(loom))]
+pub(crate) mod oom;
 
 #[cfg(not(loom))]
 pub(crate) use gate::{open_gate, recording};

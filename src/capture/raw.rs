@@ -9,6 +9,7 @@
 //! rebuilt `&'static str` rests on is kept in this file.
 
 use crate::model::{Category, SpanLabel};
+use crate::profile::OomSource;
 
 /// What a [`RawEvent`] records. Also the index of per-kind drop counters.
 ///
@@ -48,11 +49,14 @@ pub(crate) enum RawKind {
     PoolHead = 13,
     /// Second half: `a` = largest free block, `b` = fragmentation as `f64` bits.
     PoolTail = 14,
+    /// An allocation was refused: `a` = bytes asked for, `b` = largest free block + 1 (`0`:
+    /// unknown, as for the heap), `flags` = [`OomSource`] byte.
+    Oom = 15,
 }
 
 impl RawKind {
     /// Number of kinds (length of per-kind counter arrays).
-    pub(crate) const COUNT: usize = 15;
+    pub(crate) const COUNT: usize = 16;
 
     /// Decodes a kind byte; `None` for bytes no writer produces.
     pub(crate) const fn from_byte(byte: u8) -> Option<RawKind> {
@@ -72,6 +76,7 @@ impl RawKind {
             12 => RawKind::AnnotateTail,
             13 => RawKind::PoolHead,
             14 => RawKind::PoolTail,
+            15 => RawKind::Oom,
             _ => return None,
         })
     }
@@ -317,6 +322,28 @@ impl RawEvent {
         ]
     }
 
+    /// `source` refused `requested` bytes on `device`; `largest_free` is the pool's largest
+    /// free block, when the refuser knows it.
+    #[inline(always)]
+    pub(crate) fn oom(
+        ticks: u64,
+        span: u32,
+        device: u16,
+        source: OomSource,
+        requested: u64,
+        largest_free: Option<u64>,
+    ) -> RawEvent {
+        RawEvent::new(
+            RawKind::Oom,
+            ticks,
+            span,
+            source as u8,
+            device,
+            requested,
+            largest_free.map_or(0, |bytes| bytes.saturating_add(1)),
+        )
+    }
+
     /// A device pool's state.
     #[inline(always)]
     pub(crate) fn pool_state(
@@ -423,6 +450,13 @@ pub(crate) enum Record {
     },
     /// A device pool's state.
     PoolState { device: u16, pool: PoolReport },
+    /// An allocation was refused.
+    Oom {
+        device: u16,
+        source: OomSource,
+        requested: u64,
+        largest_free: Option<u64>,
+    },
 }
 
 /// A [`Record`] with the stamp and span of the event that completed it.
@@ -538,6 +572,12 @@ impl Decoder {
                     },
                 }
             }
+            RawKind::Oom => Record::Oom {
+                device,
+                source: OomSource::from_byte(raw.flags),
+                requested: raw.a,
+                largest_free: raw.b.checked_sub(1),
+            },
             RawKind::ReallocFrom | RawKind::AnnotateHead | RawKind::PoolHead => return None,
         };
         Some(Decoded {
@@ -564,6 +604,7 @@ impl Record {
             Record::SetCategory { .. } => RawKind::SetCategory,
             Record::Annotate { .. } => RawKind::AnnotateTail,
             Record::PoolState { .. } => RawKind::PoolTail,
+            Record::Oom { .. } => RawKind::Oom,
         }
     }
 }
@@ -637,6 +678,19 @@ mod tests {
             Record::PoolState { device, pool } => {
                 RawEvent::pool_state(ticks, span, device, pool).to_vec()
             }
+            Record::Oom {
+                device,
+                source,
+                requested,
+                largest_free,
+            } => vec![RawEvent::oom(
+                ticks,
+                span,
+                device,
+                source,
+                requested,
+                largest_free,
+            )],
         }
     }
 
@@ -730,6 +784,22 @@ mod tests {
                     },
                 }
             }),
+            (
+                any::<u16>(),
+                any::<bool>(),
+                any::<u64>(),
+                proptest::option::of(0..u64::MAX)
+            )
+                .prop_map(|(device, pool, requested, largest_free)| Record::Oom {
+                    device,
+                    source: if pool {
+                        OomSource::Pool
+                    } else {
+                        OomSource::Heap
+                    },
+                    requested,
+                    largest_free,
+                }),
         ]
     }
 

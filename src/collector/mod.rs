@@ -18,7 +18,8 @@ use crate::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, Timeline, Tim
 use crate::capture::clock::Calibration;
 use crate::capture::raw::{Decoded, Decoder, RawEvent, RawKind, Record};
 use crate::capture::registry::{SlotState, REGISTRY};
-use crate::capture::{self, gate, names, wake, UNATTRIBUTED_DROPS};
+use crate::capture::{self, gate, names, oom, wake, UNATTRIBUTED_DROPS};
+use crate::checkpoint::{CheckpointConfig, Checkpointer};
 use crate::profile::{CaptureMode, CaptureStats, Profile, ThreadCapture};
 
 use merge::{Merge, Stamp};
@@ -47,6 +48,27 @@ pub(crate) struct CollectorConfig {
     pub(crate) timeline: TimelineConfig,
     /// Where to write the allocation log, if anywhere.
     pub(crate) alloc_log: Option<PathBuf>,
+    /// Checkpoints to write while recording, if any.
+    pub(crate) checkpoint: Option<CheckpointConfig>,
+}
+
+/// A thread's allocation was refused and it waits (ticket `asked` or older): merges everything
+/// stamped until now, which includes every refusal with such a ticket (each was published before
+/// its ticket was taken), and has the writer put that on disk, then marks the tickets done. No
+/// writer (the session writes no profile): the tickets are done at once.
+fn checkpoint_refusals(
+    config: &CollectorConfig,
+    merger: &mut Merger,
+    checkpointer: Option<&mut Checkpointer>,
+    asked: u32,
+) {
+    let Some(checkpointer) = checkpointer else {
+        oom::written(asked);
+        return;
+    };
+    let now = config.calibration.now_ns();
+    merger.catch_up(now);
+    checkpointer.write_now(merger.checkpoint(now), asked);
 }
 
 /// Starts the collector thread.
@@ -62,13 +84,19 @@ pub(crate) fn spawn(config: CollectorConfig) -> std::io::Result<(JoinHandle<()>,
     let (control, requests) = crossbeam_channel::unbounded();
     let mut merger = Merger::new(config.calibration, config.timeline.clone());
     merger.log = config.alloc_log.as_deref().map(AllocLogWriter::create);
+    // Started here, before the gate opens, for the same reason as the collector itself.
+    let checkpointer = config
+        .checkpoint
+        .clone()
+        .map(Checkpointer::start)
+        .transpose()?;
     let (ready, internal) = crossbeam_channel::bounded(1);
     let handle = std::thread::Builder::new()
         .name("highwater-collector".into())
         .spawn(move || {
             capture::mark_internal_thread();
             let _ = ready.send(());
-            run(config, merger, requests);
+            run(config, merger, checkpointer, requests);
         })?;
     internal
         .recv()
@@ -76,17 +104,25 @@ pub(crate) fn spawn(config: CollectorConfig) -> std::io::Result<(JoinHandle<()>,
     Ok((handle, control))
 }
 
-fn run(config: CollectorConfig, mut merger: Merger, requests: Receiver<Control>) {
+fn run(
+    config: CollectorConfig,
+    mut merger: Merger,
+    mut checkpointer: Option<Checkpointer>,
+    requests: Receiver<Control>,
+) {
     /// Tells waiting producers that nobody drains any more, however `run` ends (a panic in the
     /// analysis included), so none waits for a collector that is gone.
     struct StopServing;
     impl Drop for StopServing {
         fn drop(&mut self) {
             capture::collector_stopped();
+            oom::release_waiters();
         }
     }
     let _serving = StopServing;
     let lag_ns = config.lag.as_nanos() as u64;
+    // Refusals asked about before this session are not this session's to answer.
+    let mut oom_answered = oom::asked();
     loop {
         // Read the bell before looking for work: a producer or a request that rings it after
         // this read cuts the sleep below short.
@@ -100,7 +136,15 @@ fn run(config: CollectorConfig, mut merger: Merger, requests: Receiver<Control>)
                 // merge the reuse before the free it depends on.
                 let now = config.calibration.now_ns();
                 merger.drain(0);
-                merger.merge_until(now.saturating_sub(lag_ns));
+                let watermark = now.saturating_sub(lag_ns);
+                merger.merge_until(watermark);
+                let asked = oom::asked();
+                if asked != oom_answered {
+                    checkpoint_refusals(&config, &mut merger, checkpointer.as_mut(), asked);
+                    oom_answered = asked;
+                } else if let Some(checkpointer) = checkpointer.as_mut().filter(|c| c.due()) {
+                    checkpointer.offer(merger.checkpoint(watermark));
+                }
                 wake::collector_sleep(bell, config.interval);
             }
             Ok(Control::Snapshot(reply)) => {
@@ -114,10 +158,17 @@ fn run(config: CollectorConfig, mut merger: Merger, requests: Receiver<Control>)
                 let _ = reply.send(merger.timeline.profile(end));
             }
             Ok(Control::Stop(reply)) => {
+                // No checkpoint may land after the final profile the session writes.
+                if let Some(checkpointer) = checkpointer.as_mut() {
+                    checkpointer.finish();
+                }
                 let _ = reply.send(merger.stop(lag_ns));
                 return;
             }
             Err(TryRecvError::Disconnected) => {
+                if let Some(checkpointer) = checkpointer.as_mut() {
+                    checkpointer.finish();
+                }
                 merger.stop(lag_ns);
                 return;
             }
@@ -377,6 +428,21 @@ impl Merger {
         }
     }
 
+    /// The profile of what is merged up to `end_ns`, for a checkpoint; recording goes on.
+    fn checkpoint(&self, end_ns: u64) -> Profile {
+        let mut profile = self.timeline.profile(end_ns.max(self.newest_ns));
+        profile.capture = CaptureStats {
+            mode: if capture::lossless() {
+                CaptureMode::Lossless
+            } else {
+                CaptureMode::DropWhenFull
+            },
+            ..self.capture_stats([0; RawKind::COUNT])
+        };
+        profile.meta.threads = self.threads.len() as u32;
+        profile
+    }
+
     /// Decodes one raw event of ring `index` and applies the record it completes.
     fn apply(&mut self, index: usize, raw: RawEvent) {
         let cursor = &mut self.cursors[index];
@@ -494,6 +560,17 @@ impl Merger {
                 reserved: pool.reserved,
                 largest_free: pool.largest_free,
                 fragmentation: pool.fragmentation,
+            },
+            Record::Oom {
+                device,
+                source,
+                requested,
+                largest_free,
+            } => EventKind::Oom {
+                device: self.device(device),
+                source,
+                requested,
+                largest_free,
             },
         };
         let event = Event {

@@ -54,7 +54,7 @@ mod whatif;
 pub use bfc::BfcOptions;
 pub use error::{AdmissionError, PoolError, Shortfall, ShortfallCause};
 pub use kind::{DeviceIndex, DeviceKind, ParseNameError};
-pub(crate) use manager::{clear_pool_sink, set_pool_sink};
+pub(crate) use manager::{clear_pool_sink, set_pool_sink, set_refusal_sink};
 pub use manager::{
     PoolManager, PoolManagerBuilder, PoolObserver, PoolSnapshot, PoolStats, Reservation,
     ReservedBlock,

@@ -93,6 +93,13 @@ pub enum Warning {
     },
     /// Recording was disabled (`HIGHWATER=off`): the profile is empty.
     RecordingDisabled,
+    /// The profile is a checkpoint (`meta.partial`) of a run that had not finished when it was
+    /// written: its figures cover the run's first `recorded_ns`. If the run died, it is what
+    /// the run left.
+    Partial {
+        /// Run time the checkpoint covers, ns.
+        recorded_ns: u64,
+    },
     /// Spans nested deeper than [`MAX_SPAN_DEPTH`](super::MAX_SPAN_DEPTH) are counted in one
     /// [`FOLDED_SPANS`](super::FOLDED_SPANS) node under the deepest kept one.
     SpansTooDeep {
@@ -122,6 +129,18 @@ pub enum Warning {
     /// A checkpoint written on a signal the program handles itself; the session was still
     /// recording, and its own end writes the whole run.
     Checkpoint,
+    /// Allocations were refused (the heap allocator returned null, or a device pool refused an
+    /// admission); [`Profile::oom_events`](super::Profile::oom_events) says what was live then.
+    OutOfMemory {
+        /// Refusals in the run ([`Summary::oom_count`](super::Summary::oom_count)).
+        refusals: u64,
+        /// The first one: its device, the bytes it asked for and when, ns into the run.
+        device: String,
+        /// Bytes the first refusal asked for.
+        requested_bytes: u64,
+        /// When the first refusal happened, ns since the session started.
+        at_ns: u64,
+    },
     /// A warning from a profile written before warnings were typed: its sentence, as written.
     Note {
         /// The sentence.
@@ -138,10 +157,12 @@ impl Warning {
             Warning::IterationsSampled { .. } => "iterations_sampled",
             Warning::AllocLogIncomplete { .. } => "alloc_log_incomplete",
             Warning::RecordingDisabled => "recording_disabled",
+            Warning::Partial { .. } => "partial",
             Warning::SpansTooDeep { .. } => "spans_too_deep",
             Warning::SpansTooMany { .. } => "spans_too_many",
             Warning::NamesFolded { .. } => "names_folded",
             Warning::Checkpoint => "checkpoint",
+            Warning::OutOfMemory { .. } => "out_of_memory",
             Warning::Note { .. } => "note",
         }
     }
@@ -209,6 +230,12 @@ impl fmt::Display for Warning {
             Warning::RecordingDisabled => {
                 f.write_str("recording was disabled (HIGHWATER=off); nothing was recorded")
             }
+            Warning::Partial { recorded_ns } => write!(
+                f,
+                "this profile is a checkpoint taken {} into a run that had not finished: its \
+                 figures stop there (if the run was killed, this is what it left)",
+                crate::units::format_duration_ns(*recorded_ns)
+            ),
             Warning::SpansTooDeep {
                 instances,
                 max_depth,
@@ -239,6 +266,19 @@ impl fmt::Display for Warning {
             Warning::Checkpoint => f.write_str(
                 "checkpoint written on a signal the program handles; the session was still \
                  recording",
+            ),
+            Warning::OutOfMemory {
+                refusals,
+                device,
+                requested_bytes,
+                at_ns,
+            } => write!(
+                f,
+                "{refusals} allocation{} refused: the first asked {device} for {} at {}; see \
+                 the out-of-memory events for what was live then",
+                if *refusals == 1 { " was" } else { "s were" },
+                crate::units::format_bytes(*requested_bytes),
+                crate::units::format_duration_ns(*at_ns)
             ),
             Warning::Note { text } => f.write_str(text),
         }
@@ -311,6 +351,9 @@ mod tests {
                 error: "disk full".into(),
             },
             Warning::RecordingDisabled,
+            Warning::Partial {
+                recorded_ns: 1_500_000_000,
+            },
             Warning::SpansTooDeep {
                 instances: 9936,
                 max_depth: 64,
@@ -325,6 +368,12 @@ mod tests {
                 shown_as: "(more names)".into(),
             },
             Warning::Checkpoint,
+            Warning::OutOfMemory {
+                refusals: 2,
+                device: "cuda:0".into(),
+                requested_bytes: 3 << 30,
+                at_ns: 2_000_000_000,
+            },
             Warning::Note {
                 text: "an old sentence".into(),
             },

@@ -128,6 +128,12 @@ pub fn window_live_peak() -> i64 {
     WINDOW_LIVE_PEAK.load(Ordering::SeqCst)
 }
 
+/// Bytes of window-born blocks live now: what a profile recording exactly the open window
+/// must report as live.
+pub fn window_live() -> i64 {
+    WINDOW_LIVE.load(Ordering::SeqCst)
+}
+
 /// Bytes the process holds on the heap now.
 pub fn heap_bytes() -> i64 {
     HEAP.load(Ordering::SeqCst)

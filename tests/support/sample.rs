@@ -159,6 +159,7 @@ pub fn sample_profile() -> Profile {
     let mut devices = Vec::new();
     let mut peak = (0u64, 0u64, String::new(), BTreeMap::new());
     let mut final_live = 0u64;
+    let mut final_by_category: BTreeMap<Category, u64> = BTreeMap::new();
     for device in &DEVICES {
         let mut stats = DeviceStats {
             device: device.name.to_string(),
@@ -206,6 +207,9 @@ pub fn sample_profile() -> Profile {
         let end = live_at(device, ITERATIONS - 1, 1.0);
         stats.final_live_bytes = end.iter().sum();
         final_live += stats.final_live_bytes;
+        for (category, bytes) in by_category(end) {
+            *final_by_category.entry(category).or_default() += bytes;
+        }
         stats.alloc_count = 40_000 + stats.peak_bytes / MIB;
         stats.free_count = stats.alloc_count - 1_200;
         if device.capacity.is_some() {
@@ -290,6 +294,9 @@ pub fn sample_profile() -> Profile {
             clock: "tsc".to_string(),
             threads: 3,
             alloc_log: None,
+            pid: 0,
+            partial: false,
+            checkpoint_unix_ms: None,
         },
         summary: Summary {
             peak_bytes,
@@ -306,8 +313,10 @@ pub fn sample_profile() -> Profile {
             unknown_frees: 0,
             reorder_repairs: 2,
             final_live_bytes: final_live,
+            final_by_category,
             duration_ns,
             event_count: 2 * alloc_count + 5_000,
+            oom_count: 0,
         },
         timeline,
         peak_breakdown,
@@ -328,6 +337,7 @@ pub fn sample_profile() -> Profile {
         span_events,
         sites,
         sampling,
+        oom_events: Vec::new(),
     }
 }
 

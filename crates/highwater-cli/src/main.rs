@@ -14,6 +14,7 @@ mod report;
 #[cfg(test)]
 #[path = "../../../tests/support/sample.rs"]
 mod sample;
+mod watch;
 
 /// The error and its causes on one line, each cause once (a cause whose text the message
 /// already quotes is not repeated) and control characters blanked.

@@ -223,11 +223,13 @@ impl Timeline {
                 let state = self.device(device);
                 let pool = state.pool.get_or_insert_with(|| PoolStats {
                     capacity,
+                    reserved,
                     peak_reserved: 0,
                     max_fragmentation: 0.0,
                     curve: Downsampler::new(buckets),
                 });
                 pool.capacity = capacity;
+                pool.reserved = reserved;
                 pool.peak_reserved = pool.peak_reserved.max(reserved);
                 pool.max_fragmentation = pool.max_fragmentation.max(fragmentation);
                 pool.curve.push(PoolSample {
@@ -238,6 +240,12 @@ impl Timeline {
                     fragmentation,
                 });
             }
+            EventKind::Oom {
+                device,
+                source,
+                requested,
+                largest_free,
+            } => self.refused(event, device, source, requested, largest_free),
         }
     }
 

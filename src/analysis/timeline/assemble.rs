@@ -51,6 +51,15 @@ impl Timeline {
                 listed: iterations.len() as u64,
             });
         }
+        let oom_events = self.oom_events(&paths);
+        if let Some(first) = oom_events.first() {
+            warnings.push(Warning::OutOfMemory {
+                refusals: self.oom_count,
+                device: first.device.clone(),
+                requested_bytes: first.requested_bytes,
+                at_ns: first.timestamp_ns,
+            });
+        }
         Profile {
             schema: SCHEMA.to_string(),
             meta: Default::default(),
@@ -67,6 +76,7 @@ impl Timeline {
             warnings,
             sites: Vec::new(),
             sampling: Default::default(),
+            oom_events,
         }
     }
 
@@ -118,8 +128,10 @@ impl Timeline {
             unknown_frees: self.counts.unknown_frees,
             reorder_repairs: self.counts.reorder_repairs,
             final_live_bytes: self.total_live(),
+            final_by_category: category_map(&self.total_by_category()),
             duration_ns: end_ns,
             event_count: self.seq,
+            oom_count: self.oom_count,
         }
     }
 

@@ -26,6 +26,8 @@
 //! - `OpBegin`/`OpEnd` push and pop the thread's op stack; an `OpEnd` with nothing open is
 //!   ignored.
 //! - `PoolState` updates the device's pool figures and its bounded pool curve.
+//! - `Oom` counts a refused allocation; the first ones are kept with what was live on their
+//!   device at that moment (see `oom`). It changes no byte figure.
 //!
 //! After any event that changed a device's counters: that device's peak, the global peak (the
 //! highest live bytes of any one device; ties keep the first time), the curve, and the span
@@ -41,6 +43,7 @@
 mod apply;
 mod assemble;
 mod leak;
+mod oom;
 mod peaks;
 mod split;
 #[cfg(test)]
@@ -161,6 +164,10 @@ pub struct Timeline {
     top_level_exits: FxHashMap<NameId, IterationSeries>,
     /// A bounded sample of closed span instances, for per-call timelines.
     span_calls: SpanSample,
+    /// The first refused allocations, with what was live then (at most `MAX_OOM_EVENTS`).
+    ooms: Vec<oom::OomRecord>,
+    /// Refused allocations, all of them.
+    oom_count: u64,
 }
 
 impl Timeline {
@@ -186,6 +193,8 @@ impl Timeline {
             autograd_retained: None,
             top_level_exits: FxHashMap::default(),
             span_calls: SpanSample::default(),
+            ooms: Vec::new(),
+            oom_count: 0,
         }
     }
 

@@ -59,6 +59,8 @@ impl Sample for PoolSample {
 #[derive(Debug, Clone)]
 pub(super) struct PoolStats {
     pub(super) capacity: u64,
+    /// Reserved bytes as of the pool's last report.
+    pub(super) reserved: u64,
     pub(super) peak_reserved: u64,
     pub(super) max_fragmentation: f64,
     pub(super) curve: Downsampler<PoolSample>,
@@ -189,6 +191,17 @@ impl Timeline {
         self.devices
             .iter()
             .fold(0u64, |sum, d| sum.saturating_add(d.live))
+    }
+
+    /// Live bytes by category, summed over devices.
+    pub(super) fn total_by_category(&self) -> ByCategory {
+        let mut total = [0u64; Category::COUNT];
+        for device in &self.devices {
+            for (sum, bytes) in total.iter_mut().zip(device.by_category) {
+                *sum = sum.saturating_add(bytes);
+            }
+        }
+        total
     }
 
     pub(super) fn curve(&self) -> Vec<TimelinePoint> {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::analysis::{Event, EventKind, SpanSeq};
 use crate::model::{SpanLabel, Step};
-use crate::profile::{CaptureMode, Profile, SpanMetrics, Warning, SCHEMA};
+use crate::profile::{CaptureMode, OomSource, Profile, SpanMetrics, Warning, SCHEMA};
 
 const MIB: u64 = 1 << 20;
 
@@ -657,4 +657,132 @@ fn two_hundred_thousand_iterations_list_a_bounded_sample() {
         iterations: 200_000,
         run_growth_bytes: 3_200_000 - profile.iterations[0].live_bytes as i64,
     }));
+}
+
+#[test]
+fn a_refusal_keeps_what_was_live_on_its_device_then_and_later_frees_do_not_change_it() {
+    let mut s = Script::new();
+    let gpu = s.timeline.intern_device("cuda:0");
+    s.enter("init", SpanLabel::Category(Category::Parameter));
+    s.alloc(0x10, 3 * MIB, Category::Parameter);
+    s.exit();
+    s.alloc_on(gpu, 7, 5 * MIB, Category::Activation);
+    s.push(EventKind::PoolState {
+        device: gpu,
+        capacity: 8 * MIB,
+        reserved: 5 * MIB,
+        largest_free: 3 * MIB,
+        fragmentation: 0.0,
+    });
+    s.enter("step", SpanLabel::Step(Step::Forward));
+    s.alloc(0x20, MIB, Category::Activation);
+    let matmul = s.timeline.intern_name("matmul");
+    s.push(EventKind::OpBegin {
+        name: matmul,
+        output: 0,
+        shape: None,
+        dtype: None,
+    });
+    s.push(EventKind::Oom {
+        device: DeviceId::CPU,
+        source: OomSource::Heap,
+        requested: 1 << 40,
+        largest_free: None,
+    });
+    s.push(EventKind::Oom {
+        device: gpu,
+        source: OomSource::Pool,
+        requested: 4 * MIB,
+        largest_free: Some(3 * MIB),
+    });
+    s.push(EventKind::OpEnd);
+    s.free(0x20);
+    s.exit();
+    let profile = s.finish();
+    assert_eq!(profile.summary.oom_count, 2);
+    let [heap, pool] = &profile.oom_events[..] else {
+        panic!("two refusals: {:#?}", profile.oom_events)
+    };
+    assert_eq!(
+        (heap.source, heap.device.as_str(), heap.requested_bytes),
+        (OomSource::Heap, "cpu", 1 << 40)
+    );
+    assert_eq!(
+        (heap.span_path.as_str(), heap.op.as_deref()),
+        ("step", Some("matmul"))
+    );
+    assert_eq!(
+        (
+            heap.live_bytes,
+            heap.total_live_bytes,
+            heap.largest_free_bytes
+        ),
+        (4 * MIB, 9 * MIB, None)
+    );
+    assert_eq!(
+        heap.live_by_category,
+        cats(&[(Category::Parameter, 3 * MIB), (Category::Activation, MIB)])
+    );
+    let rows: Vec<_> = heap
+        .live
+        .iter()
+        .map(|r| {
+            (
+                r.span_path.as_str(),
+                r.op.as_deref(),
+                r.category,
+                r.bytes,
+                r.count,
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("init", None, Category::Parameter, 3 * MIB, 1),
+            ("step", None, Category::Activation, MIB, 1)
+        ]
+    );
+    assert_eq!(heap.pool_capacity_bytes, None);
+    assert_eq!(
+        (
+            pool.device.as_str(),
+            pool.live_bytes,
+            pool.largest_free_bytes
+        ),
+        ("cuda:0", 5 * MIB, Some(3 * MIB))
+    );
+    assert_eq!(
+        (pool.pool_capacity_bytes, pool.pool_reserved_bytes),
+        (Some(8 * MIB), Some(5 * MIB))
+    );
+    assert!(profile.warnings.iter().any(|w| matches!(
+        w,
+        Warning::OutOfMemory { refusals: 2, requested_bytes, .. } if *requested_bytes == 1 << 40
+    )));
+    profile.check_invariants().unwrap();
+}
+
+#[test]
+fn only_the_first_refusals_are_kept_but_all_are_counted() {
+    let mut s = Script::new();
+    for _ in 0..crate::profile::MAX_OOM_EVENTS + 5 {
+        s.push(EventKind::Oom {
+            device: DeviceId::CPU,
+            source: OomSource::Heap,
+            requested: 64,
+            largest_free: None,
+        });
+    }
+    let profile = s.finish();
+    assert_eq!(profile.oom_events.len(), crate::profile::MAX_OOM_EVENTS);
+    assert_eq!(
+        profile.summary.oom_count,
+        crate::profile::MAX_OOM_EVENTS as u64 + 5
+    );
+    // A refusal changes no byte figure.
+    assert_eq!(
+        (profile.summary.peak_bytes, profile.summary.alloc_count),
+        (0, 0)
+    );
 }

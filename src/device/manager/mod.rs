@@ -24,7 +24,7 @@ use super::{DeviceIndex, DeviceKind, Strategy};
 
 pub use builder::PoolManagerBuilder;
 pub use observer::PoolObserver;
-pub(crate) use observer::{clear_pool_sink, set_pool_sink};
+pub(crate) use observer::{clear_pool_sink, set_pool_sink, set_refusal_sink};
 pub use reserve::{Reservation, ReservedBlock};
 pub use stats::{PoolSnapshot, PoolStats};
 

@@ -12,6 +12,7 @@ use parking_lot::RwLock;
 use super::{PoolManager, PoolSnapshot};
 use crate::device::pool::Pool;
 use crate::device::DeviceIndex;
+use crate::device::Shortfall;
 
 /// A callback told about every touched device after each successful reserve or release.
 pub type PoolObserver = dyn Fn(&PoolSnapshot) + Send + Sync;
@@ -21,14 +22,35 @@ pub(crate) type PoolSink = fn(&PoolSnapshot);
 
 static SINK: RwLock<Option<PoolSink>> = RwLock::new(None);
 
+/// Where refused admissions go: a function the recording session installs. It is told each
+/// refusal's shortfalls after the pools are unlocked, and may wait (boundedly) for a checkpoint.
+pub(crate) type RefusalSink = fn(&[Shortfall]);
+
+static REFUSAL_SINK: RwLock<Option<RefusalSink>> = RwLock::new(None);
+
+/// Installs `sink` to hear of every refused admission of every manager, replacing any other.
+pub(crate) fn set_refusal_sink(sink: RefusalSink) {
+    *REFUSAL_SINK.write() = Some(sink);
+}
+
+/// Tells the refusal sink, if one is installed, that an admission failed with `shortfalls`.
+/// Call it with the pools unlocked.
+pub(super) fn report_refusal(shortfalls: &[Shortfall]) {
+    let sink = *REFUSAL_SINK.read();
+    if let Some(sink) = sink {
+        sink(shortfalls);
+    }
+}
+
 /// Installs `sink` to receive every pool snapshot of every manager, replacing any other.
 pub(crate) fn set_pool_sink(sink: PoolSink) {
     *SINK.write() = Some(sink);
 }
 
-/// Removes the sink (the session stopped recording).
+/// Removes the sink and the refusal sink (the session stopped recording).
 pub(crate) fn clear_pool_sink() {
     *SINK.write() = None;
+    *REFUSAL_SINK.write() = None;
 }
 
 impl PoolManager {

@@ -2,7 +2,7 @@
 
 use parking_lot::MutexGuard;
 
-use super::observer::report;
+use super::observer::{report, report_refusal};
 use super::PoolManager;
 use crate::device::error::{AdmissionError, PoolError};
 use crate::device::pool::Pool;
@@ -151,6 +151,8 @@ impl PoolManager {
             }
         }
         if !shortfalls.is_empty() {
+            drop(held);
+            report_refusal(&shortfalls);
             return Err(AdmissionError { shortfalls }.into());
         }
 
@@ -172,10 +174,10 @@ impl PoolManager {
                         pool.free(block.offset, block.requested);
                         pool.counters.reservations -= 1;
                     }
-                    return Err(AdmissionError {
-                        shortfalls: vec![shortfall],
-                    }
-                    .into());
+                    drop(held);
+                    let shortfalls = vec![shortfall];
+                    report_refusal(&shortfalls);
+                    return Err(AdmissionError { shortfalls }.into());
                 }
             }
         }
@@ -204,10 +206,10 @@ impl PoolManager {
         let Some(offset) = pool.alloc(rounded, bytes) else {
             let shortfall = self.shortfall(device, bytes, rounded, &pool);
             pool.counters.failures += 1;
-            return Err(AdmissionError {
-                shortfalls: vec![shortfall],
-            }
-            .into());
+            drop(pool);
+            let shortfalls = vec![shortfall];
+            report_refusal(&shortfalls);
+            return Err(AdmissionError { shortfalls }.into());
         };
         self.totals.lock().add(u128::from(rounded));
         let observed = self.observe(std::iter::once((device, &*pool)));

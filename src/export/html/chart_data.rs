@@ -77,6 +77,17 @@ pub(super) struct ChartData {
     pub(super) peak_step: Option<PeakStep>,
     /// The icicle of bytes live at the peak by stack (`None` without call sites).
     pub(super) flame: Option<super::flame::Flame>,
+    /// Refused allocations, marked on their device's memory and pool charts.
+    pub(super) ooms: Vec<OomMark>,
+}
+
+/// A refused allocation as a mark on a chart.
+#[derive(Debug, Serialize)]
+pub(super) struct OomMark {
+    pub(super) device: String,
+    pub(super) t: u64,
+    /// What the mark says: `OOM: 20.0 GiB refused`.
+    pub(super) label: String,
 }
 
 /// Indices of at most `max` items of `values` keeping each bucket's highest and `must`.
@@ -345,6 +356,18 @@ pub(super) fn chart_data(profile: &Profile) -> ChartData {
             .iter()
             .take(MAX_CHART_POINTS)
             .map(|i| (i.index, i.live_bytes, i.delta_bytes))
+            .collect(),
+        ooms: profile
+            .oom_events
+            .iter()
+            .map(|oom| OomMark {
+                device: oom.device.clone(),
+                t: oom.timestamp_ns,
+                label: format!(
+                    "OOM: {} refused",
+                    crate::units::format_bytes(oom.requested_bytes)
+                ),
+            })
             .collect(),
     }
 }

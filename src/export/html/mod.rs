@@ -130,7 +130,7 @@ pub fn write_with(
 mod tests {
     use super::*;
     use crate::export::sample::{sample_profile, sample_profile_with_drops};
-    use crate::profile::{CaptureMode, PoolPoint, TimelinePoint, Warning};
+    use crate::profile::{CaptureMode, PeakRow, PoolPoint, TimelinePoint, Warning};
     use crate::units::format_bytes;
     use crate::Category;
 
@@ -158,6 +158,52 @@ mod tests {
         assert_eq!(page.matches("<script").count(), 2, "only our two scripts");
         assert_eq!(page.matches("</script>").count(), 2);
         assert!(page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    }
+
+    #[test]
+    fn a_refusal_gets_its_table_its_live_rows_and_a_chart_mark() {
+        let mut profile = sample_profile();
+        assert!(!render(&profile).contains("id=\"oom\""));
+        let device = profile.summary.peak_device.clone();
+        profile.summary.oom_count = 1;
+        profile.oom_events.push(crate::profile::OomEvent {
+            timestamp_ns: 1_500_000_000,
+            source: crate::profile::OomSource::Heap,
+            device: device.clone(),
+            requested_bytes: 3 << 30,
+            span_path: "step/<forward>".into(),
+            live_bytes: 4 << 20,
+            total_live_bytes: 5 << 20,
+            live: vec![PeakRow {
+                span_path: "init".into(),
+                category: Category::Parameter,
+                device: device.clone(),
+                bytes: 3 << 20,
+                count: 1,
+                ..PeakRow::default()
+            }],
+            ..Default::default()
+        });
+        let page = render(&profile);
+        let section = &page[page.find("<section id=\"oom\">").unwrap()..];
+        let section = &section[..section.find("</section>").unwrap()];
+        assert!(section.contains("<td>heap allocator</td>"), "{section}");
+        assert!(section.contains(">3.0 GiB</td>"), "{section}");
+        assert!(
+            section.contains("step/&lt;forward&gt;"),
+            "escaped: {section}"
+        );
+        assert!(section.contains("<summary>Live on"), "{section}");
+        assert!(
+            section.contains(">init</td>") && section.contains(">75.0%</td>"),
+            "{section}"
+        );
+        assert!(
+            page.contains(&format!(
+                "\"ooms\":[{{\"device\":\"{device}\",\"t\":1500000000,\"label\":\"OOM: 3.0 GiB refused\"}}]"
+            )),
+            "the chart data marks it"
+        );
     }
 
     #[test]

@@ -234,6 +234,7 @@ pub(super) fn render(profile: &Profile, extra: &str) -> String {
         out.push_str("</ul>");
     }
     summary_section(&mut out, profile);
+    tables::oom_section(&mut out, profile);
     out.push_str(
         "<section id=\"peak-step\"><h2>Inside the step that peaked</h2>\
          <p class=\"note\">The iteration that holds the peak, zoomed: live bytes on the peak's \

@@ -177,6 +177,17 @@
     if (!strong) lab.setAttribute("opacity", "0.6");
   }
 
+  // Refused allocations on `device` inside the chart's range, as marks.
+  function oomMarks(svg, sc, device) {
+    (data.ooms || []).forEach(function (o) {
+      if (o.device !== device || o.t < sc.t0 || o.t > sc.t1) return;
+      var x = sc.sx(o.t);
+      el("line", { x1: x, x2: x, y1: sc.top - 4, y2: sc.bottom, "class": "oomline" }, svg);
+      var right = x > W * 0.7;
+      text(svg, x + (right ? -6 : 6), sc.top + 22, o.label, "oomlabel", right ? "end" : "start");
+    });
+  }
+
   var BAND = 15, MAX_BAND_ROWS = 8;
   var bandColors = ["#dbe6f1", "#fde3c8", "#d9ecd5", "#eadcea", "#e4e6e8"];
 
@@ -243,6 +254,7 @@
       } else if (d.peak_bytes > 0) {
         peakMark(svg, sc, d.peak_ns, "device peak " + fmtBytes(d.peak_bytes), false);
       }
+      oomMarks(svg, sc, d.device);
       state.guide = el("line", { y1: T, y2: H - B, "class": "guide", visibility: "hidden" }, svg);
       svg.setAttribute("data-points", String(drawn));
       svg.setAttribute("data-t0", String(Math.round(t0)));
@@ -293,6 +305,7 @@
       }
       el("path", { d: "M" + fp.join("L"), fill: "none", stroke: "var(--c1)", "stroke-width": "1.2" }, svg);
       [0, 0.5, 1].forEach(function (f) { text(svg, W - R - 2, fy(f) - 3, Math.round(f * 100) + "%", null, "end"); });
+      oomMarks(svg, sc, p.device);
       state.guide = el("line", { y1: T, y2: H - B, "class": "guide", visibility: "hidden" }, svg);
       svg.setAttribute("data-points", String(n));
       svg.setAttribute("data-t0", String(Math.round(t0)));

@@ -301,3 +301,81 @@ pub(super) fn devices_section(out: &mut String, profile: &Profile) {
     more_rows_note(out, profile.devices.len());
     out.push_str("<div id=\"pool-charts\"></div></section>");
 }
+
+/// The refused allocations, each with what was live on its device then, when the run had any.
+pub(super) fn oom_section(out: &mut String, profile: &Profile) {
+    if profile.oom_events.is_empty() {
+        return;
+    }
+    let _ = write!(
+        out,
+        "<section id=\"oom\"><h2>Out of memory</h2>\
+         <p class=\"note\">{} allocation(s) were refused; the first {} are listed, each with \
+         what was live on its device at that moment. They are marked on the charts below.</p>\
+         <div class=\"scroll\"><table id=\"oom-table\"><thead><tr>\
+         <th class=\"num\">When</th><th>Refused by</th><th>Device</th>\
+         <th class=\"num\">Requested</th><th>Span path</th><th>Op</th>\
+         <th class=\"num\">Live on device</th><th class=\"num\">Live on all devices</th>\
+         <th class=\"num\">Pool reserved</th><th class=\"num\">Largest free block</th>\
+         </tr></thead><tbody>",
+        format_count(profile.summary.oom_count),
+        profile.oom_events.len()
+    );
+    let optional = |bytes: Option<u64>| bytes.map_or("-".to_string(), format_bytes);
+    for oom in &profile.oom_events {
+        out.push_str("<tr>");
+        num_cell(out, oom.timestamp_ns, &format_duration_ns(oom.timestamp_ns));
+        text_cell(
+            out,
+            match oom.source {
+                crate::profile::OomSource::Heap => "heap allocator",
+                crate::profile::OomSource::Pool => "device pool",
+            },
+        );
+        text_cell(out, &oom.device);
+        num_cell(out, oom.requested_bytes, &format_bytes(oom.requested_bytes));
+        span_path_cell(out, &oom.span_path);
+        text_cell(out, oom.op.as_deref().unwrap_or("-"));
+        num_cell(out, oom.live_bytes, &format_bytes(oom.live_bytes));
+        num_cell(
+            out,
+            oom.total_live_bytes,
+            &format_bytes(oom.total_live_bytes),
+        );
+        let reserved = oom.pool_reserved_bytes.unwrap_or(0);
+        num_cell(out, reserved, &optional(oom.pool_reserved_bytes));
+        let largest = oom.largest_free_bytes.unwrap_or(0);
+        num_cell(out, largest, &optional(oom.largest_free_bytes));
+        out.push_str("</tr>");
+    }
+    out.push_str("</tbody></table></div>");
+    for (index, oom) in profile.oom_events.iter().enumerate() {
+        let _ = write!(
+            out,
+            "<details{}><summary>Live on {} at {} ({})</summary>\
+             <div class=\"scroll\"><table class=\"oom-live sortable\"><thead><tr>{}\
+             <th data-type=\"num\" class=\"num\">Share</th>\
+             <th data-type=\"num\" class=\"num\">Count</th></tr></thead><tbody>",
+            if index == 0 { " open" } else { "" },
+            escape_html(&oom.device),
+            format_duration_ns(oom.timestamp_ns),
+            format_bytes(oom.live_bytes),
+            live_heads()
+        );
+        for row in &oom.live {
+            out.push_str("<tr>");
+            span_path_cell(out, &row.span_path);
+            text_cell(out, row.op.as_deref().unwrap_or("-"));
+            text_cell(out, &format_shape(row.shape.as_deref()));
+            category_cell(out, row.category);
+            text_cell(out, &row.device);
+            num_cell(out, row.bytes, &format_bytes(row.bytes));
+            let pct = share(row.bytes, oom.live_bytes);
+            num_cell(out, format!("{pct:.4}"), &format!("{pct:.1}%"));
+            num_cell(out, row.count, &format_count(row.count));
+            out.push_str("</tr>");
+        }
+        out.push_str("</tbody></table></div></details>");
+    }
+    out.push_str("</section>");
+}

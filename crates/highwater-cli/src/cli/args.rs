@@ -1,6 +1,7 @@
 //! The command line, as clap parses it.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use highwater::device::{Allocator, DeviceKind, Factor, ParseNameError, Strategy};
@@ -246,6 +247,31 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Follow a running session's profile on the terminal: live and peak bytes by category,
+    /// recent memory, the top spans, the current iteration; says whether the run is still
+    /// going, finished or died. `q` quits.
+    ///
+    /// The session rewrites its profile as checkpoints while it records (HIGHWATER_CHECKPOINT);
+    /// the profile need not exist yet when this starts.
+    Watch {
+        /// The profile the session writes (`highwater-profile.json`).
+        profile: PathBuf,
+        /// How often to read the file again, in seconds.
+        #[arg(long, default_value = "0.5", value_parser = parse_refresh)]
+        refresh: Duration,
+    },
+}
+
+/// Refresh periods from 50 ms to an hour, in seconds (`0.5`, `2`).
+fn parse_refresh(text: &str) -> Result<Duration, String> {
+    let seconds: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number of seconds like 0.5 or 2"))?;
+    if !(0.05..=3600.0).contains(&seconds) {
+        return Err(format!("{text:?} is outside 0.05 to 3600 seconds"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
 }
 
 fn parse_category(text: &str) -> Result<Category, String> {

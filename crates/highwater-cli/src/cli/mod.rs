@@ -1,5 +1,5 @@
-//! The `highwater` command: argument parsing, one file per subcommand, and how failures map to
-//! exit codes. Subcommands only load profiles and call library functions.
+//! The `highwater` command: argument parsing, one file per subcommand (`watch` has its own
+//! module, `crate::watch`), and how failures map to exit codes. Subcommands only load profiles and call library functions.
 
 mod args;
 mod check;
@@ -146,6 +146,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
                 json,
             })
         }
+        Command::Watch { profile, refresh } => crate::watch::run(&profile, refresh),
     }
 }
 
@@ -196,9 +197,20 @@ fn locate_log(input: &Path) -> anyhow::Result<(std::path::PathBuf, Option<Profil
     Ok((path, Some(profile)))
 }
 
-/// Loads a profile; its errors already name the file and the problem.
+/// Loads a profile; its errors already name the file and the problem. A checkpoint (a run
+/// that had not finished, or died) is said so on standard error, whatever the command prints.
 fn load(path: &Path) -> anyhow::Result<Profile> {
-    Ok(Profile::load(path)?)
+    let profile = Profile::load(path)?;
+    if profile.meta.partial {
+        let _ = writeln!(
+            io::stderr(),
+            "highwater: note: {} is a checkpoint of a run that had not finished (meta.partial); \
+             its figures stop at {}",
+            path.display(),
+            highwater::units::format_duration_ns(profile.summary.duration_ns)
+        );
+    }
+    Ok(profile)
 }
 
 /// Writes `text` to standard output. A closed pipe (`highwater top p | head -1`) is not an

@@ -11,6 +11,9 @@ mod text;
 
 pub(crate) use diff::diff;
 pub(crate) use sites::{sites_json, sites_text, SiteOrder, SiteQuery, SiteQueryError};
+#[cfg(test)]
+pub(crate) use text::tests::with_a_refusal;
 pub(crate) use text::{
-    clean, diff_text, span_rows, spans_text, summary_json, summary_text, top_rows, top_text,
+    clean, diff_text, oom_line, span_rows, spans_text, summary_json, summary_text, top_rows,
+    top_text,
 };

@@ -8,7 +8,9 @@ use serde::Serialize;
 use super::diff::{Delta, ProfileDiff};
 use highwater::export::vocabulary as words;
 use highwater::profile::span_tree;
-use highwater::profile::{DeviceStats, PeakRow, RunMeta, SpanMetrics, Summary, Warning};
+use highwater::profile::{
+    DeviceStats, OomEvent, OomSource, PeakRow, RunMeta, SpanMetrics, Summary, Warning,
+};
 use highwater::units::{
     format_bytes, format_bytes_delta, format_count, format_duration_ns, format_shape,
 };
@@ -217,6 +219,7 @@ pub fn summary_text(profile: &Profile) -> String {
         out.push_str("devices:\n");
         devices_table(&profile.devices).render(&mut out, "  ");
     }
+    oom_text(profile, &mut out);
     if !others.is_empty() {
         out.push_str("warnings:\n");
         for warning in others {
@@ -224,6 +227,102 @@ pub fn summary_text(profile: &Profile) -> String {
         }
     }
     out
+}
+
+/// How many of an OOM event's live rows the summary lists.
+const OOM_ROWS_SHOWN: usize = 5;
+
+/// The summary's out-of-memory section: each refusal kept, when and where, what was live then,
+/// and the largest live groups of the first one.
+fn oom_text(profile: &Profile, out: &mut String) {
+    let Some(first) = profile.oom_events.first() else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "out of memory: {} allocation{} refused (first {} listed)",
+        format_count(profile.summary.oom_count),
+        if profile.summary.oom_count == 1 {
+            ""
+        } else {
+            "s"
+        },
+        profile.oom_events.len()
+    );
+    for oom in &profile.oom_events {
+        let _ = writeln!(out, "  - {}", oom_line(oom));
+    }
+    let _ = writeln!(
+        out,
+        "  live on {} at the first refusal ({}):",
+        clean(&first.device),
+        format_duration_ns(first.timestamp_ns)
+    );
+    let mut table = Table::new(&[
+        ("SPAN", false),
+        ("OP", false),
+        ("CATEGORY", false),
+        ("BYTES", true),
+        ("SHARE", true),
+    ]);
+    for row in first.live.iter().take(OOM_ROWS_SHOWN) {
+        table.push(vec![
+            clean(outside_spans_if_empty(&row.span_path)).into_owned(),
+            clean(row.op.as_deref().unwrap_or("-")).into_owned(),
+            row.category.to_string(),
+            format_bytes(row.bytes),
+            percent(row.bytes, first.live_bytes),
+        ]);
+    }
+    table.render(out, "    ");
+}
+
+/// One refusal in a sentence: when, who refused what, where, and what was live.
+pub(crate) fn oom_line(oom: &OomEvent) -> String {
+    let source = match oom.source {
+        OomSource::Heap => "the heap allocator",
+        OomSource::Pool => "the device pool",
+    };
+    let mut line = format!(
+        "at {}: {} refused {} on {}",
+        format_duration_ns(oom.timestamp_ns),
+        source,
+        format_bytes(oom.requested_bytes),
+        clean(&oom.device)
+    );
+    if !oom.span_path.is_empty() {
+        let _ = write!(line, " in {}", clean(&oom.span_path));
+    }
+    if let Some(op) = &oom.op {
+        let _ = write!(line, " (op {})", clean(op));
+    }
+    let _ = write!(
+        line,
+        "; live then: {} on {}, {} on all devices",
+        format_bytes(oom.live_bytes),
+        clean(&oom.device),
+        format_bytes(oom.total_live_bytes)
+    );
+    if let (Some(reserved), Some(capacity)) = (oom.pool_reserved_bytes, oom.pool_capacity_bytes) {
+        let _ = write!(
+            line,
+            "; pool {} of {} reserved",
+            format_bytes(reserved),
+            format_bytes(capacity)
+        );
+    }
+    if let Some(largest) = oom.largest_free_bytes {
+        let _ = write!(line, ", largest free block {}", format_bytes(largest));
+    }
+    line
+}
+
+fn outside_spans_if_empty(path: &str) -> &str {
+    if path.is_empty() {
+        words::OUTSIDE_SPANS
+    } else {
+        path
+    }
 }
 
 fn devices_table(devices: &[DeviceStats]) -> Table {
@@ -473,6 +572,8 @@ pub struct SummaryJson<'a> {
     pub summary: &'a Summary,
     /// Per-device figures.
     pub devices: &'a [DeviceStats],
+    /// The refused allocations, with what was live at each.
+    pub oom_events: &'a [OomEvent],
     /// The profile's warnings, each with its code, its figures and its sentence.
     pub warnings: Vec<WarningJson<'a>>,
 }
@@ -494,6 +595,7 @@ pub fn summary_json(profile: &Profile) -> SummaryJson<'_> {
         meta: &profile.meta,
         summary: &profile.summary,
         devices: &profile.devices,
+        oom_events: &profile.oom_events,
         warnings: profile
             .warnings
             .iter()
@@ -506,7 +608,7 @@ pub fn summary_json(profile: &Profile) -> SummaryJson<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::sample::{sample_profile, sample_profile_with_drops};
 
@@ -519,6 +621,72 @@ mod tests {
         assert!(text.contains("activation"), "{text}");
         assert!(!text.contains("WARNING"), "{text}");
         assert!(!text.contains(" GB") && !text.contains(" MB"), "{text}");
+    }
+
+    /// The sample profile with one refused pool admission on `tpu:0` at 2 s.
+    pub(crate) fn with_a_refusal() -> Profile {
+        let mut profile = sample_profile();
+        profile.summary.oom_count = 3;
+        profile.oom_events.push(OomEvent {
+            timestamp_ns: 2_000_000_000,
+            source: OomSource::Pool,
+            device: "tpu:0".into(),
+            requested_bytes: 20 << 30,
+            largest_free_bytes: Some(16 << 30),
+            thread: 1,
+            span_path: "step/forward".into(),
+            op: Some("matmul".into()),
+            live_bytes: 6 << 30,
+            live_by_category: [
+                (Category::Parameter, 4 << 30),
+                (Category::Activation, 2 << 30),
+            ]
+            .into_iter()
+            .collect(),
+            total_live_bytes: 7 << 30,
+            pool_capacity_bytes: Some(32 << 30),
+            pool_reserved_bytes: Some(8 << 30),
+            live: vec![PeakRow {
+                span_path: "init".into(),
+                category: Category::Parameter,
+                device: "tpu:0".into(),
+                bytes: 4 << 30,
+                count: 2,
+                ..PeakRow::default()
+            }],
+        });
+        profile
+    }
+
+    #[test]
+    fn summary_lists_each_refusal_with_what_was_live() {
+        let text = summary_text(&with_a_refusal());
+        assert!(
+            text.contains("out of memory: 3 allocations refused (first 1 listed)\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "  - at 2.00 s: the device pool refused 20.0 GiB on tpu:0 in step/forward (op \
+                 matmul); live then: 6.0 GiB on tpu:0, 7.0 GiB on all devices; pool 8.0 GiB of \
+                 32.0 GiB reserved, largest free block 16.0 GiB\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("live on tpu:0 at the first refusal (2.00 s):"),
+            "{text}"
+        );
+        let row = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("init"))
+            .unwrap();
+        assert!(
+            row.contains("parameter") && row.contains("4.0 GiB") && row.contains("66.7%"),
+            "{row}"
+        );
+        // Without refusals there is no such section.
+        assert!(!summary_text(&sample_profile()).contains("out of memory"));
     }
 
     #[test]

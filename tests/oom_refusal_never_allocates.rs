@@ -1,0 +1,61 @@
+//! Issue 17, item 2, the hot-path rule: recording a refused allocation and waiting for its
+//! checkpoint makes no allocation through the global allocator on the refused thread (the
+//! detector around highwater's `Alloc` would see the nested call), and the wait ends.
+
+use std::alloc::{Layout, System};
+use std::sync::atomic::Ordering;
+
+use highwater::{Alloc, Profile, Session, Step};
+
+#[path = "support/reentry_detector.rs"]
+mod reentry_detector;
+use reentry_detector::{Detector, CALLS, NESTED};
+
+#[global_allocator]
+static ALLOC: Detector = Detector(Alloc::new(System));
+
+/// More than any address space: the system allocator returns null for it.
+const IMPOSSIBLE: usize = 1 << 62;
+
+#[test]
+fn a_refused_allocation_and_its_checkpoint_wait_never_allocate_on_the_refused_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("run.json");
+    let session = Session::builder().output(&path).start().unwrap();
+    let before = (CALLS.load(Ordering::SeqCst), NESTED.load(Ordering::SeqCst));
+    let kept = vec![7u8; 1 << 16];
+    let refusals = {
+        let _step = highwater::profile!("train_step", Step::Forward);
+        let layout = Layout::from_size_align(IMPOSSIBLE, 64).unwrap();
+        let mut refusals = 0u64;
+        for _ in 0..3 {
+            // SAFETY: a non-zero size; the null result is only compared.
+            let block = unsafe { std::alloc::alloc(layout) };
+            assert!(block.is_null());
+            // SAFETY: as above.
+            let zeroed = unsafe { std::alloc::alloc_zeroed(layout) };
+            assert!(zeroed.is_null());
+            refusals += 2;
+        }
+        refusals
+    };
+    let nested = NESTED.load(Ordering::SeqCst) - before.1;
+    assert!(CALLS.load(Ordering::SeqCst) > before.0);
+    let checkpoint = Profile::load(&path).unwrap();
+    drop(kept);
+    let profile = session.finish().unwrap();
+    assert_eq!(
+        nested, 0,
+        "the refusal path allocated through the global allocator"
+    );
+    assert!(checkpoint.meta.partial);
+    assert_eq!(
+        checkpoint.summary.oom_count, refusals,
+        "each refusal waited for its checkpoint"
+    );
+    assert_eq!(profile.summary.oom_count, refusals);
+    assert!(profile
+        .oom_events
+        .iter()
+        .all(|oom| oom.requested_bytes == IMPOSSIBLE as u64));
+}
