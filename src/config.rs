@@ -18,6 +18,7 @@
 //! | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | [`ring_events`](crate::SessionBuilder::ring_events) | 65536 |
 //! | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | — | `tsc` where available |
 //! | `HIGHWATER_SIGNALS` | on/off | [`write_on_signal`](crate::SessionBuilder::write_on_signal) | off |
+//! | `HIGHWATER_SAMPLE_BYTES` | bytes: `0` off, `1` every allocation | [`sample_bytes`](crate::SessionBuilder::sample_bytes) | 524288 |
 //!
 //! Paths are kept as the operating system gave them ([`OsString`]), so a non-UTF-8 name is
 //! written under exactly that name.
@@ -25,7 +26,7 @@
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 
-use crate::capture::DEFAULT_RING_EVENTS;
+use crate::capture::{DEFAULT_RING_EVENTS, DEFAULT_SAMPLE_BYTES};
 use crate::error::Error;
 use crate::profile::CaptureMode;
 
@@ -42,6 +43,7 @@ pub(crate) struct Requested {
     pub(crate) signals: Option<bool>,
     pub(crate) html: Option<bool>,
     pub(crate) alloc_log: Option<PathBuf>,
+    pub(crate) sample_bytes: Option<u64>,
 }
 
 /// What the `HIGHWATER_*` environment variables say; `None` where a variable is unset.
@@ -55,6 +57,7 @@ pub(crate) struct EnvConfig {
     pub(crate) capture_mode: Option<CaptureMode>,
     pub(crate) force_monotonic: Option<bool>,
     pub(crate) signals: Option<bool>,
+    pub(crate) sample_bytes: Option<u64>,
 }
 
 /// The settings a session runs with, after [precedence](self#precedence).
@@ -69,6 +72,8 @@ pub(crate) struct Settings {
     pub(crate) ring_events: usize,
     pub(crate) capture_mode: CaptureMode,
     pub(crate) force_monotonic: bool,
+    /// Mean bytes between call-site samples (`0`: off, `1`: every allocation).
+    pub(crate) sample_bytes: u64,
 }
 
 impl Settings {
@@ -98,6 +103,11 @@ impl Settings {
                 DEFAULT_RING_EVENTS,
             ),
             force_monotonic: env.force_monotonic.unwrap_or(false),
+            sample_bytes: pick(
+                &env.sample_bytes,
+                &requested.sample_bytes,
+                DEFAULT_SAMPLE_BYTES,
+            ),
         }
     }
 }
@@ -176,8 +186,22 @@ impl EnvConfig {
                 })
                 .transpose()?
         };
+        let sample_bytes = {
+            const NAME: &str = "HIGHWATER_SAMPLE_BYTES";
+            const EXPECTED: &str =
+                "a whole number of bytes (0: sampling off, 1: every allocation)";
+            text(NAME, EXPECTED)?
+                .map(|value| {
+                    value
+                        .trim()
+                        .parse::<u64>()
+                        .map_err(|_| invalid(NAME, value.as_ref(), EXPECTED))
+                })
+                .transpose()?
+        };
         Ok(EnvConfig {
             capture_mode,
+            sample_bytes,
             enabled: switch("HIGHWATER")?,
             output: path("HIGHWATER_OUT")?,
             alloc_log: path("HIGHWATER_ALLOC_LOG")?,
@@ -234,6 +258,7 @@ mod tests {
         assert_eq!(settings.ring_events, DEFAULT_RING_EVENTS);
         assert!(settings.write && !settings.signals && !settings.html);
         assert_eq!(settings.alloc_log, None);
+        assert_eq!(settings.sample_bytes, 512 * 1024);
     }
 
     #[test]
@@ -253,6 +278,7 @@ mod tests {
             signals: Some(false),
             html: Some(false),
             alloc_log: Some("code.alloc".into()),
+            sample_bytes: Some(4096),
         };
         let env = parse(&[
             ("HIGHWATER_OUT", "env.json"),
@@ -261,6 +287,7 @@ mod tests {
             ("HIGHWATER_HTML", "1"),
             ("HIGHWATER_ALLOC_LOG", "env.alloc"),
             ("HIGHWATER_CAPTURE", "drop"),
+            ("HIGHWATER_SAMPLE_BYTES", "0"),
         ])
         .unwrap();
         let settings = Settings::resolve(&requested, &env);
@@ -270,11 +297,13 @@ mod tests {
         assert!(settings.html);
         assert_eq!(settings.alloc_log, Some(PathBuf::from("env.alloc")));
         assert_eq!(settings.capture_mode, CaptureMode::DropWhenFull);
+        assert_eq!(settings.sample_bytes, 0, "HIGHWATER_SAMPLE_BYTES=0 turns sampling off");
         // An unset variable leaves the builder's choice.
         let settings = Settings::resolve(&requested, &EnvConfig::default());
         assert_eq!(settings.output, PathBuf::from("code.json"));
         assert_eq!(settings.ring_events, 1 << 12);
         assert_eq!(settings.alloc_log, Some(PathBuf::from("code.alloc")));
+        assert_eq!(settings.sample_bytes, 4096);
     }
 
     #[test]
@@ -301,6 +330,8 @@ mod tests {
             ("HIGHWATER_SIGNALS", "sometimes"),
             ("HIGHWATER_HTML", "sometimes"),
             ("HIGHWATER_CAPTURE", "sometimes"),
+            ("HIGHWATER_SAMPLE_BYTES", "-1"),
+            ("HIGHWATER_SAMPLE_BYTES", "512k"),
         ] {
             let message = parse(&[(var, value)]).unwrap_err().to_string();
             assert!(message.contains(var), "{message}");

@@ -284,7 +284,7 @@ impl Model {
                     block.op = Some(op.0);
                 }
             }
-            EventKind::PoolState { .. } => {}
+            EventKind::PoolState { .. } | EventKind::Sampled { .. } => {}
         }
         // Peaks and the span measure, after the event.
         for (&device, &live) in &self.device_live {

@@ -13,6 +13,7 @@
 //! - `downsample`: bounded curves that keep their extremes;
 //! - `intern`: the tables behind [`NameId`], [`DeviceId`] and [`ShapeId`];
 //! - `iterations`: the bounded series of a top-level span's exits (the leak signal);
+//! - `sites`: call-site samples, their weights, and the call sites of the profile;
 //!
 //! `tests/analysis_matches_brute_force.rs` holds the analysis to a brute-force model built from
 //! these public types alone.
@@ -24,9 +25,11 @@ mod event;
 mod intern;
 mod iterations;
 mod live;
+mod sites;
 mod span_sample;
 mod spans;
 mod timeline;
 
-pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq};
+pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq, StackId};
+pub(crate) use sites::{ResolveFrames, ALWAYS_SAMPLED_MEANS};
 pub use timeline::{Timeline, TimelineConfig};

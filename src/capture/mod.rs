@@ -23,11 +23,17 @@ mod hook;
 pub(crate) mod lifecycle;
 #[cfg(not(loom))]
 pub(crate) mod names;
+#[cfg(not(loom))]
+mod sample;
+#[cfg(not(loom))]
+pub(crate) mod stack;
 
 #[cfg(not(loom))]
 pub(crate) use gate::{open_gate, recording};
 #[cfg(not(loom))]
 pub(crate) use hook::*;
+#[cfg(not(loom))]
+pub(crate) use sample::DEFAULT_SAMPLE_BYTES;
 
 #[cfg(all(test, loom))]
 mod loom_models;

@@ -172,6 +172,7 @@ impl Timeline {
                 by_category,
             };
             self.live.mark_peak();
+            self.sites.mark_peak(seq);
         }
         let measure = if live >= self.measure || self.devices.len() == 1 {
             live
