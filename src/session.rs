@@ -117,7 +117,7 @@ impl SessionBuilder {
     /// with mean `R`; the allocation that crosses it has its stack recorded, so an allocation
     /// of `s` bytes is sampled with probability `1 - e^(-s/R)` and allocations far above `R`
     /// practically always. `0` turns sampling off; `1` records the stack of every allocation
-    /// (exact per-site figures, for small programs and tests). See [`crate::CallSite`].
+    /// (exact per-site figures, for small programs and tests). See [`crate::profile::CallSite`].
     pub fn sample_bytes(mut self, mean_bytes: u64) -> SessionBuilder {
         self.requested.sample_bytes = Some(mean_bytes);
         self

@@ -433,26 +433,60 @@ fn bare(pc: u64) -> Frame {
 
 /// A stack's frames, innermost first, without the leading frames of highwater and of the
 /// allocator (all of them kept when nothing else is left).
+///
+/// The leading run is the frames that are highwater's or the allocator's, or the standard
+/// library's (a thread-local access inlined into the hook); it is trimmed up to its last frame
+/// of highwater or the allocator, so `RawVec` and the caller's frames stay.
 fn trimmed_frames(pcs: &[u64], frames_at: &FxHashMap<u64, Vec<Frame>>) -> Vec<Frame> {
     let all: Vec<&Frame> = pcs
         .iter()
         .flat_map(|pc| frames_at.get(pc).map(Vec::as_slice).unwrap_or_default())
         .collect();
-    let own = all
-        .iter()
-        .take_while(|frame| frame.function.as_deref().is_some_and(is_allocator_frame))
-        .count();
-    let kept = if own == all.len() { &all[..] } else { &all[own..] };
+    let mut trimmed = 0;
+    for (index, frame) in all.iter().enumerate() {
+        if is_allocator_frame(frame) {
+            trimmed = index + 1;
+        } else if !is_std_frame(frame) {
+            break;
+        }
+    }
+    let kept = if trimmed == all.len() {
+        &all[..]
+    } else {
+        &all[trimmed..]
+    };
     kept.iter().map(|frame| (*frame).clone()).collect()
 }
 
-/// Whether a (demangled) function is highwater's own or the allocator's: what every sampled
-/// stack starts with, which says nothing about the caller.
-pub(crate) fn is_allocator_frame(function: &str) -> bool {
-    const PREFIXES: [&str; 10] = [
+/// Where highwater's own sources were when it was built: inlined frames are named by their
+/// short function name only, so their file says whose they are.
+const OWN_SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
+
+/// Whether a frame is highwater's own or the allocator's: what every sampled stack starts
+/// with, which says nothing about the caller.
+pub(crate) fn is_allocator_frame(frame: &Frame) -> bool {
+    frame
+        .file
+        .as_deref()
+        .is_some_and(|file| file.starts_with(OWN_SOURCES))
+        || frame.function.as_deref().is_some_and(is_allocator_function)
+}
+
+/// Whether a frame is the standard library's, by its source path.
+fn is_std_frame(frame: &Frame) -> bool {
+    frame
+        .file
+        .as_deref()
+        .is_some_and(|file| file.starts_with("/rustc/"))
+}
+
+/// Whether a (demangled) function name is highwater's or the global allocator's.
+fn is_allocator_function(function: &str) -> bool {
+    const PREFIXES: [&str; 12] = [
         "highwater::",
         "<highwater::",
         "__rust_",
+        "__rustc::",
         "__rg_",
         "__rdl_",
         "alloc::alloc::",
@@ -460,9 +494,9 @@ pub(crate) fn is_allocator_frame(function: &str) -> bool {
         "std::alloc::",
         "<std::alloc::System",
         "core::alloc::",
+        "<core::alloc::",
     ];
     PREFIXES.iter().any(|prefix| function.starts_with(prefix))
-        || function.starts_with("<core::alloc::")
 }
 
 /// An estimate rounded to whole bytes or allocations.
@@ -540,15 +574,21 @@ mod tests {
             "alloc::alloc::exchange_malloc",
             "<alloc::alloc::Global as core::alloc::Allocator>::allocate",
         ] {
-            assert!(is_allocator_frame(own), "{own}");
+            assert!(is_allocator_function(own), "{own}");
         }
         for user in [
             "alloc::raw_vec::RawVec<T,A>::grow_one",
             "my_crate::train",
             "highwater_example::main",
         ] {
-            assert!(!is_allocator_frame(user), "{user}");
+            assert!(!is_allocator_function(user), "{user}");
         }
+        let inlined_here = Frame {
+            function: Some("record_alloc".into()),
+            file: Some(format!("{OWN_SOURCES}capture/hook.rs")),
+            ..Frame::default()
+        };
+        assert!(is_allocator_frame(&inlined_here));
     }
 
     /// A resolver that names `pc` after a table, for the tests.
