@@ -188,8 +188,7 @@ impl EnvConfig {
         };
         let sample_bytes = {
             const NAME: &str = "HIGHWATER_SAMPLE_BYTES";
-            const EXPECTED: &str =
-                "a whole number of bytes (0: sampling off, 1: every allocation)";
+            const EXPECTED: &str = "a whole number of bytes (0: sampling off, 1: every allocation)";
             text(NAME, EXPECTED)?
                 .map(|value| {
                     value
@@ -297,7 +296,10 @@ mod tests {
         assert!(settings.html);
         assert_eq!(settings.alloc_log, Some(PathBuf::from("env.alloc")));
         assert_eq!(settings.capture_mode, CaptureMode::DropWhenFull);
-        assert_eq!(settings.sample_bytes, 0, "HIGHWATER_SAMPLE_BYTES=0 turns sampling off");
+        assert_eq!(
+            settings.sample_bytes, 0,
+            "HIGHWATER_SAMPLE_BYTES=0 turns sampling off"
+        );
         // An unset variable leaves the builder's choice.
         let settings = Settings::resolve(&requested, &EnvConfig::default());
         assert_eq!(settings.output, PathBuf::from("code.json"));

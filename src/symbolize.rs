@@ -73,7 +73,11 @@ mod tests {
             function.contains("a_return_address_resolves_to_its_caller"),
             "{frames:?}"
         );
-        assert!(frame.file.as_deref().unwrap_or_default().ends_with("symbolize.rs"));
+        assert!(frame
+            .file
+            .as_deref()
+            .unwrap_or_default()
+            .ends_with("symbolize.rs"));
         assert_eq!(frame.line, Some(line));
         assert!(!frame.inlined);
     }

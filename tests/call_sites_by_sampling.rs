@@ -164,11 +164,14 @@ fn every_allocation_of_four_r_or_more_has_its_stack() {
         .iter()
         .map(|f| format!("{:?} {:?}:{:?}", f.function, f.file, f.line))
         .collect();
-    assert!(frames.iter().all(|frame| !frame
-        .function
-        .as_deref()
-        .unwrap_or_default()
-        .contains("highwater::")), "{names:#?}");
+    assert!(
+        frames.iter().all(|frame| !frame
+            .function
+            .as_deref()
+            .unwrap_or_default()
+            .contains("highwater::")),
+        "{names:#?}"
+    );
     let ours = frames
         .iter()
         .find(|frame| frame.function.as_deref() == Some("call_sites_by_sampling::few_large"))
@@ -234,7 +237,10 @@ fn sampling_off_records_no_site() {
     assert_eq!(profile.sampling.samples, 0);
     assert_eq!(profile.sampling.mean_bytes, 0);
     assert_eq!(profile.sampling.unwinder, "");
-    assert!(profile.peak_breakdown.iter().all(|row| row.top_sites.is_empty()));
+    assert!(profile
+        .peak_breakdown
+        .iter()
+        .all(|row| row.top_sites.is_empty()));
     // The byte figures are the same exact ones with sampling off.
     assert!(profile.summary.peak_bytes >= (LARGE.0 * LARGE.1 + SMALL.0 * SMALL.1) as u64);
 }

@@ -45,11 +45,7 @@ fn recording_never_allocates_through_the_global_allocator() {
 fn sampling_every_allocation_never_allocates_through_the_global_allocator() {
     let profile = record_busy_threads(Some(1));
     // Every allocation of the four threads was sampled, each with its stack.
-    assert!(
-        profile.sampling.samples >= 80_000,
-        "{:?}",
-        profile.sampling
-    );
+    assert!(profile.sampling.samples >= 80_000, "{:?}", profile.sampling);
     assert!(profile.sites.iter().all(|site| !site.frames.is_empty()));
 }
 

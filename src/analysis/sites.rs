@@ -644,9 +644,16 @@ mod tests {
         let report = sites.report(|_| None);
         assert_eq!(report.sites.len(), 1);
         let site = &report.sites[0];
-        let names: Vec<_> = site.frames.iter().map(|f| f.function.clone().unwrap()).collect();
+        let names: Vec<_> = site
+            .frames
+            .iter()
+            .map(|f| f.function.clone().unwrap())
+            .collect();
         assert_eq!(names, ["user::make", "user::main"]);
-        assert_eq!((site.alloc_bytes, site.alloc_count, site.samples), (150, 2, 2));
+        assert_eq!(
+            (site.alloc_bytes, site.alloc_count, site.samples),
+            (150, 2, 2)
+        );
         assert_eq!(site.alloc_bytes_error, 0, "R = 1 is exact");
         assert_eq!(report.sampling.distinct_sites, 1);
         assert_eq!(report.sampling.truncated_stacks, 1);
@@ -669,7 +676,11 @@ mod tests {
         sites.recategorised(0x2, Category::Optimizer);
         sites.sampled(0x3, 7, KEY, b, 5);
         let report = sites.report(|_| None);
-        let peak: Vec<(u64, u64)> = report.sites.iter().map(|s| (s.frames[0].pc, s.peak_bytes)).collect();
+        let peak: Vec<(u64, u64)> = report
+            .sites
+            .iter()
+            .map(|s| (s.frames[0].pc, s.peak_bytes))
+            .collect();
         assert_eq!(peak, [(10, 1000), (20, 500)]);
         let b_site = &report.sites[1];
         assert_eq!(b_site.alloc_bytes, 507);

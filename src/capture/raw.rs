@@ -536,7 +536,8 @@ impl Decoder {
                 self.stack.clear();
                 self.stack_truncated = false;
             }
-            self.stack.extend([raw.a, raw.b].into_iter().filter(|&pc| pc != 0));
+            self.stack
+                .extend([raw.a, raw.b].into_iter().filter(|&pc| pc != 0));
             self.stack_truncated |= raw.flags & TRUNCATED != 0;
             return None;
         }

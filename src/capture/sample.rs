@@ -110,7 +110,10 @@ mod tests {
         assert!((mean / r as f64 - 1.0).abs() < 0.01, "mean {mean}");
         let reached = draws.iter().filter(|&&d| r >= d).count() as f64 / n as f64;
         let expected = 1.0 - (-1.0f64).exp();
-        assert!((reached - expected).abs() < 0.005, "{reached} vs {expected}");
+        assert!(
+            (reached - expected).abs() < 0.005,
+            "{reached} vs {expected}"
+        );
     }
 
     #[test]

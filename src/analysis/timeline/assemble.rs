@@ -11,9 +11,9 @@ use crate::profile::{
 use rustc_hash::FxHashMap;
 
 use super::super::event::{DeviceId, NameId, ShapeId};
-use super::super::sites::ShareKey;
 use super::super::iterations::IterationSeries;
 use super::super::live::{self, NONE};
+use super::super::sites::ShareKey;
 use super::super::spans::FOLDED_SPAN;
 use super::leak::leak_warning;
 use super::{ByCategory, Timeline};
