@@ -145,8 +145,9 @@ pub(crate) struct SitesReport {
 
 /// One call site while the report is built.
 #[derive(Debug, Default)]
-struct Group {
-    frames: Vec<Frame>,
+struct Group<'a> {
+    /// Borrowed from the resolved table: only listed sites' frames are ever copied.
+    frames: Vec<&'a Frame>,
     allocated: Figures,
     at_peak: Figures,
     /// (bytes at the peak, allocated figures) by where.
@@ -363,7 +364,7 @@ impl Sites {
             site_of_group[index] = Some(id);
             report.sites.push(CallSite {
                 id,
-                frames: std::mem::take(&mut group.frames),
+                frames: group.frames.iter().map(|&frame| frame.clone()).collect(),
                 peak_bytes: estimate(group.at_peak.bytes),
                 peak_bytes_error: estimate(group.at_peak.variance.sqrt()),
                 peak_count: estimate(group.at_peak.count),
@@ -437,7 +438,7 @@ fn bare(pc: u64) -> Frame {
 /// The leading run is the frames that are highwater's or the allocator's, or the standard
 /// library's (a thread-local access inlined into the hook); it is trimmed up to its last frame
 /// of highwater or the allocator, so `RawVec` and the caller's frames stay.
-fn trimmed_frames(pcs: &[u64], frames_at: &FxHashMap<u64, Vec<Frame>>) -> Vec<Frame> {
+fn trimmed_frames<'a>(pcs: &[u64], frames_at: &'a FxHashMap<u64, Vec<Frame>>) -> Vec<&'a Frame> {
     let all: Vec<&Frame> = pcs
         .iter()
         .flat_map(|pc| frames_at.get(pc).map(Vec::as_slice).unwrap_or_default())
@@ -450,12 +451,11 @@ fn trimmed_frames(pcs: &[u64], frames_at: &FxHashMap<u64, Vec<Frame>>) -> Vec<Fr
             break;
         }
     }
-    let kept = if trimmed == all.len() {
-        &all[..]
-    } else {
-        &all[trimmed..]
-    };
-    kept.iter().map(|frame| (*frame).clone()).collect()
+    let mut all = all;
+    if trimmed < all.len() {
+        all.drain(..trimmed);
+    }
+    all
 }
 
 /// Where highwater's own sources were when it was built: inlined frames are named by their
