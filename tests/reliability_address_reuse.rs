@@ -146,6 +146,7 @@ fn snapshots_during_cross_thread_reuse_need_no_repair() {
 fn pass_buffers_around(snapshots: bool) {
     {
         {
+            common::wait_for_other_threads_to_sleep();
             let session = Session::builder().write_profile(false).start().unwrap();
             common::open_window();
             let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)

@@ -230,6 +230,37 @@ pub fn rows_of(tid: u64) -> impl Iterator<Item = &'static Row> {
         .filter(move |row| row.tid.load(Ordering::SeqCst) == tid)
 }
 
+/// Waits (at most 2 s) until every other thread of this process sleeps, seen on two polls in a
+/// row; call it before starting a session whose counts are compared with a window's.
+///
+/// libtest's main thread spawns the test's thread and then frees what it built the spawn from;
+/// under load it does so after the test thread has started recording, and those frees of
+/// blocks older than the session count as unknown frees that no window saw.
+pub fn wait_for_other_threads_to_sleep() {
+    let me = gettid().to_string();
+    let all_asleep = || {
+        let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+            return true;
+        };
+        tasks.flatten().all(|task| {
+            let name = task.file_name();
+            if name.to_string_lossy() == me {
+                return true;
+            }
+            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+            // The state follows the parenthesised command name.
+            stat.rsplit_once(") ")
+                .is_none_or(|(_, rest)| rest.starts_with('S') || rest.starts_with('Z'))
+        })
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let mut quiet_polls = 0;
+    while quiet_polls < 2 && std::time::Instant::now() < deadline {
+        quiet_polls = if all_asleep() { quiet_polls + 1 } else { 0 };
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
 /// Opens a counting window: from now on [`Counting`] marks new blocks as born in it and counts
 /// window operations. Open it only while a session records.
 pub fn open_window() {

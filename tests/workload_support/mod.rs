@@ -15,6 +15,7 @@ use crate::common;
 /// Runs `work` inside a default session (lossless capture unless `HIGHWATER_*` says otherwise),
 /// with the counting window open around it; returns the profile and what `work` returned.
 pub fn record<R>(work: impl FnOnce() -> R) -> (Profile, R) {
+    common::wait_for_other_threads_to_sleep();
     let session = Session::builder().write_profile(false).start().unwrap();
     common::open_window();
     let result = work();
