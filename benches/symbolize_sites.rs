@@ -6,9 +6,14 @@
 //! `profile.sampling.symbolize_ns`, the wall time of `Session::finish`, and the most heap the
 //! process held above what it held just before `finish` (the collector's assembly of the
 //! profile, symbolisation and its caches included), counted by the allocator inside highwater.
+//! A first session with a single site runs before it and is reported on its own: it pays for
+//! loading the binary's line tables, which the resolver keeps for the rest of the process.
+//!
+//! Bench builds carry no debug info (`[profile.bench]`); run it with line tables, as a user's
+//! release build with `debug = "line-tables-only"` would have them:
 //!
 //! ```text
-//! cargo bench --bench symbolize_sites
+//! CARGO_PROFILE_BENCH_DEBUG=line-tables-only cargo bench --bench symbolize_sites
 //! ```
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -65,37 +70,73 @@ fn descend(depth: u32, path: u32, out: &mut Vec<Vec<u8>>) {
     }
 }
 
-fn main() {
-    if !std::env::args().any(|arg| arg == "--bench") {
-        return;
-    }
-    let leaves = 1u32 << DEPTH;
-    let mut kept = Vec::with_capacity(leaves as usize);
-    let session = highwater::Session::builder()
-        .write_profile(false)
-        .sample_bytes(1)
-        .start()
-        .expect("start a session");
-    for path in 0..leaves {
-        descend(0, path, &mut kept);
-    }
+/// Finishes `session`; returns the profile, the wall time of `finish` and the most heap held
+/// above the level just before it.
+fn finish(session: highwater::Session) -> (highwater::Profile, f64, f64) {
     let before = LIVE.load(Ordering::Relaxed);
     PEAK.store(before, Ordering::Relaxed);
     let started = Instant::now();
     let profile = session.finish().expect("finish the session");
-    let finish = started.elapsed();
-    let extra = PEAK.load(Ordering::Relaxed) - before;
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    let extra = (PEAK.load(Ordering::Relaxed) - before) as f64 / (1 << 20) as f64;
+    (profile, ms, extra)
+}
+
+fn start() -> highwater::Session {
+    highwater::Session::builder()
+        .write_profile(false)
+        .sample_bytes(1)
+        .start()
+        .expect("start a session")
+}
+
+fn main() {
+    if !std::env::args().any(|arg| arg == "--bench") {
+        return;
+    }
+    let session = start();
+    let one = black_box(vec![0u8; 64]);
+    let (profile, ms, extra) = finish(session);
+    drop(one);
+    println!(
+        "symbolize_sites: first session, {} site(s): symbolised in {:.1} ms; finish {ms:.1} ms; \
+         heap above the pre-finish level at most {extra:.1} MiB",
+        profile.sampling.distinct_sites,
+        profile.sampling.symbolize_ns as f64 / 1e6,
+    );
+
+    let leaves = 1u32 << DEPTH;
+    let mut kept = Vec::with_capacity(leaves as usize);
+    let session = start();
+    for path in 0..leaves {
+        descend(0, path, &mut kept);
+    }
+    let (profile, ms, extra) = finish(session);
     drop(kept);
     let sampling = &profile.sampling;
     println!(
         "symbolize_sites: {} distinct sites ({} listed), {} samples; symbolised in {:.1} ms; \
-         finish {:.1} ms; heap above the pre-finish level at most {:.1} MiB",
+         finish {ms:.1} ms; heap above the pre-finish level at most {extra:.1} MiB",
         sampling.distinct_sites,
         profile.sites.len(),
         sampling.samples,
         sampling.symbolize_ns as f64 / 1e6,
-        finish.as_secs_f64() * 1e3,
-        extra as f64 / (1 << 20) as f64
     );
     assert!(sampling.distinct_sites >= 10_000, "{sampling:?}");
+    // Optimised code inlines: an inlined frame carries its short name only.
+    let named = |frame: &highwater::profile::Frame, name: &str| {
+        frame
+            .function
+            .as_deref()
+            .is_some_and(|f| f == name || f.ends_with(&format!("::{name}")))
+    };
+    let first = &profile.sites[0].frames;
+    assert!(
+        first.iter().any(|frame| named(frame, "left") || named(frame, "right")),
+        "{first:#?}"
+    );
+    assert!(
+        !first.iter().any(|frame| named(frame, "alloc_zeroed")),
+        "the allocator's frames are trimmed: {first:#?}"
+    );
 }

@@ -465,11 +465,18 @@ const OWN_SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
 /// Whether a frame is highwater's own or the allocator's: what every sampled stack starts
 /// with, which says nothing about the caller.
 pub(crate) fn is_allocator_frame(frame: &Frame) -> bool {
-    frame
-        .file
-        .as_deref()
-        .is_some_and(|file| file.starts_with(OWN_SOURCES))
-        || frame.function.as_deref().is_some_and(is_allocator_function)
+    /// The standard library's allocator front ends (`alloc::alloc`, `std::alloc`,
+    /// `core::alloc`), by source file: inlined, their frames carry short names only.
+    const STD_ALLOCATOR_FILES: [&str; 3] = [
+        "/library/alloc/src/alloc.rs",
+        "/library/std/src/alloc.rs",
+        "/library/core/src/alloc/",
+    ];
+    frame.file.as_deref().is_some_and(|file| {
+        file.starts_with(OWN_SOURCES)
+            || (file.starts_with("/rustc/")
+                && STD_ALLOCATOR_FILES.iter().any(|part| file.contains(part)))
+    }) || frame.function.as_deref().is_some_and(is_allocator_function)
 }
 
 /// Whether a frame is the standard library's, by its source path.
@@ -589,6 +596,18 @@ mod tests {
             ..Frame::default()
         };
         assert!(is_allocator_frame(&inlined_here));
+        let inlined_std = Frame {
+            function: Some("alloc_zeroed".into()),
+            file: Some("/rustc/0123/library/alloc/src/alloc.rs".into()),
+            ..Frame::default()
+        };
+        assert!(is_allocator_frame(&inlined_std));
+        let raw_vec = Frame {
+            function: Some("try_allocate_in<alloc::alloc::Global>".into()),
+            file: Some("/rustc/0123/library/alloc/src/raw_vec/mod.rs".into()),
+            ..Frame::default()
+        };
+        assert!(!is_allocator_frame(&raw_vec));
     }
 
     /// A resolver that names `pc` after a table, for the tests.
