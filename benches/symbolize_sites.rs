@@ -132,7 +132,9 @@ fn main() {
     };
     let first = &profile.sites[0].frames;
     assert!(
-        first.iter().any(|frame| named(frame, "left") || named(frame, "right")),
+        first
+            .iter()
+            .any(|frame| named(frame, "left") || named(frame, "right")),
         "{first:#?}"
     );
     assert!(
