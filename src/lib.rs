@@ -83,6 +83,8 @@ mod config;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]
+mod fork_lock;
+#[cfg(not(loom))]
 mod measure;
 #[cfg(not(loom))]
 pub mod ops;

@@ -17,7 +17,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::Sender;
-use parking_lot::Mutex;
 
 use crate::analysis::TimelineConfig;
 use crate::capture::gate::enable_asymmetric_barrier;
@@ -26,17 +25,33 @@ use crate::collector::{self, CollectorConfig, Control};
 use crate::config::{check_ring_events, EnvConfig, Requested, Settings};
 use crate::error::Error;
 use crate::export::html;
+use crate::fork_lock::{ForkSafeGuard, ForkSafeMutex};
 use crate::profile::{CaptureMode, Profile, RunMeta, Warning};
 
 pub use crate::config::DEFAULT_OUTPUT;
 
 /// The running session's parts, reachable from the `exit` handler and the signal watcher.
-static ACTIVE: Mutex<Option<Running>> = Mutex::new(None);
+/// This and [`FINISHING`] are [`ForkSafeMutex`]es: a forked child must be able to take them.
+static ACTIVE: ForkSafeMutex<Option<Running>> = ForkSafeMutex::new(None);
 
 /// Held for a whole finish (and for a checkpoint written on a signal), so a finish under way on
 /// one thread completes before another caller (the exit handler, the signal watcher) goes on.
 /// Always taken before [`ACTIVE`].
-static FINISHING: Mutex<()> = Mutex::new(());
+static FINISHING: ForkSafeMutex<()> = ForkSafeMutex::new(());
+
+thread_local! {
+    /// The session locks [`before_fork`] took on this thread, until the fork handlers that run
+    /// after the fork (on this same thread, in the parent and in the child) release them.
+    static HELD_OVER_FORK: std::cell::RefCell<Option<HeldOverFork>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// [`FINISHING`], [`ACTIVE`] and the names table, held across a `fork` (taken in this order).
+struct HeldOverFork {
+    _finishing: ForkSafeGuard<'static, ()>,
+    _active: ForkSafeGuard<'static, Option<Running>>,
+    _names: names::HeldOverFork,
+}
 
 /// The generation of the session recording now (`0`: none). Sessions count from 1.
 static CURRENT: AtomicU64 = AtomicU64::new(0);
@@ -667,7 +682,8 @@ fn install_process_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         // SAFETY: `finish_at_exit` is an `extern "C" fn()` that does not unwind; the fork
-        // handlers only lock and unlock the session's two mutexes.
+        // handlers only lock and unlock the session's two mutexes and the names table's (and
+        // cannot unwind).
         unsafe {
             libc::atexit(finish_at_exit);
             libc::pthread_atfork(
@@ -679,21 +695,24 @@ fn install_process_handlers() {
     });
 }
 
-/// Takes both session locks before `fork`, so the child never inherits one held by a thread
-/// that does not exist there (its `Session::start` would then wait forever).
+/// Takes both session locks and the names table's before `fork`, so the child never inherits
+/// one held by a thread that does not exist there (its `Session::start`, or its first op, would
+/// then wait forever). Nothing holding the names table waits for a session lock.
 extern "C" fn before_fork() {
-    std::mem::forget(FINISHING.lock());
-    std::mem::forget(ACTIVE.lock());
+    let held = HeldOverFork {
+        _finishing: FINISHING.lock(),
+        _active: ACTIVE.lock(),
+        _names: names::hold_over_fork(),
+    };
+    // A thread whose thread-locals are being torn down forks with the locks free, as it would
+    // without this handler.
+    let _ = HELD_OVER_FORK.try_with(|slot| *slot.borrow_mut() = Some(held));
 }
 
-/// Releases what [`before_fork`] took, in the parent and in the child.
+/// Releases what [`before_fork`] took, in the parent and in the child (where this thread is the
+/// copy of the one that took them, and the unlock leaves them free: see [`crate::fork_lock`]).
 extern "C" fn after_fork_unlock() {
-    // SAFETY: `before_fork` locked both on this very thread and forgot the guards; in the child
-    // this thread is the copy of the one that locked them.
-    unsafe {
-        ACTIVE.force_unlock();
-        FINISHING.force_unlock();
-    }
+    let _ = HELD_OVER_FORK.try_with(|slot| drop(slot.borrow_mut().take()));
 }
 
 /// Finishes the session when the process calls `exit` (including `std::process::exit`) before

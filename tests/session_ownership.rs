@@ -151,6 +151,142 @@ fn a_fork_during_a_snapshot_and_a_dropped_inherited_session_do_not_hang() {
     );
 }
 
+/// A fork while other threads keep taking the session's lock (one loops on `snapshot()`, two on
+/// `start()`, refused while a session runs): each child's own `start` and `finish` return. The
+/// threads queued for that lock at the fork used to stay on parking_lot's wait list in the child,
+/// and unlocking it there could hand the lock to one of them, a thread that does not exist in the
+/// child: the child's `start` waited forever (several children in 40 hung).
+#[test]
+fn a_fork_while_threads_queue_for_the_session_lock_does_not_hang_the_child() {
+    isolated(
+        "a_fork_while_threads_queue_for_the_session_lock_does_not_hang_the_child",
+        || {
+            use std::sync::atomic::{AtomicBool, Ordering};
+            const FORKS: usize = 40;
+            let session = Session::builder().write_profile(false).start().unwrap();
+            // Touched memory makes each fork take long enough for the threads below to queue
+            // for the lock while the fork handler holds it, and for parking_lot's fairness
+            // timer (under 1 ms) to run out before the child unlocks.
+            let ballast = black_box(vec![1u8; 256 * MIB]);
+            let stop = AtomicBool::new(false);
+            let mut hung = Vec::new();
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    while !stop.load(Ordering::SeqCst) {
+                        let _ = session.snapshot();
+                    }
+                });
+                for _ in 0..2 {
+                    scope.spawn(|| {
+                        while !stop.load(Ordering::SeqCst) {
+                            let refused = Session::builder().write_profile(false).start();
+                            assert!(matches!(refused, Err(Error::AlreadyRunning)), "{refused:?}");
+                        }
+                    });
+                }
+                for fork in 0..FORKS {
+                    std::thread::sleep(Duration::from_millis(1));
+                    // SAFETY: the child uses highwater and calls `_exit`.
+                    let pid = unsafe { libc::fork() };
+                    if pid == 0 {
+                        let ok = Session::builder()
+                            .write_profile(false)
+                            .start()
+                            .and_then(Session::finish)
+                            .is_ok();
+                        // SAFETY: ending the forked child at once.
+                        unsafe { libc::_exit(if ok { 0 } else { 1 }) };
+                    }
+                    assert!(pid > 0, "fork failed");
+                    let code = wait_for(pid, Duration::from_secs(60));
+                    if code != Some(0) {
+                        hung.push((fork, code));
+                        break;
+                    }
+                }
+                stop.store(true, Ordering::SeqCst);
+            });
+            drop(ballast);
+            assert!(
+                hung.is_empty(),
+                "a forked child failed or hung (fork, exit code; `None`: killed after 60 s): \
+                 {hung:?}"
+            );
+            session.finish().unwrap();
+        },
+    );
+}
+
+/// A fork while a parent thread keeps interning op names (a new name per step, as a training
+/// loop's `format!` does): the child's own session records its op and finishes. The child used
+/// to inherit the names table locked by that thread, and its first op waited forever (2 children
+/// in 16 hung).
+#[test]
+fn a_fork_while_a_thread_interns_op_names_does_not_hang_the_child() {
+    isolated(
+        "a_fork_while_a_thread_interns_op_names_does_not_hang_the_child",
+        || {
+            use std::sync::atomic::{AtomicBool, Ordering};
+            const FORKS: usize = 40;
+            let session = Session::builder().write_profile(false).start().unwrap();
+            let stop = AtomicBool::new(false);
+            let mut hung = Vec::new();
+            std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    let mut step = 0u64;
+                    while !stop.load(Ordering::SeqCst) {
+                        step += 1;
+                        drop(ops::op(&format!("step{}", step % 50_000)));
+                    }
+                });
+                for fork in 0..FORKS {
+                    std::thread::sleep(Duration::from_millis(2));
+                    // SAFETY: the child uses highwater and calls `_exit`.
+                    let pid = unsafe { libc::fork() };
+                    if pid == 0 {
+                        let code = match Session::builder().write_profile(false).start() {
+                            Ok(own) => {
+                                let op = ops::op("in_the_child");
+                                let block = black_box(vec![3u8; MIB]);
+                                let profile = own.snapshot();
+                                drop(block);
+                                drop(op);
+                                let named = profile.is_ok_and(|profile| {
+                                    profile
+                                        .peak_breakdown
+                                        .iter()
+                                        .any(|row| row.op.as_deref() == Some("in_the_child"))
+                                });
+                                match (named, own.finish()) {
+                                    (true, Ok(_)) => 0,
+                                    (false, _) => 2,
+                                    (true, Err(_)) => 3,
+                                }
+                            }
+                            Err(_) => 1,
+                        };
+                        // SAFETY: ending the forked child at once.
+                        unsafe { libc::_exit(code) };
+                    }
+                    assert!(pid > 0, "fork failed");
+                    let code = wait_for(pid, Duration::from_secs(60));
+                    if code != Some(0) {
+                        hung.push((fork, code));
+                        break;
+                    }
+                }
+                stop.store(true, Ordering::SeqCst);
+            });
+            assert!(
+                hung.is_empty(),
+                "a forked child failed or hung (fork, exit code; `None`: killed after 60 s): \
+                 {hung:?}"
+            );
+            session.finish().unwrap();
+        },
+    );
+}
+
 /// `process::exit` on the main thread while another thread is inside `snapshot()` (in a loop)
 /// or `finish()`: the exit handler waits for the finish in progress and the profile is always
 /// written (it used to be missing in most runs, silently). Ten runs of each.

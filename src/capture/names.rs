@@ -4,6 +4,10 @@
 //! they do so with recording paused, so the table's own allocations are never recorded. Ids
 //! are stable for the life of the process; the collector resolves them when it decodes events.
 //!
+//! The table's lock is a [`ForkSafeMutex`], held across `fork` by the session's fork handler
+//! ([`hold_over_fork`]): a child forked while a parent thread was interning a name would otherwise
+//! inherit it locked, and its first op would wait forever.
+//!
 //! The table is bounded: past [`MAX_NAMES`] names (or [`MAX_NAME_BYTES`] of them), a new name
 //! gets the id of [`FOLDED_NAME`] and is counted ([`folded`]), so a program that makes a unique
 //! op name per step (`format!("step{i}")`) cannot grow it without end.
@@ -12,9 +16,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
 
-use parking_lot::Mutex;
-
 use super::hook::with_recording_paused;
+use crate::fork_lock::{ForkSafeGuard, ForkSafeMutex};
 
 /// The CPU heap's device id.
 pub(crate) const CPU: u16 = 0;
@@ -45,13 +48,27 @@ struct Table {
     device_ids: HashMap<Box<str>, u16>,
 }
 
-static TABLE: LazyLock<Mutex<Table>> = LazyLock::new(|| {
+static TABLE: LazyLock<ForkSafeMutex<Table>> = LazyLock::new(|| {
     let mut table = Table::default();
     table.names.push(FOLDED_NAME.into());
     table.devices.push("cpu".into());
     table.device_ids.insert("cpu".into(), CPU);
-    Mutex::new(table)
+    ForkSafeMutex::new(table)
 });
+
+/// The table, locked by the session's fork handler until the fork is over.
+#[derive(Debug)]
+pub(crate) struct HeldOverFork {
+    _table: ForkSafeGuard<'static, Table>,
+}
+
+/// Locks the table for a `fork` (called in the `atfork` prepare handler, so the child gets it
+/// free): released when the returned value is dropped, after the fork, in parent and child.
+pub(crate) fn hold_over_fork() -> HeldOverFork {
+    HeldOverFork {
+        _table: TABLE.lock(),
+    }
+}
 
 /// The id of `name`.
 pub(crate) fn name(name: &str) -> u32 {
