@@ -4,21 +4,42 @@
 //! profile, through the `backtrace` crate (DWARF line tables via gimli, inlined frames,
 //! demangled names). Each address is looked up as `pc - 1`, inside the call instruction, so
 //! the line is the call's and not the next statement's.
+//!
+//! A process forked from one that already ran a session does not symbolise: its sites list
+//! program counters only. Resolving there hung the child in testing (a fork taken while the
+//! parent's threads run can leave state the resolver needs, such as a lock, held for good).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 use crate::analysis::ResolveFrames;
 use crate::profile::Frame;
 
+/// The process that first made a resolver (`0`: none yet).
+static FIRST_PID: AtomicU32 = AtomicU32::new(0);
+
 /// The process's own resolver: `backtrace::resolve`, timed.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Resolver {
     last_ns: AtomicU64,
 }
 
+impl Default for Resolver {
+    fn default() -> Resolver {
+        let _ =
+            FIRST_PID.compare_exchange(0, std::process::id(), Ordering::SeqCst, Ordering::SeqCst);
+        Resolver {
+            last_ns: AtomicU64::new(0),
+        }
+    }
+}
+
 impl ResolveFrames for Resolver {
     fn resolve(&self, pcs: &[u64]) -> Vec<Vec<Frame>> {
+        if FIRST_PID.load(Ordering::SeqCst) != std::process::id() {
+            // A forked child: addresses only (see the module docs).
+            return Vec::new();
+        }
         let started = Instant::now();
         let frames = pcs.iter().map(|&pc| resolve_one(pc)).collect();
         let ns = u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
