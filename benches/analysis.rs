@@ -49,8 +49,12 @@ use highwater::analysis::{Timeline, TimelineConfig};
 use highwater::Profile;
 use serde_json::{json, Value};
 
+#[path = "support/cpu_time.rs"]
+mod cpu_time;
 #[path = "support/stream.rs"]
 mod stream;
+
+use cpu_time::thread_cpu_time;
 
 /// The stream's seed: change it and every figure changes a little, the ratios hardly.
 const SEED: u64 = 0x6869_6768_7761_7465;
@@ -202,18 +206,6 @@ fn replay_case(stream: &stream::Stream, count: usize, repeat: usize) -> (Value, 
         "peak_bytes": mid.profile.summary.peak_bytes,
     });
     (value, mid.profile)
-}
-
-/// CPU time the calling thread has used.
-fn thread_cpu_time() -> Duration {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid, writable timespec; the clock id is a constant Linux defines.
-    let status = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
-    assert_eq!(status, 0, "the thread CPU clock is readable");
-    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }
 
 /// Heap a `Timeline` holds per live block once `blocks` allocations are live (no spans).

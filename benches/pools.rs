@@ -14,8 +14,9 @@
 //!
 //! It then times the what-if replays (`highwater fit` and `simulate`'s figures): every
 //! [`Allocator`] — the PyTorch and TensorFlow emulations and each strategy — replaying the same
-//! stream, against the `Vec` baseline measured in the same run. `WHATIF_ONLY=1` prints only
-//! that table.
+//! stream, against the `Vec` baseline measured in the same run, by wall clock and by the
+//! replaying thread's CPU time. `WHATIF_ONLY=1` prints only that table;
+//! `WHATIF_ALLOCATORS=pytorch,tf-bfc` narrows it to those allocators.
 //!
 //! Run: `cargo bench --bench pools -- --warm-up-time 1 --measurement-time 3`
 
@@ -26,10 +27,14 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use cpu_time::thread_cpu_time;
 use criterion::{criterion_group, criterion_main, Criterion};
 use highwater::device::{
     replay, Allocator, DeviceIndex, PoolManager, Reservation, SimOp, Strategy, Trace,
 };
+
+#[path = "support/cpu_time.rs"]
+mod cpu_time;
 
 const GIB: u64 = 1 << 30;
 const OPS: usize = 1_000_000;
@@ -410,9 +415,27 @@ fn report_full_replays() {
     println!();
 }
 
+/// The machine's 1-minute load average, for the table's caption.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// The allocators to time; `WHATIF_ALLOCATORS=pytorch,tf-bfc` narrows the list.
+fn whatif_allocators() -> Vec<Allocator> {
+    let mut all = Allocator::standard();
+    if let Ok(only) = std::env::var("WHATIF_ALLOCATORS") {
+        all.retain(|a| only.split(',').any(|o| o == a.to_string()));
+    }
+    all
+}
+
 /// What-if replays (`highwater fit`, `simulate`'s figures): each allocator replays the same
 /// stream from a prepared [`Trace`]; the rate is against the original `Vec` pool on the same
-/// stream, timed in this run. Fastest of three runs counts, as for the strategies.
+/// stream, timed in this run. Fastest of five runs counts, by wall clock and by the thread's
+/// CPU time (each its own fastest run).
 fn report_whatif_replays() {
     println!("\nwhat-if replays ({OPS} operations + final frees), device = the config's pool:");
     for cfg in &CONFIGS[..2] {
@@ -426,31 +449,44 @@ fn report_whatif_replays() {
             })
             .collect();
         let trace = Trace::new(&sim);
+        let load_before = load_average();
+        let cpu_started = thread_cpu_time();
         let (base, ..) = full_replay(BASELINE, cfg, &ops, ids);
+        let base_cpu = ops.len() as f64 / (thread_cpu_time() - cpu_started).as_secs_f64();
         println!("\n{}  ({} ops)", cfg.label, ops.len());
         println!(
-            "{:<19} {:>12} {:>9} {:>10} {:>14}",
-            "allocator", "ops/s", "vs base", "refusals", "peak"
+            "{:<19} {:>12} {:>9} {:>14} {:>9} {:>10} {:>14}",
+            "allocator", "ops/s", "vs base", "ops/cpu-s", "vs base", "refusals", "peak"
         );
-        println!("{BASELINE:<19} {base:>12.0} {:>8.1}x", 1.0);
-        for allocator in Allocator::standard() {
-            let mut best = Duration::MAX;
+        println!(
+            "{BASELINE:<19} {base:>12.0} {:>8.1}x {base_cpu:>14.0} {:>8.1}x",
+            1.0, 1.0
+        );
+        for allocator in whatif_allocators() {
+            let (mut best, mut best_cpu) = (Duration::MAX, Duration::MAX);
             let mut last = None;
-            for _ in 0..3 {
-                let started = Instant::now();
+            for _ in 0..5 {
+                let (started, cpu_started) = (Instant::now(), thread_cpu_time());
                 last = Some(black_box(replay(&trace, allocator, cfg.capacity)));
                 best = best.min(started.elapsed());
+                best_cpu = best_cpu.min(thread_cpu_time() - cpu_started);
             }
-            let r = last.expect("three runs");
+            let r = last.expect("five runs");
             let rate = trace.len() as f64 / best.as_secs_f64();
+            let rate_cpu = trace.len() as f64 / best_cpu.as_secs_f64();
             println!(
-                "{:<19} {rate:>12.0} {:>8.1}x {:>10} {:>11} MiB",
+                "{:<19} {rate:>12.0} {:>8.1}x {rate_cpu:>14.0} {:>8.1}x {:>10} {:>11} MiB",
                 allocator.to_string(),
                 rate / base,
+                rate_cpu / base_cpu,
                 r.refused,
                 r.peak_bytes >> 20
             );
         }
+        println!(
+            "(1-minute load average {load_before} before, {} after)",
+            load_average()
+        );
     }
     println!();
 }

@@ -8,6 +8,8 @@
     scripts/compare_profilers.py --report-only    # re-print the last run's tables
     scripts/compare_profilers.py --earlier OLD.json     # reuse OLD's massif rows (massif is slow)
     scripts/compare_profilers.py --earlier OLD.json --reuse massif,heaptrack:syn
+    scripts/compare_profilers.py --skip massif:syn,heaptrack:syn   # leave rows out
+    scripts/compare_profilers.py --baseline OLD/workload --baseline-label "main 28e6d4b"
 
 For each workload of `examples/workload.rs` (syn parsing five crates' sources with all trees
 alive at once; a ~25 MB JSON document through `serde_json::Value` and back; four threads
@@ -21,7 +23,9 @@ passing `HashMap<String, Vec<u64>>`s to be freed) it runs the same release binar
 
 The unprofiled and highwater runs are repeated (`--repeat`, default 3) in rotating order, so
 each sees the same mix of quiet and busy moments on a shared machine; the median counts.
-heaptrack and massif run once each (`--repeat-external` to change that).
+heaptrack and massif run once each (`--repeat-external` to change that). `--baseline` adds
+another build of the workload binary (say, main's) in lossless mode to the same rotation, so a
+change's before and after come from one run under the same load.
 
 Work time is what the program measures around the workload itself (no process start, no
 session start or finish, no profiler start-up or post-processing), printed on its last output
@@ -142,7 +146,8 @@ def workload_args(quick):
 
 
 def run(command, env, cwd):
-    """Runs one command; returns (its last JSON output line, max RSS in bytes, wall seconds)."""
+    """Runs one command; returns (its last JSON output line, max RSS in bytes, wall seconds,
+    CPU seconds: user + system, all threads)."""
     merged = dict(os.environ, **env)
     # The runs choose their own mode; an outer setting would skew them.
     for key in ("HIGHWATER", "HIGHWATER_CAPTURE", "HIGHWATER_RING_EVENTS"):
@@ -173,7 +178,7 @@ def run(command, env, cwd):
     lines = [l for l in (cwd / "stdout").read_text().splitlines() if l.startswith("{")]
     if not lines:
         sys.exit(f"no result line from: {' '.join(command)}")
-    return json.loads(lines[-1]), usage.ru_maxrss * 1024, wall
+    return json.loads(lines[-1]), usage.ru_maxrss * 1024, wall, usage.ru_utime + usage.ru_stime
 
 
 def heaptrack_peak(path):
@@ -210,11 +215,18 @@ def massif_peak(path):
 
 def heaptrack_run(binary, args, scratch):
     cwd = Path(tempfile.mkdtemp(dir=scratch))
-    result, rss, wall = run(
+    result, rss, wall, cpu = run(
         ["heaptrack", "-o", str(cwd / "heaptrack"), binary] + args, {"HIGHWATER": "off"}, cwd
     )
     peak, blocks = heaptrack_peak(next(cwd.glob("heaptrack.*")))
-    row = {"result": result, "max_rss": rss, "wall_s": wall, "peak": peak, "most_blocks": blocks}
+    row = {
+        "result": result,
+        "max_rss": rss,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "peak": peak,
+        "most_blocks": blocks,
+    }
     # heaptrack can die while the program runs on (the exit status is the program's): its data
     # file then stops early and its figures are not the run's.
     errors = (cwd / "stderr").read_text()
@@ -228,7 +240,7 @@ def heaptrack_run(binary, args, scratch):
 def massif_run(binary, args, scratch):
     cwd = Path(tempfile.mkdtemp(dir=scratch))
     out = cwd / "massif.out"
-    result, rss, wall = run(
+    result, rss, wall, cpu = run(
         [
             "valgrind",
             "--tool=massif",
@@ -242,22 +254,31 @@ def massif_run(binary, args, scratch):
         {"HIGHWATER": "off"},
         cwd,
     )
-    return {"result": result, "max_rss": rss, "wall_s": wall, "peak": massif_peak(out)}
+    return {
+        "result": result,
+        "max_rss": rss,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "peak": massif_peak(out),
+    }
 
 
-def measure(kind, args, repeat, repeat_external, scratch, earlier, reuse):
-    """Every run of one workload, by label. Rows named in `reuse` (`massif`, `heaptrack`, or
-    `TOOL:KIND`) are taken from `earlier`, a previous run's results, instead of measured."""
+def measure(kind, args, repeat, repeat_external, scratch, earlier, reuse, skip, modes):
+    """Every run of one workload, by label. `modes` are (label, environment, binary). Rows
+    named in `reuse` (`massif`, `heaptrack`, or `TOOL:KIND`) are taken from `earlier`, a
+    previous run's results, instead of measured; rows named in `skip` are left out."""
     binary = str(BINARY)
-    runs = {label: [] for label, _ in MODES}
+    runs = {label: [] for label, _, _ in modes}
     for round_index in range(repeat):
         # Rotate the order so no mode always runs first (or right after another).
-        order = MODES[round_index % len(MODES):] + MODES[: round_index % len(MODES)]
-        for label, env in order:
+        order = modes[round_index % len(modes):] + modes[: round_index % len(modes)]
+        for label, env, mode_binary in order:
             cwd = Path(tempfile.mkdtemp(dir=scratch))
-            result, rss, wall = run([binary] + args, env, cwd)
-            runs[label].append({"result": result, "max_rss": rss, "wall_s": wall})
+            result, rss, wall, cpu = run([mode_binary] + args, env, cwd)
+            runs[label].append({"result": result, "max_rss": rss, "wall_s": wall, "cpu_s": cpu})
     for tool, measure_once in (("heaptrack", heaptrack_run), ("massif", massif_run)):
+        if tool in skip or f"{tool}:{kind}" in skip:
+            continue
         if tool in reuse or f"{tool}:{kind}" in reuse:
             previous = earlier["workloads"].get(kind, {})
             if previous.get("args") != args:
@@ -299,6 +320,12 @@ def report(data):
             if rows
         }
         rss = {label: median([r["max_rss"] for r in rows]) for label, rows in runs.items() if rows}
+        # Earlier results files have no CPU times.
+        cpu = {
+            label: median([r["cpu_s"] for r in rows])
+            for label, rows in runs.items()
+            if rows and all("cpu_s" in r for r in rows)
+        }
         base = work.get("unprofiled")
         failed = [r["failed"] for r in runs.get("heaptrack", []) if r.get("failed")]
         if failed:
@@ -312,9 +339,9 @@ def report(data):
         lines += [
             f"**{kind}**: {entry['description']}.",
             "",
-            "| run | work time | × unprofiled | × heaptrack | peak | peak vs massif | "
-            "events dropped | max RSS | added RSS (vs unprofiled) |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| run | work time | × unprofiled | × heaptrack | process CPU, × unprofiled | peak | "
+            "peak vs massif | events dropped | max RSS | added RSS (vs unprofiled) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for label, rows in runs.items():
             if not rows:
@@ -337,9 +364,14 @@ def report(data):
                 if label.startswith("highwater") and "unprofiled" in rss
                 else "–"
             )
+            cpu_cell = (
+                f"{cpu[label]:.2f} s, {ratio(cpu[label], cpu.get('unprofiled'))}"
+                if label in cpu
+                else "–"
+            )
             lines.append(
                 f"| {label} | {work[label]:.3f} s | {ratio(work[label], base)} | "
-                f"{ratio(work[label], heaptrack)} | {size(peak) if peak else '–'} | "
+                f"{ratio(work[label], heaptrack)} | {cpu_cell} | {size(peak) if peak else '–'} | "
                 f"{signed_pct(peak, massif) if peak and massif else '–'} | {dropped} | "
                 f"{size(rss[label])} | {added} |"
             )
@@ -389,6 +421,11 @@ def main():
         default="massif",
         help="rows to take from --earlier instead of measuring: massif, heaptrack, TOOL:KIND",
     )
+    parser.add_argument("--skip", default="", help="rows not to run: massif, heaptrack, TOOL:KIND")
+    parser.add_argument(
+        "--baseline", type=Path, help="another build of the workload binary, run lossless too"
+    )
+    parser.add_argument("--baseline-label", default="baseline", help="its name in the tables")
     args = parser.parse_args()
     if args.report_only:
         print(report(json.loads(RESULTS.read_text())))
@@ -404,8 +441,19 @@ def main():
     every = workload_args(args.quick)
     earlier = json.loads(args.earlier.read_text()) if args.earlier else None
     reuse = set(args.reuse.split(",")) if earlier else set()
+    skip = set(filter(None, args.skip.split(",")))
+    modes = [(label, env, str(BINARY)) for label, env in MODES]
+    if args.baseline:
+        modes.append(
+            (
+                f"highwater lossless, {args.baseline_label}",
+                {"HIGHWATER_CAPTURE": "lossless"},
+                str(args.baseline.resolve()),
+            )
+        )
     data = {
         "machine": header,
+        "baseline": args.baseline_label if args.baseline else None,
         "quick": args.quick,
         "earlier": re.sub(r"^Machine: .*?; commit ", "commit ", earlier["machine"]).rstrip(".")
         if earlier
@@ -422,7 +470,15 @@ def main():
                 "args": workload,
                 "description": description,
                 "runs": measure(
-                    kind, workload, args.repeat, args.repeat_external, scratch, earlier, reuse
+                    kind,
+                    workload,
+                    args.repeat,
+                    args.repeat_external,
+                    scratch,
+                    earlier,
+                    reuse,
+                    skip,
+                    modes,
                 ),
             }
             # After every workload, so a run stopped later keeps what it measured.

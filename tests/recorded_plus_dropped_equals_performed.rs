@@ -111,7 +111,13 @@ fn recorded_plus_dropped_equals_performed_per_thread() {
         .iter()
         .filter(|w| matches!(w, Warning::DroppedEvents { .. }))
         .collect();
-    assert_eq!(notices, [&Warning::DroppedEvents { events: reported }]);
+    assert_eq!(
+        notices,
+        [&Warning::DroppedEvents {
+            events: reported,
+            mode: CaptureMode::DropWhenFull
+        }]
+    );
 }
 
 #[test]

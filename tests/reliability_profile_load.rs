@@ -153,7 +153,10 @@ fn rich_profile() -> Profile {
             }],
         },
         warnings: vec![
-            Warning::DroppedEvents { events: 2 },
+            Warning::DroppedEvents {
+                events: 2,
+                mode: highwater::CaptureMode::Lossless,
+            },
             Warning::Note {
                 text: "a sentence from an older profile".into(),
             },

@@ -15,6 +15,7 @@ mkdir -p "$base/src-tree"
 git archive main | tar -x -C "$base/src-tree"
 cp benches/analysis.rs "$base/src-tree/benches/analysis.rs"
 cp benches/support/stream.rs "$base/src-tree/benches/support/stream.rs"
+cp benches/support/cpu_time.rs "$base/src-tree/benches/support/cpu_time.rs"
 binary() {
     cargo bench --bench analysis --no-run --message-format=json "$@" 2>/dev/null |
         sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1

@@ -23,11 +23,11 @@
 //! the side rows. The side rows are O(contexts + top allocations) in memory, whatever the
 //! number of blocks live at the peak; each event costs O(1) amortised.
 
-use std::hash::{BuildHasher, Hash};
+use std::hash::Hash;
 
 use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
-use rustc_hash::{FxBuildHasher, FxHashMap};
+use rustc_hash::FxHashMap;
 
 use crate::model::Category;
 
@@ -310,9 +310,32 @@ pub(crate) struct LiveSet {
     top: usize,
 }
 
+/// Address units (bytes) that share one window of neighbouring buckets: a 4 KiB page.
+const WINDOW_SHIFT: u32 = 12;
+/// Bytes per bucket inside a window: the allocator's 16-byte alignment.
+const UNIT_SHIFT: u32 = 4;
+
+/// The index hash of an address: neighbouring addresses get neighbouring buckets.
+///
+/// Programs free blocks in about the order they allocated them, and allocators hand out
+/// neighbouring addresses, so the collector's inserts and frees walk the address space. A
+/// plain hash scatters each of those to a random bucket, one cache miss apiece on a large
+/// live set; here the page (with the address's sub-alignment bits, so that small ids spread
+/// too) is hashed to a random window and the 16-byte unit inside the page picks the bucket in
+/// that window. The top seven bits, which the table keeps as each bucket's tag, mix the unit
+/// and the window, so the neighbours a probe meets mostly have different tags.
 #[inline]
 fn hash(addr: u64) -> u64 {
-    FxBuildHasher.hash_one(addr)
+    const UNIT_BITS: u32 = WINDOW_SHIFT - UNIT_SHIFT;
+    let unit = (addr >> UNIT_SHIFT) & ((1 << UNIT_BITS) - 1);
+    // Page and sub-alignment bits, distinct for distinct windows; Fibonacci hashing keeps the
+    // top bits, the well mixed ones, as the window number (enough for 2^34 buckets).
+    let page = ((addr >> WINDOW_SHIFT) << UNIT_SHIFT) | (addr & ((1 << UNIT_SHIFT) - 1));
+    let window = page.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - 26);
+    // Neighbours in one page differ in the unit; pages that share a window of a table of up
+    // to 2^27 buckets differ in the window hash's top bits, which the bucket number drops.
+    let tag = (unit + (window >> 19)) & 0x7f;
+    (tag << 57) | (window << UNIT_BITS) | unit
 }
 
 impl LiveSet {
@@ -781,6 +804,32 @@ mod tests {
             .map(|(_, e)| (e.size, e.ts))
             .collect();
         assert_eq!(top, vec![(50, 1), (50, 3), (7, 2)]);
+    }
+
+    #[test]
+    fn neighbouring_addresses_get_neighbouring_buckets_with_different_tags() {
+        const LOW: u64 = (1 << 57) - 1;
+        let page = 0x7f12_3456_7000u64;
+        let first = hash(page);
+        for unit in 1..256u64 {
+            let h = hash(page + unit * 16);
+            assert_eq!(
+                h & LOW,
+                (first & LOW) + unit,
+                "unit {unit}: the next bucket"
+            );
+            if unit < 128 {
+                assert_ne!(h >> 57, first >> 57, "unit {unit}: its own tag");
+            }
+        }
+        // Pages spread over the windows of a 2^26-bucket table.
+        let windows: std::collections::HashSet<u64> = (0..4096u64)
+            .map(|p| (hash(page + p * 4096) & LOW) >> 8)
+            .collect();
+        assert!(windows.len() > 4000, "{} windows", windows.len());
+        // Small ids (device tensor ids) in one page still get a hash each.
+        let ids: std::collections::HashSet<u64> = (0..4096u64).map(hash).collect();
+        assert_eq!(ids.len(), 4096);
     }
 
     /// The budget: recording adds at most 48 bytes per live allocation.

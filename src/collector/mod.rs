@@ -118,6 +118,7 @@ fn run(config: CollectorConfig, mut merger: Merger, requests: Receiver<Control>)
                 let now = config.calibration.now_ns();
                 merger.catch_up(now);
                 let end = now.max(merger.newest_ns);
+                merger.timeline.set_capture_mode(session_capture_mode());
                 let _ = reply.send(merger.timeline.profile(end));
             }
             Ok(Control::Stop(reply)) => {
@@ -591,6 +592,7 @@ impl Merger {
             self.timeline
                 .note_dropped(unattributed_total + reentrant_total);
         }
+        self.timeline.set_capture_mode(session_capture_mode());
         let mut profile = self.timeline.profile(end_ns);
         // Re-entrant records have no ring to be charged to: they join the unattributed ones in
         // `dropped_by_kind` and have their own total.
@@ -599,11 +601,7 @@ impl Merger {
             unattributed_dropped: unattributed_total,
             reentrant_dropped: reentrant_total,
             producer_waits: capture::take_waits(),
-            mode: if capture::lossless() {
-                CaptureMode::Lossless
-            } else {
-                CaptureMode::DropWhenFull
-            },
+            mode: session_capture_mode(),
             ..self.capture_stats(loose)
         };
         if let Some(Err((path, error))) = self.log.take().map(AllocLogWriter::finish) {
@@ -647,6 +645,15 @@ impl Merger {
             stats.dropped_by_kind.insert(kind.to_string(), total);
         }
         stats
+    }
+}
+
+/// The capture mode of the running session.
+fn session_capture_mode() -> CaptureMode {
+    if capture::lossless() {
+        CaptureMode::Lossless
+    } else {
+        CaptureMode::DropWhenFull
     }
 }
 

@@ -1,15 +1,18 @@
-//! A BFC-style arena: boundary-tagged free blocks, immediate coalescing and a size index.
+//! A BFC-style arena: blocks tiling the pool in address order, immediate coalescing and a
+//! size index.
 //!
-//! Free blocks are kept in hash maps by start and by end (boundary tags), so a freed block finds
-//! its free neighbours in O(1) and merges with them at once (free blocks are therefore never
-//! adjacent). They are also indexed either by `(size, offset)`, which gives best fit (the first
-//! entry at or after `(n, 0)`) and worst fit (the last entry) in O(log n), or, for first fit, by
-//! the [`FreeTree`]. Allocated blocks live in a hash map from offset to size, which is
+//! The blocks are a [`Blocks`] list, so a freed block finds its free neighbours by link and
+//! merges with them at once (free blocks are therefore never adjacent). Free blocks are indexed
+//! either by `(size, offset)` in the list, which gives best fit (the first entry at or after
+//! `(n, 0)`) and worst fit (the last entry) in O(log n), or, for first fit, by the
+//! [`FreeTree`]. Allocated blocks are found from their offset through one hash map, which is
 //! all a release needs to validate its block. Free and allocated blocks together tile the arena.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use super::blocks::Blocks;
+pub(crate) use super::blocks::End;
 use super::free_tree::FreeTree;
 
 /// How a free block is chosen among those large enough.
@@ -21,15 +24,6 @@ pub(crate) enum Fit {
     Best,
     /// Largest block, highest address among equals.
     Worst,
-}
-
-/// Which end of the chosen free block the allocation is carved from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum End {
-    /// The allocation takes the block's low addresses; the remainder stays above it.
-    Low,
-    /// The allocation takes the block's high addresses; the remainder stays below it.
-    High,
 }
 
 /// Hashes block offsets (multiples of 256) for the allocated-block map.
@@ -53,25 +47,20 @@ impl Hasher for OffsetHasher {
     }
 }
 
-type OffsetMap = HashMap<u64, u64, BuildHasherDefault<OffsetHasher>>;
+type OffsetMap = HashMap<u64, u32, BuildHasherDefault<OffsetHasher>>;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Equality compares the blocks (offsets, sizes, free or not), not the bookkeeping's layout,
+/// which depends on history.
+#[derive(Debug, Clone)]
 pub(crate) struct Arena {
     capacity: u64,
-    /// Free blocks: offset to size. Never two adjacent ones.
-    free: OffsetMap,
-    /// Free blocks: end offset to offset (a boundary tag, so a released block finds the free
-    /// block ending where it starts in O(1)).
-    free_ends: OffsetMap,
-    /// Allocated blocks: offset to size.
+    /// Every block; the free ones indexed by size unless the arena is for first fit.
+    blocks: Blocks,
+    /// Allocated blocks: offset to block.
     allocated: OffsetMap,
-    /// Free blocks as `(size, offset)`, for best and worst fit. Exactly one of `by_size` and
-    /// `by_addr` is present.
-    by_size: Option<BTreeSet<(u64, u64)>>,
-    /// Free blocks by offset with subtree max size, for first fit.
+    /// Free blocks by offset with subtree max size, for first fit (then the list keeps no
+    /// size index).
     by_addr: Option<FreeTree>,
-    /// Sum of free block sizes.
-    free_bytes: u64,
 }
 
 impl Arena {
@@ -79,207 +68,189 @@ impl Arena {
     pub(crate) fn new(capacity: u64, first_fit: bool) -> Self {
         let mut arena = Self {
             capacity,
-            free: OffsetMap::default(),
-            free_ends: OffsetMap::default(),
+            blocks: Blocks::new(!first_fit),
             allocated: OffsetMap::default(),
-            by_size: (!first_fit).then(BTreeSet::new),
             by_addr: first_fit.then(FreeTree::new),
-            free_bytes: 0,
         };
         if capacity > 0 {
-            arena.insert_free(0, capacity);
+            let i = arena.blocks.add_range(0, capacity, 0);
+            if let Some(tree) = &mut arena.by_addr {
+                tree.insert(0, capacity, i);
+            }
         }
         arena
     }
 
     pub(crate) fn free_bytes(&self) -> u64 {
-        self.free_bytes
+        self.blocks.free_bytes()
     }
 
     pub(crate) fn largest_free(&self) -> u64 {
-        match (&self.by_size, &self.by_addr) {
-            (Some(by_size), _) => by_size.last().map_or(0, |&(size, _)| size),
-            (None, Some(tree)) => tree.max_size(),
-            (None, None) => 0,
+        match &self.by_addr {
+            Some(tree) => tree.max_size(),
+            None => self.blocks.largest().map_or(0, |i| self.blocks.get(i).size),
         }
     }
 
     pub(crate) fn free_blocks(&self) -> u64 {
-        self.free.len() as u64
+        self.blocks.free_count()
+    }
+
+    /// The free block `fit` would carve `size` bytes from, without changing anything.
+    fn find_block(&self, size: u64, fit: Fit) -> Option<u32> {
+        // An arena has the index of the fits it was built for; asked for another, it answers
+        // with the one it has rather than scanning.
+        match (fit, &self.by_addr) {
+            (_, Some(tree)) => tree.first_fit(size).map(|(_, _, i)| i),
+            (Fit::Worst, None) => self
+                .blocks
+                .largest()
+                .filter(|&i| self.blocks.get(i).size >= size),
+            (Fit::Best | Fit::First, None) => self.blocks.best_fit(size),
+        }
     }
 
     /// The free block `fit` would carve `size` bytes from, as `(offset, block size)`, without
     /// changing anything.
+    #[cfg(test)]
     pub(crate) fn find(&self, size: u64, fit: Fit) -> Option<(u64, u64)> {
-        // An arena has the index of the fits it was built for; asked for another, it answers
-        // with the one it has rather than scanning.
-        match (fit, &self.by_size, &self.by_addr) {
-            (Fit::Best, Some(by_size), _) | (Fit::First, Some(by_size), None) => {
-                by_size.range((size, 0)..).next().map(|&(s, off)| (off, s))
-            }
-            (Fit::Worst, Some(by_size), _) => by_size
-                .last()
-                .filter(|&&(s, _)| s >= size)
-                .map(|&(s, off)| (off, s)),
-            (_, _, Some(tree)) => tree.first_fit(size),
-            (_, None, None) => None,
-        }
+        self.find_block(size, fit).map(|i| {
+            let b = self.blocks.get(i);
+            (b.addr, b.size)
+        })
     }
 
-    /// `find` then carve `size` bytes from `end` of the block; returns the allocation's offset.
-    /// Changes nothing on failure.
+    /// Finds a block by `fit`, then carves `size` bytes from `end` of it; returns the
+    /// allocation's offset. Changes nothing on failure.
     pub(crate) fn alloc(&mut self, size: u64, fit: Fit, end: End) -> Option<u64> {
         if size == 0 {
             return None;
         }
-        let (block, block_size) = self.find(size, fit)?;
-        let rest = block_size - size;
-        let at = match end {
-            End::Low if rest > 0 => {
-                self.move_free(block, block_size, block + size, rest);
-                block
+        let i = self.find_block(size, fit)?;
+        let block = *self.blocks.get(i);
+        let (used, rest) = self.blocks.take(i, size, end);
+        if let Some(tree) = &mut self.by_addr {
+            match rest {
+                Some(rest) => {
+                    let r = self.blocks.get(rest);
+                    tree.update(block.addr, r.addr, r.size, rest);
+                }
+                None => {
+                    tree.remove(block.addr);
+                }
             }
-            End::High if rest > 0 => {
-                // The block keeps its offset and shrinks.
-                self.resize_free(block, block_size, rest);
-                block + rest
-            }
-            End::Low | End::High => {
-                self.remove_free(block, block_size);
-                block
-            }
-        };
-        self.allocated.insert(at, size);
+        }
+        let at = self.blocks.get(used).addr;
+        self.allocated.insert(at, used);
         Some(at)
     }
 
     /// Size of the allocated block at `offset`, if there is one.
     pub(crate) fn allocated_size(&self, offset: u64) -> Option<u64> {
-        self.allocated.get(&offset).copied()
+        self.allocated
+            .get(&offset)
+            .map(|&i| self.blocks.get(i).size)
     }
 
     /// Frees the allocated block at `offset`, merging it with free neighbours.
     ///
     /// Returns its size, or `None` (changing nothing) if no allocated block starts there.
     pub(crate) fn free(&mut self, offset: u64) -> Option<u64> {
-        let size = self.allocated.remove(&offset)?;
-        let end = offset + size;
-        let next = self.free.get(&end).copied();
-        let prev = self
-            .free_ends
-            .get(&offset)
-            .and_then(|&p| self.free.get(&p).map(|&p_size| (p, p_size)));
+        let i = self.allocated.remove(&offset)?;
+        let size = self.blocks.get(i).size;
+        let Some(tree) = &mut self.by_addr else {
+            self.blocks.give_back(i);
+            return Some(size);
+        };
+        let addr = |n: u32| self.blocks.get(n).addr;
+        let (prev, next) = (
+            self.blocks.free_prev(i).map(addr),
+            self.blocks.free_next(i).map(addr),
+        );
+        let merged = self.blocks.give_back(i);
+        let m = *self.blocks.get(merged);
         match (prev, next) {
-            (Some((p, p_size)), Some(n_size)) => {
-                self.remove_free(end, n_size);
-                self.resize_free(p, p_size, p_size + size + n_size);
+            (Some(p), Some(n)) => {
+                tree.remove(n);
+                tree.update(p, m.addr, m.size, merged);
             }
-            (Some((p, p_size)), None) => self.resize_free(p, p_size, p_size + size),
-            (None, Some(n_size)) => self.move_free(end, n_size, offset, size + n_size),
-            (None, None) => self.insert_free(offset, size),
+            (Some(from), None) | (None, Some(from)) => {
+                tree.update(from, m.addr, m.size, merged);
+            }
+            (None, None) => tree.insert(m.addr, m.size, merged),
         }
         Some(size)
     }
 
-    fn insert_free(&mut self, offset: u64, size: u64) {
-        self.free.insert(offset, size);
-        self.free_ends.insert(offset + size, offset);
-        if let Some(by_size) = &mut self.by_size {
-            by_size.insert((size, offset));
-        }
-        if let Some(tree) = &mut self.by_addr {
-            tree.insert(offset, size);
-        }
-        self.free_bytes += size;
+    /// Free blocks in address order.
+    pub(crate) fn free_list(&self) -> Vec<(u64, u64)> {
+        let mut list: Vec<(u64, u64)> = self
+            .blocks
+            .all()
+            .filter(|b| b.free)
+            .map(|b| (b.addr, b.size))
+            .collect();
+        list.sort_unstable();
+        list
     }
 
-    fn remove_free(&mut self, offset: u64, size: u64) {
-        self.free.remove(&offset);
-        self.free_ends.remove(&(offset + size));
-        if let Some(by_size) = &mut self.by_size {
-            by_size.remove(&(size, offset));
-        }
-        if let Some(tree) = &mut self.by_addr {
-            tree.remove(offset);
-        }
-        self.free_bytes -= size;
-    }
-
-    /// Changes the size of the free block at `offset` from `old` to `new`.
-    fn resize_free(&mut self, offset: u64, old: u64, new: u64) {
-        if let Some(s) = self.free.get_mut(&offset) {
-            *s = new;
-        }
-        self.free_ends.remove(&(offset + old));
-        self.free_ends.insert(offset + new, offset);
-        if let Some(by_size) = &mut self.by_size {
-            by_size.remove(&(old, offset));
-            by_size.insert((new, offset));
-        }
-        if let Some(tree) = &mut self.by_addr {
-            tree.update(offset, offset, new);
-        }
-        self.free_bytes = self.free_bytes - old + new;
-    }
-
-    /// Replaces the free block `(from, old)` by `(to, new)`, where no other free block lies
-    /// between `from` and `to`.
-    fn move_free(&mut self, from: u64, old: u64, to: u64, new: u64) {
-        self.free.remove(&from);
-        self.free.insert(to, new);
-        self.free_ends.remove(&(from + old));
-        self.free_ends.insert(to + new, to);
-        if let Some(by_size) = &mut self.by_size {
-            by_size.remove(&(old, from));
-            by_size.insert((new, to));
-        }
-        if let Some(tree) = &mut self.by_addr {
-            tree.update(from, to, new);
-        }
-        self.free_bytes = self.free_bytes - old + new;
+    /// Allocated blocks in address order.
+    fn allocated_list(&self) -> Vec<(u64, u64)> {
+        let mut list: Vec<(u64, u64)> = self
+            .allocated
+            .iter()
+            .map(|(&o, &i)| (o, self.blocks.get(i).size))
+            .collect();
+        list.sort_unstable();
+        list
     }
 
     /// Checks the arena's invariants; for tests.
     #[cfg(test)]
     pub(crate) fn check(&self) {
-        let mut blocks: Vec<(u64, u64, bool)> =
-            self.free.iter().map(|(&o, &s)| (o, s, true)).collect();
-        blocks.extend(self.allocated.iter().map(|(&o, &s)| (o, s, false)));
-        blocks.sort_unstable();
+        self.blocks.check();
+        let mut all: Vec<(u64, u64, bool)> = self
+            .blocks
+            .all()
+            .map(|b| (b.addr, b.size, b.free))
+            .collect();
+        all.sort_unstable();
         let mut next = 0;
-        let mut prev_free = false;
-        for &(off, size, free) in &blocks {
+        for &(off, size, _) in &all {
             assert_eq!(off, next, "blocks must tile the arena");
-            assert!(size > 0);
-            assert!(!(prev_free && free), "adjacent free blocks at {off}");
-            prev_free = free;
             next = off + size;
         }
         assert_eq!(next, self.capacity);
-        assert_eq!(self.free.values().sum::<u64>(), self.free_bytes);
-        let ends: OffsetMap = self.free.iter().map(|(&o, &s)| (o + s, o)).collect();
-        assert_eq!(ends, self.free_ends);
-        if let Some(by_size) = &self.by_size {
-            let want: BTreeSet<(u64, u64)> = self.free.iter().map(|(&o, &s)| (s, o)).collect();
-            assert_eq!(&want, by_size);
-        }
+        let used: Vec<(u64, u64)> = all
+            .iter()
+            .filter(|b| !b.2)
+            .map(|&(o, s, _)| (o, s))
+            .collect();
+        assert_eq!(used, self.allocated_list());
         assert_eq!(
             self.largest_free(),
-            self.free.values().copied().max().unwrap_or(0)
+            self.free_list().iter().map(|b| b.1).max().unwrap_or(0)
         );
         if let Some(tree) = &self.by_addr {
             assert_eq!(tree.entries(), self.free_list());
+            for (offset, size, i) in tree.entries_with_blocks() {
+                let b = self.blocks.get(i);
+                assert_eq!((b.addr, b.size, b.free), (offset, size, true));
+            }
         }
     }
+}
 
-    /// Free blocks in address order; for tests.
-    #[cfg(test)]
-    pub(crate) fn free_list(&self) -> Vec<(u64, u64)> {
-        let mut list: Vec<(u64, u64)> = self.free.iter().map(|(&o, &s)| (o, s)).collect();
-        list.sort_unstable();
-        list
+impl PartialEq for Arena {
+    fn eq(&self, other: &Self) -> bool {
+        self.capacity == other.capacity
+            && self.by_addr.is_some() == other.by_addr.is_some()
+            && self.free_list() == other.free_list()
+            && self.allocated_list() == other.allocated_list()
     }
 }
+
+impl Eq for Arena {}
 
 #[cfg(test)]
 mod tests {

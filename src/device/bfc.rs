@@ -26,9 +26,11 @@
 //! limit), alignments above 256, per-chunk bookkeeping overhead, and the memory TensorFlow
 //! reserves for the runtime outside the allocator.
 
-use std::collections::BTreeMap;
-
+use super::blocks::{Blocks, End};
 use super::online::Online;
+
+/// A slot holding no chunk.
+const NONE: u32 = u32::MAX;
 
 /// Rounding of every request and of region sizes.
 pub(crate) const MIN_ALLOCATION: u64 = 256;
@@ -71,24 +73,12 @@ impl Default for BfcOptions {
     }
 }
 
-const NONE: u32 = u32::MAX;
-
-#[derive(Debug, Clone, Copy)]
-struct Chunk {
-    addr: u64,
-    size: u64,
-    region: u32,
-    prev: u32,
-    next: u32,
-    in_use: bool,
-}
-
 #[derive(Debug, Clone, Copy)]
 struct Region {
     size: u64,
     /// Chunks in use; 0 means the region is one free chunk.
     in_use: u32,
-    /// Its one chunk when wholly free.
+    /// Whether the region is still held (garbage collection returns idle ones).
     live: bool,
 }
 
@@ -100,11 +90,10 @@ pub(crate) struct Bfc {
     total_region_bytes: u64,
     next_region_bytes: u64,
     next_addr: u64,
-    chunks: Vec<Chunk>,
-    vacant: Vec<u32>,
+    /// Chunks of every region; the free ones by `(size, address)`: the bins' combined order.
+    chunks: Blocks,
     regions: Vec<Region>,
-    /// Free chunks by `(size, address)`: the bins' combined order.
-    free: BTreeMap<(u64, u64), u32>,
+    /// The chunk each live slot holds.
     held: Vec<u32>,
 }
 
@@ -129,60 +118,21 @@ impl Bfc {
             total_region_bytes: 0,
             next_region_bytes: round(first),
             next_addr: 0,
-            chunks: Vec::new(),
-            vacant: Vec::new(),
+            chunks: Blocks::new(true),
             regions: Vec::new(),
-            free: BTreeMap::new(),
             held: vec![NONE; slots],
         }
     }
 
-    fn new_chunk(&mut self, chunk: Chunk) -> u32 {
-        match self.vacant.pop() {
-            Some(i) => {
-                self.chunks[i as usize] = chunk;
-                i
-            }
-            None => {
-                self.chunks.push(chunk);
-                (self.chunks.len() - 1) as u32
-            }
-        }
-    }
-
-    fn cache(&mut self, i: u32) {
-        let c = self.chunks[i as usize];
-        self.free.insert((c.size, c.addr), i);
-    }
-
-    fn uncache(&mut self, i: u32) {
-        let c = self.chunks[i as usize];
-        self.free.remove(&(c.size, c.addr));
-    }
-
-    /// `FindChunkPtr`: the smallest free chunk that holds `rounded`, split if worth it.
+    /// `FindChunkPtr`: the smallest free chunk that holds `rounded`, split if worth it; returns
+    /// the chunk now in use.
     fn find(&mut self, rounded: u64) -> Option<u32> {
-        let (_, &i) = self.free.range((rounded, 0)..).next()?;
-        self.uncache(i);
-        let c = self.chunks[i as usize];
-        if c.size >= rounded.saturating_mul(2) || c.size - rounded >= MAX_INTERNAL_FRAGMENTATION {
-            let rest = self.new_chunk(Chunk {
-                addr: c.addr + rounded,
-                size: c.size - rounded,
-                region: c.region,
-                prev: i,
-                next: c.next,
-                in_use: false,
-            });
-            if c.next != NONE {
-                self.chunks[c.next as usize].prev = rest;
-            }
-            let chunk = &mut self.chunks[i as usize];
-            chunk.size = rounded;
-            chunk.next = rest;
-            self.cache(rest);
-        }
-        Some(i)
+        let i = self.chunks.best_fit(rounded)?;
+        let size = self.chunks.get(i).size;
+        let split =
+            size >= rounded.saturating_mul(2) || size - rounded >= MAX_INTERNAL_FRAGMENTATION;
+        let take = if split { rounded } else { size };
+        Some(self.chunks.take(i, take, End::Low).0)
     }
 
     /// `Extend`: a new region large enough for `rounded`, if the device has room.
@@ -207,17 +157,8 @@ impl Bfc {
             in_use: 0,
             live: true,
         });
-        let addr = self.next_addr;
+        self.chunks.add_range(self.next_addr, bytes, region);
         self.next_addr = self.next_addr.saturating_add(bytes);
-        let chunk = self.new_chunk(Chunk {
-            addr,
-            size: bytes,
-            region,
-            prev: NONE,
-            next: NONE,
-            in_use: false,
-        });
-        self.cache(chunk);
         true
     }
 
@@ -236,20 +177,15 @@ impl Bfc {
             return false;
         }
         let gone: Vec<u32> = self
-            .free
-            .values()
-            .copied()
-            .filter(|&i| {
-                let c = self.chunks[i as usize];
-                c.prev == NONE && c.next == NONE && self.regions[c.region as usize].in_use == 0
-            })
+            .chunks
+            .free_from(0)
+            .filter(|&i| self.chunks.is_whole(i))
             .collect();
         for i in gone {
-            self.uncache(i);
-            let region = &mut self.regions[self.chunks[i as usize].region as usize];
+            let region = &mut self.regions[self.chunks.get(i).range as usize];
             region.live = false;
             self.total_region_bytes -= region.size;
-            self.vacant.push(i);
+            self.chunks.remove_range(i);
         }
         true
     }
@@ -269,51 +205,22 @@ impl Online for Bfc {
         let Some(i) = found else {
             return false;
         };
-        let chunk = &mut self.chunks[i as usize];
-        chunk.in_use = true;
-        self.regions[chunk.region as usize].in_use += 1;
+        self.regions[self.chunks.get(i).range as usize].in_use += 1;
         self.held[slot as usize] = i;
         true
     }
 
     fn free(&mut self, slot: u32) {
-        let mut i = std::mem::replace(&mut self.held[slot as usize], NONE);
+        let i = std::mem::replace(&mut self.held[slot as usize], NONE);
         if i == NONE {
             return;
         }
-        let chunk = &mut self.chunks[i as usize];
-        chunk.in_use = false;
-        self.regions[chunk.region as usize].in_use -= 1;
-        let next = chunk.next;
-        if next != NONE && !self.chunks[next as usize].in_use {
-            self.uncache(next);
-            self.absorb_next(i);
-        }
-        let prev = self.chunks[i as usize].prev;
-        if prev != NONE && !self.chunks[prev as usize].in_use {
-            self.uncache(prev);
-            self.absorb_next(prev);
-            i = prev;
-        }
-        self.cache(i);
+        self.regions[self.chunks.get(i).range as usize].in_use -= 1;
+        self.chunks.give_back(i);
     }
 
     fn reserved(&self) -> u64 {
         self.total_region_bytes
-    }
-}
-
-impl Bfc {
-    fn absorb_next(&mut self, i: u32) {
-        let next = self.chunks[i as usize].next;
-        let gone = self.chunks[next as usize];
-        let chunk = &mut self.chunks[i as usize];
-        chunk.size += gone.size;
-        chunk.next = gone.next;
-        if gone.next != NONE {
-            self.chunks[gone.next as usize].prev = i;
-        }
-        self.vacant.push(next);
     }
 }
 
@@ -348,14 +255,16 @@ mod tests {
     fn chunks_split_only_when_twice_the_request_and_coalesce_on_free() {
         let mut b = bfc(1 << 30);
         assert!(b.alloc(0, 1200 << 10)); // 2 MiB region: 2 MiB < 2 × 1.17 MiB, no split
-        assert_eq!(b.chunks[b.held[0] as usize].size, 2 * MIB);
+        assert_eq!(b.chunks.get(b.held[0]).size, 2 * MIB);
         b.free(0);
         assert!(b.alloc(1, 256 << 10)); // 2 MiB chunk split: 256 KiB + 1.75 MiB
         assert!(b.alloc(2, 256 << 10)); // 1.75 MiB split again
-        assert_eq!(b.free.len(), 1);
+        assert_eq!(b.chunks.free_count(), 1);
         b.free(1);
         b.free(2); // merges with both neighbours: one 2 MiB chunk again
-        assert_eq!(b.free.keys().copied().collect::<Vec<_>>(), [(2 * MIB, 0)]);
+        let free: Vec<_> = b.chunks.free_from(0).map(|i| *b.chunks.get(i)).collect();
+        assert_eq!((free.len(), free[0].addr, free[0].size), (1, 0, 2 * MIB));
+        b.chunks.check();
         assert_eq!(b.reserved(), 2 * MIB);
     }
 
@@ -370,7 +279,7 @@ mod tests {
         b.free(1); // [0, 1 MiB) free, and [1.5 MiB, 2 MiB) left over from the splits
                    // 300 KiB: the smaller chunk wins although its address is higher.
         assert!(b.alloc(3, 300 << 10));
-        assert_eq!(b.chunks[b.held[3] as usize].addr, 1536 << 10);
+        assert_eq!(b.chunks.get(b.held[3]).addr, 1536 << 10);
         assert_eq!(b.reserved(), 2 * MIB);
     }
 

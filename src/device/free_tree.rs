@@ -15,6 +15,8 @@ struct Node {
     offset: u64,
     /// Size of the free block.
     size: u64,
+    /// The owner's handle for the block (its index in the owner's block list).
+    block: u32,
     /// Largest `size` in the subtree rooted here; kept current by `pull`.
     max: u64,
     /// Heap priority: parents have higher priority than children.
@@ -34,6 +36,8 @@ pub(crate) struct FreeTree {
     root: u32,
     /// splitmix64 state for priorities (deterministic, so pools are reproducible).
     seed: u64,
+    /// Scratch for [`FreeTree::update`]'s search path, kept so updates do not allocate.
+    path: Vec<u32>,
 }
 
 impl FreeTree {
@@ -43,11 +47,12 @@ impl FreeTree {
             vacant: Vec::new(),
             root: NIL,
             seed: 0x9e37_79b9_7f4a_7c15,
+            path: Vec::new(),
         }
     }
 
-    /// The lowest-offset free block holding at least `size` bytes, as `(offset, size)`.
-    pub(crate) fn first_fit(&self, size: u64) -> Option<(u64, u64)> {
+    /// The lowest-offset free block holding at least `size` bytes, as `(offset, size, block)`.
+    pub(crate) fn first_fit(&self, size: u64) -> Option<(u64, u64, u32)> {
         let mut t = self.root;
         if t == NIL || self.nodes[t as usize].max < size {
             return None;
@@ -57,7 +62,7 @@ impl FreeTree {
             if node.left != NIL && self.nodes[node.left as usize].max >= size {
                 t = node.left;
             } else if node.size >= size {
-                return Some((node.offset, node.size));
+                return Some((node.offset, node.size, node.block));
             } else {
                 // The subtree's max is >= size and neither the left side nor this node has it.
                 t = node.right;
@@ -77,13 +82,14 @@ impl FreeTree {
         }
     }
 
-    /// Adds a free block; `offset` must not be present.
-    pub(crate) fn insert(&mut self, offset: u64, size: u64) {
+    /// Adds a free block with its owner's handle; `offset` must not be present.
+    pub(crate) fn insert(&mut self, offset: u64, size: u64, block: u32) {
         self.seed = self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let priority = mix(self.seed);
         let node = Node {
             offset,
             size,
+            block,
             max: size,
             priority,
             left: NIL,
@@ -170,37 +176,57 @@ impl FreeTree {
         }
     }
 
-    /// Moves the block at `offset` to `new_offset` with `new_size`, in place; returns whether it
-    /// was present. No other block may lie between `offset` and `new_offset`, so the tree's
-    /// order is unchanged and only the maxima along the path are recomputed.
-    pub(crate) fn update(&mut self, offset: u64, new_offset: u64, new_size: u64) -> bool {
-        self.update_at(self.root, offset, new_offset, new_size)
-    }
-
-    fn update_at(&mut self, t: u32, key: u64, new_offset: u64, new_size: u64) -> bool {
-        if t == NIL {
-            return false;
+    /// Moves the block at `offset` to `new_offset` with `new_size` and handle `block`, in place;
+    /// returns whether it was present. No other block may lie between `offset` and
+    /// `new_offset`, so the tree's order is unchanged and only the maxima along the path are
+    /// recomputed.
+    pub(crate) fn update(
+        &mut self,
+        offset: u64,
+        new_offset: u64,
+        new_size: u64,
+        block: u32,
+    ) -> bool {
+        // Iterative: the descent is one search path, and the maxima on it are recomputed from
+        // the node up only until one does not change (those above it cannot change then).
+        let mut path = std::mem::take(&mut self.path);
+        path.clear();
+        let mut t = self.root;
+        while t != NIL {
+            path.push(t);
+            let node = &self.nodes[t as usize];
+            t = match offset.cmp(&node.offset) {
+                std::cmp::Ordering::Less => node.left,
+                std::cmp::Ordering::Greater => node.right,
+                std::cmp::Ordering::Equal => break,
+            };
         }
-        let node = &mut self.nodes[t as usize];
-        let found = if key < node.offset {
-            let left = node.left;
-            self.update_at(left, key, new_offset, new_size)
-        } else if key > node.offset {
-            let right = node.right;
-            self.update_at(right, key, new_offset, new_size)
-        } else {
-            node.offset = new_offset;
-            node.size = new_size;
-            true
-        };
+        let found = t != NIL;
         if found {
-            self.pull(t);
+            let node = &mut self.nodes[t as usize];
+            (node.offset, node.size, node.block) = (new_offset, new_size, block);
+            for &n in path.iter().rev() {
+                let before = self.nodes[n as usize].max;
+                self.pull(n);
+                if self.nodes[n as usize].max == before {
+                    break;
+                }
+            }
         }
+        self.path = path;
         found
     }
 
     /// In-order `(offset, size)` pairs.
     pub(crate) fn entries(&self) -> Vec<(u64, u64)> {
+        self.entries_with_blocks()
+            .into_iter()
+            .map(|(offset, size, _)| (offset, size))
+            .collect()
+    }
+
+    /// In-order `(offset, size, block)` triples.
+    pub(crate) fn entries_with_blocks(&self) -> Vec<(u64, u64, u32)> {
         let mut out = Vec::new();
         let mut stack = Vec::new();
         let mut t = self.root;
@@ -210,8 +236,9 @@ impl FreeTree {
                 t = self.nodes[t as usize].left;
             }
             if let Some(n) = stack.pop() {
-                out.push((self.nodes[n as usize].offset, self.nodes[n as usize].size));
-                t = self.nodes[n as usize].right;
+                let node = &self.nodes[n as usize];
+                out.push((node.offset, node.size, node.block));
+                t = node.right;
             }
         }
         out
@@ -274,13 +301,13 @@ mod tests {
     fn first_fit_finds_lowest_address_large_enough() {
         let mut t = FreeTree::new();
         for (off, size) in [(0, 100), (1000, 500), (2000, 300), (3000, 800), (4000, 500)] {
-            t.insert(off, size);
+            t.insert(off, size, off as u32);
         }
         assert_eq!(t.first_fit(50).map(|b| b.0), Some(0));
         assert_eq!(t.first_fit(200).map(|b| b.0), Some(1000));
         assert_eq!(t.first_fit(600).map(|b| b.0), Some(3000));
         assert_eq!(t.first_fit(801), None);
-        assert_eq!(t.first_fit(600), Some((3000, 800)));
+        assert_eq!(t.first_fit(600), Some((3000, 800, 3000)));
         assert!(t.remove(1000));
         assert!(!t.remove(1000));
         assert_eq!(t.first_fit(200).map(|b| b.0), Some(2000));
@@ -302,21 +329,21 @@ mod tests {
             if let std::collections::btree_map::Entry::Vacant(e) = model.entry(off) {
                 let size = 1 + (x >> 20) % 1000;
                 e.insert(size);
-                t.insert(off, size);
+                t.insert(off, size, i as u32);
             } else if x.is_multiple_of(3) {
                 model.remove(&off);
                 assert!(t.remove(off));
             } else {
                 let size = 1 + (x >> 24) % 1000;
                 model.insert(off, size);
-                assert!(t.update(off, off, size));
+                assert!(t.update(off, off, size, 0));
             }
             let want = 1 + (x >> 40) % 1000;
             let expect = model
                 .iter()
                 .find(|(_, &s)| s >= want)
                 .map(|(&o, &s)| (o, s));
-            assert_eq!(t.first_fit(want), expect);
+            assert_eq!(t.first_fit(want).map(|(o, s, _)| (o, s)), expect);
             assert_eq!(t.max_size(), model.values().copied().max().unwrap_or(0));
         }
     }

@@ -35,6 +35,7 @@
 
 mod arena;
 mod bfc;
+mod blocks;
 mod buddy;
 mod error;
 mod free_tree;

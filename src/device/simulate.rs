@@ -1,6 +1,6 @@
 //! What-if replay: would this allocation stream have fit in that device, under which strategy?
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::fmt;
 
 use super::error::ShortfallCause;
@@ -158,8 +158,10 @@ pub fn simulate(ops: &[SimOp], capacity: u64, strategy: Strategy) -> SimReport {
         max_fragmentation: 0.0,
         mean_fragmentation: 0.0,
     };
-    let mut live: HashMap<u64, (u64, u64)> = HashMap::new();
-    let mut refused: HashSet<u64> = HashSet::new();
+    // Ids are the recording's keys (addresses, tensor ids): Fx hashing, not SipHash, since no
+    // one chooses them to collide.
+    let mut live: FxHashMap<u64, (u64, u64)> = FxHashMap::default();
+    let mut refused: FxHashSet<u64> = FxHashSet::default();
     let mut sampler = Sampler::new(ops);
     let mut frag_sum = 0.0;
 

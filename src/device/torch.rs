@@ -29,8 +29,7 @@
 //! (PyTorch prefers mapped free blocks elsewhere first), and a request does not span into the
 //! next segment's address range because there is only one segment per pool.
 
-use std::collections::{BTreeMap, BTreeSet};
-
+use super::blocks::{Blocks, End};
 use super::online::Online;
 
 const MIB: u64 = 1 << 20;
@@ -189,17 +188,8 @@ impl Online for Torch {
     }
 }
 
+/// A slot holding no block.
 const NONE: u32 = u32::MAX;
-
-#[derive(Debug, Clone, Copy)]
-struct Block {
-    addr: u64,
-    size: u64,
-    prev: u32,
-    next: u32,
-    allocated: bool,
-    small: bool,
-}
 
 /// The default allocator: segments from `cudaMalloc`, blocks split and merged inside them.
 #[derive(Debug)]
@@ -209,12 +199,10 @@ pub(crate) struct Segments {
     reserved: u64,
     /// Segments never share addresses: each gets fresh ones, so merging stays inside one.
     next_addr: u64,
-    blocks: Vec<Block>,
-    vacant: Vec<u32>,
-    /// Free blocks per pool (`[small, large]`) by `(size, address)`.
-    free: [BTreeMap<(u64, u64), u32>; 2],
-    /// The block each live slot holds.
-    held: Vec<u32>,
+    /// Blocks of each pool's segments (`[small, large]`), the free ones by `(size, address)`.
+    pools: [Blocks; 2],
+    /// The pool (0 small, 1 large) and block each live slot holds.
+    held: Vec<(u8, u32)>,
 }
 
 impl Segments {
@@ -224,213 +212,142 @@ impl Segments {
             capacity,
             reserved: 0,
             next_addr: 0,
-            blocks: Vec::new(),
-            vacant: Vec::new(),
-            free: [BTreeMap::new(), BTreeMap::new()],
-            held: vec![NONE; slots],
+            pools: [Blocks::new(true), Blocks::new(true)],
+            held: vec![(0, NONE); slots],
         }
     }
 
-    fn new_block(&mut self, block: Block) -> u32 {
-        match self.vacant.pop() {
-            Some(i) => {
-                self.blocks[i as usize] = block;
-                i
-            }
-            None => {
-                self.blocks.push(block);
-                (self.blocks.len() - 1) as u32
-            }
-        }
-    }
-
-    fn cache(&mut self, i: u32) {
-        let b = self.blocks[i as usize];
-        self.free[usize::from(!b.small)].insert((b.size, b.addr), i);
-    }
-
-    fn uncache(&mut self, i: u32) {
-        let b = self.blocks[i as usize];
-        self.free[usize::from(!b.small)].remove(&(b.size, b.addr));
-    }
-
-    /// The cached block a rounded request takes, if any (removed from the cache).
-    fn take_cached(&mut self, small: bool, rounded: u64) -> Option<u32> {
+    /// The cached block a rounded request may take, if any.
+    fn cached(&self, pool: usize, rounded: u64) -> Option<u32> {
         let max_split = self.options.max_split();
-        let (&(size, _), &i) = self.free[usize::from(!small)]
-            .range((rounded, 0)..)
-            .next()?;
+        let i = self.pools[pool].best_fit(rounded)?;
+        let size = self.pools[pool].get(i).size;
         if rounded < max_split && size >= max_split {
             return None;
         }
         if rounded >= max_split && size >= rounded.saturating_add(LARGE_BUFFER) {
             return None;
         }
-        self.uncache(i);
         Some(i)
     }
 
-    /// A fresh segment of `bytes` as one block, if the device has room.
-    fn new_segment(&mut self, small: bool, bytes: u64) -> Option<u32> {
+    /// A fresh segment of `bytes` as one free block, if the device has room.
+    fn new_segment(&mut self, pool: usize, bytes: u64) -> Option<u32> {
         if bytes > self.capacity.saturating_sub(self.reserved) {
             return None;
         }
         self.reserved += bytes;
         let addr = self.next_addr;
         self.next_addr = self.next_addr.saturating_add(bytes);
-        Some(self.new_block(Block {
-            addr,
-            size: bytes,
-            prev: NONE,
-            next: NONE,
-            allocated: false,
-            small,
-        }))
+        Some(self.pools[pool].add_range(addr, bytes, 0))
     }
 
-    fn release(&mut self, i: u32) {
-        self.uncache(i);
-        self.reserved -= self.blocks[i as usize].size;
-        self.vacant.push(i);
+    /// Gives the cached whole segment `i` of `pool` back to the device.
+    fn release(&mut self, pool: usize, i: u32) {
+        self.reserved -= self.pools[pool].get(i).size;
+        self.pools[pool].remove_range(i);
     }
 
     /// Cached whole segments of at least `max_split_size` in the request's pool: the smallest
     /// that covers `want`, else the largest ones until `want` is covered.
-    fn release_oversize(&mut self, small: bool, rounded: u64) -> bool {
+    fn release_oversize(&mut self, pool: usize, rounded: u64) -> bool {
         let max_split = self.options.max_split();
         if max_split == u64::MAX {
             return false;
         }
         let want = rounded.max(max_split);
-        let whole = |b: &Block| b.prev == NONE && b.next == NONE;
-        let pool = usize::from(!small);
-        let single = self.free[pool]
-            .range((want, 0)..)
-            .map(|(_, &i)| i)
-            .find(|&i| whole(&self.blocks[i as usize]));
+        let blocks = &self.pools[pool];
+        let single = blocks.free_from(want).find(|&i| blocks.is_whole(i));
         if let Some(i) = single {
-            self.release(i);
+            self.release(pool, i);
             return true;
         }
-        let candidates: Vec<u32> = self.free[pool]
-            .iter()
+        let candidates: Vec<u32> = blocks
+            .free_from(max_split)
             .rev()
-            .take_while(|((size, _), _)| *size >= max_split)
-            .map(|(_, &i)| i)
-            .filter(|&i| whole(&self.blocks[i as usize]))
+            .filter(|&i| blocks.is_whole(i))
             .collect();
         let mut released = 0u64;
         for i in candidates {
             if released >= want {
                 break;
             }
-            released += self.blocks[i as usize].size;
-            self.release(i);
+            released += self.pools[pool].get(i).size;
+            self.release(pool, i);
         }
         released >= want
     }
 
     /// `empty_cache`: every cached block that is a whole segment goes back to the device.
     fn release_cached(&mut self) -> bool {
-        let whole: Vec<u32> = self
-            .free
-            .iter()
-            .flat_map(|pool| pool.values().copied())
-            .filter(|&i| {
-                let b = &self.blocks[i as usize];
-                b.prev == NONE && b.next == NONE
-            })
-            .collect();
-        for &i in &whole {
-            self.release(i);
+        let mut any = false;
+        for pool in 0..2 {
+            let blocks = &self.pools[pool];
+            let whole: Vec<u32> = blocks
+                .free_from(0)
+                .filter(|&i| blocks.is_whole(i))
+                .collect();
+            any |= !whole.is_empty();
+            for i in whole {
+                self.release(pool, i);
+            }
         }
-        !whole.is_empty()
+        any
     }
 
     fn alloc(&mut self, slot: u32, size: u64) -> bool {
         let rounded = round(size);
         let small = rounded <= SMALL_SIZE;
+        let pool = usize::from(!small);
         let segment = segment_size(rounded);
-        let found = self.take_cached(small, rounded).or_else(|| {
-            self.new_segment(small, segment)
+        let found = self.cached(pool, rounded).or_else(|| {
+            self.new_segment(pool, segment)
                 .or_else(|| {
-                    self.release_oversize(small, rounded)
-                        .then(|| self.new_segment(small, segment))
+                    self.release_oversize(pool, rounded)
+                        .then(|| self.new_segment(pool, segment))
                         .flatten()
                 })
                 .or_else(|| {
                     self.release_cached()
-                        .then(|| self.new_segment(small, segment))
+                        .then(|| self.new_segment(pool, segment))
                         .flatten()
                 })
         });
         let Some(i) = found else {
             return false;
         };
-        let b = self.blocks[i as usize];
-        if should_split(small, b.size, rounded, self.options.max_split()) {
-            let rest = self.new_block(Block {
-                addr: b.addr + rounded,
-                size: b.size - rounded,
-                prev: i,
-                next: b.next,
-                allocated: false,
-                small,
-            });
-            if b.next != NONE {
-                self.blocks[b.next as usize].prev = rest;
-            }
-            let block = &mut self.blocks[i as usize];
-            block.size = rounded;
-            block.next = rest;
-            self.cache(rest);
-        }
-        self.blocks[i as usize].allocated = true;
-        self.held[slot as usize] = i;
+        let block = self.pools[pool].get(i).size;
+        let take = if should_split(small, block, rounded, self.options.max_split()) {
+            rounded
+        } else {
+            block
+        };
+        let (used, _) = self.pools[pool].take(i, take, End::Low);
+        self.held[slot as usize] = (pool as u8, used);
         true
     }
 
     fn free(&mut self, slot: u32) {
-        let mut i = std::mem::replace(&mut self.held[slot as usize], NONE);
-        if i == NONE {
-            return;
+        let (pool, i) = std::mem::replace(&mut self.held[slot as usize], (0, NONE));
+        if i != NONE {
+            self.pools[usize::from(pool)].give_back(i);
         }
-        self.blocks[i as usize].allocated = false;
-        let prev = self.blocks[i as usize].prev;
-        if prev != NONE && !self.blocks[prev as usize].allocated {
-            self.uncache(prev);
-            self.absorb_next(prev);
-            i = prev;
-        }
-        let next = self.blocks[i as usize].next;
-        if next != NONE && !self.blocks[next as usize].allocated {
-            self.uncache(next);
-            self.absorb_next(i);
-        }
-        self.cache(i);
     }
 
-    /// Merges block `i`'s next neighbour into it.
-    fn absorb_next(&mut self, i: u32) {
-        let next = self.blocks[i as usize].next;
-        let gone = self.blocks[next as usize];
-        let block = &mut self.blocks[i as usize];
-        block.size += gone.size;
-        block.next = gone.next;
-        if gone.next != NONE {
-            self.blocks[gone.next as usize].prev = i;
-        }
-        self.vacant.push(next);
+    /// The block slot `slot` holds; for tests.
+    #[cfg(test)]
+    fn block_of(&self, slot: u32) -> super::blocks::Block {
+        let (pool, i) = self.held[slot as usize];
+        *self.pools[usize::from(pool)].get(i)
     }
 }
 
-/// One pool's expandable segment: free ranges over one address space, pages mapped on demand.
+/// One pool's expandable segment: blocks over one address space, pages mapped on demand.
 #[derive(Debug)]
 struct Expanse {
     page: u64,
-    /// Free ranges by address and by `(size, address)`.
-    by_addr: BTreeMap<u64, u64>,
-    by_size: BTreeSet<(u64, u64)>,
+    /// The segment's blocks: one range over the whole address space.
+    blocks: Blocks,
     /// Per page: mapped, and how many allocated blocks touch it.
     mapped: Vec<bool>,
     users: Vec<u32>,
@@ -439,58 +356,47 @@ struct Expanse {
 
 impl Expanse {
     fn new(page: u64) -> Self {
-        let mut e = Self {
+        let mut blocks = Blocks::new(true);
+        blocks.add_range(0, VIRTUAL_BYTES, 0);
+        Self {
             page,
-            by_addr: BTreeMap::new(),
-            by_size: BTreeSet::new(),
+            blocks,
             mapped: Vec::new(),
             users: Vec::new(),
             mapped_pages: 0,
-        };
-        e.insert_free(0, VIRTUAL_BYTES);
-        e
-    }
-
-    fn insert_free(&mut self, addr: u64, size: u64) {
-        self.by_addr.insert(addr, size);
-        self.by_size.insert((size, addr));
-    }
-
-    fn remove_free(&mut self, addr: u64, size: u64) {
-        self.by_addr.remove(&addr);
-        self.by_size.remove(&(size, addr));
+        }
     }
 
     fn pages(&self, addr: u64, size: u64) -> std::ops::Range<usize> {
         (addr / self.page) as usize..(addr + size).div_ceil(self.page) as usize
     }
 
-    /// Where a rounded request goes and how many bytes it takes: the smallest free range that
+    /// Where a rounded request goes and how many bytes it takes: the smallest free block that
     /// holds it, split unless the remainder is too small to keep.
-    fn place(&self, small: bool, rounded: u64) -> Option<(u64, u64, u64)> {
-        let &(size, addr) = self.by_size.range((rounded, 0)..).next()?;
-        let tail = addr + size == VIRTUAL_BYTES;
-        let take = if tail || should_split(small, size, rounded, u64::MAX) {
+    fn place(&self, small: bool, rounded: u64) -> Option<(u32, u64)> {
+        let i = self.blocks.best_fit(rounded)?;
+        let b = self.blocks.get(i);
+        let tail = b.addr + b.size == VIRTUAL_BYTES;
+        let take = if tail || should_split(small, b.size, rounded, u64::MAX) {
             rounded
         } else {
-            size
+            b.size
         };
-        Some((addr, size, take))
+        Some((i, take))
     }
 
-    /// Pages of `[addr, addr + take)` not mapped yet.
-    fn unmapped_in(&self, addr: u64, take: u64) -> u64 {
-        self.pages(addr, take)
+    /// Pages of `take` bytes from the start of block `i` not mapped yet.
+    fn unmapped_in(&self, i: u32, take: u64) -> u64 {
+        self.pages(self.blocks.get(i).addr, take)
             .filter(|&p| !self.mapped.get(p).copied().unwrap_or(false))
             .count() as u64
     }
 
-    fn commit(&mut self, addr: u64, size: u64, take: u64) {
-        self.remove_free(addr, size);
-        if take < size {
-            self.insert_free(addr + take, size - take);
-        }
-        let pages = self.pages(addr, take);
+    /// Allocates `take` bytes from the start of free block `i`, mapping its pages; returns
+    /// the allocated block.
+    fn commit(&mut self, i: u32, take: u64) -> u32 {
+        let pages = self.pages(self.blocks.get(i).addr, take);
+        let (used, _) = self.blocks.take(i, take, End::Low);
         if self.mapped.len() < pages.end {
             self.mapped.resize(pages.end, false);
             self.users.resize(pages.end, 0);
@@ -502,25 +408,15 @@ impl Expanse {
             }
             self.users[p] += 1;
         }
+        used
     }
 
-    fn release(&mut self, addr: u64, size: u64) {
-        for p in self.pages(addr, size) {
+    fn release(&mut self, i: u32) {
+        let b = *self.blocks.get(i);
+        for p in self.pages(b.addr, b.size) {
             self.users[p] -= 1;
         }
-        let (mut start, mut len) = (addr, size);
-        if let Some((&a, &s)) = self.by_addr.range(..addr).next_back() {
-            if a + s == addr {
-                self.remove_free(a, s);
-                start = a;
-                len += s;
-            }
-        }
-        if let Some(&s) = self.by_addr.get(&(addr + size)) {
-            self.remove_free(addr + size, s);
-            len += s;
-        }
-        self.insert_free(start, len);
+        self.blocks.give_back(i);
     }
 
     /// Unmaps every page no block touches; whether any was.
@@ -542,8 +438,8 @@ pub(crate) struct Expandable {
     capacity: u64,
     /// `[small, large]`.
     pools: [Expanse; 2],
-    /// Per slot: (pool, address, bytes taken); `bytes == 0` when not live.
-    held: Vec<(u8, u64, u64)>,
+    /// The pool and block each live slot holds.
+    held: Vec<(u8, u32)>,
 }
 
 impl Expandable {
@@ -551,7 +447,7 @@ impl Expandable {
         Self {
             capacity,
             pools: [Expanse::new(SMALL_BUFFER), Expanse::new(LARGE_BUFFER)],
-            held: vec![(0, 0, 0); slots],
+            held: vec![(0, NONE); slots],
         }
     }
 
@@ -563,39 +459,30 @@ impl Expandable {
         let rounded = round(size);
         let small = rounded <= SMALL_SIZE;
         let pool = usize::from(!small);
-        let Some((addr, free, take)) = self.pools[pool].place(small, rounded) else {
+        let Some((i, take)) = self.pools[pool].place(small, rounded) else {
             return false;
         };
         let page = self.pools[pool].page;
         let room = self.capacity.saturating_sub(self.reserved());
-        if self.pools[pool]
-            .unmapped_in(addr, take)
-            .saturating_mul(page)
-            > room
-        {
+        if self.pools[pool].unmapped_in(i, take).saturating_mul(page) > room {
             let unmapped = self
                 .pools
                 .iter_mut()
                 .fold(false, |any, p| p.unmap_unused() | any);
             let room = self.capacity.saturating_sub(self.reserved());
-            if !unmapped
-                || self.pools[pool]
-                    .unmapped_in(addr, take)
-                    .saturating_mul(page)
-                    > room
-            {
+            if !unmapped || self.pools[pool].unmapped_in(i, take).saturating_mul(page) > room {
                 return false;
             }
         }
-        self.pools[pool].commit(addr, free, take);
-        self.held[slot as usize] = (pool as u8, addr, take);
+        let used = self.pools[pool].commit(i, take);
+        self.held[slot as usize] = (pool as u8, used);
         true
     }
 
     fn free(&mut self, slot: u32) {
-        let (pool, addr, take) = std::mem::take(&mut self.held[slot as usize]);
-        if take > 0 {
-            self.pools[usize::from(pool)].release(addr, take);
+        let (pool, i) = std::mem::replace(&mut self.held[slot as usize], (0, NONE));
+        if i != NONE {
+            self.pools[usize::from(pool)].release(i);
         }
     }
 }
@@ -649,7 +536,7 @@ mod tests {
         assert!(t.alloc(2, 11 * MIB));
         assert_eq!(t.reserved(), 20 * MIB);
         let Torch::Segments(s) = &t else { panic!() };
-        assert_eq!(s.blocks[s.held[2] as usize].size, 12 * MIB);
+        assert_eq!(s.block_of(2).size, 12 * MIB);
         // Nothing cached now: 11 MiB gets a segment of its own, rounded up to 12 MiB.
         assert!(t.alloc(3, 11 * MIB));
         assert_eq!(t.reserved(), 32 * MIB);
@@ -664,7 +551,7 @@ mod tests {
         t.free(1);
         assert!(t.alloc(2, 4 * MIB)); // smallest cached block that holds it: the 12 MiB one
         let Torch::Segments(s) = &t else { panic!() };
-        assert_eq!(s.blocks[s.held[2] as usize].addr, 0);
+        assert_eq!(s.block_of(2).addr, 0);
         assert_eq!(t.reserved(), 28 * MIB);
     }
 

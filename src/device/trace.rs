@@ -48,7 +48,7 @@ pub struct Trace {
 impl Trace {
     /// The replayable part of `ops`, in order.
     pub fn new(ops: &[SimOp]) -> Trace {
-        let mut slot_of: std::collections::HashMap<u64, u32> = std::collections::HashMap::new();
+        let mut slot_of: rustc_hash::FxHashMap<u64, u32> = rustc_hash::FxHashMap::default();
         let mut vacant: Vec<u32> = Vec::new();
         let mut slots = 0u32;
         let mut events = Vec::with_capacity(ops.len());
@@ -217,7 +217,7 @@ impl Trace {
 /// The allocations of at least `min_bytes` in `ops`, with their frees (the filter of
 /// [`Trace::with_min_block`], for replays through [`simulate`](super::simulate)).
 pub fn blocks_at_least(ops: &[SimOp], min_bytes: u64) -> Vec<SimOp> {
-    let mut small = std::collections::HashSet::new();
+    let mut small = rustc_hash::FxHashSet::default();
     ops.iter()
         .filter(|op| match op.kind {
             SimOpKind::Alloc { id, size, .. } if size < min_bytes => {

@@ -568,6 +568,24 @@ mod tests {
     }
 
     #[test]
+    fn the_three_emulations_meet_at_64_mib_from_different_segment_sizes() {
+        // The shape of the candle MLP's CPU proxy stream (where all three land on 64 MiB): one
+        // 3 MiB block, 1.5 MiB ones, and many of 1 MiB or less, 45 MiB live in all.
+        let mut ops = vec![SimOp::alloc(0, 0, 3 * MIB)];
+        ops.extend((1..=12).map(|id| SimOp::alloc(id, id, 3 * MIB / 2)));
+        ops.extend((13..=36).map(|id| SimOp::alloc(id, id, MIB)));
+        let f = figures(&Trace::new(&ops), UNLIMITED, &Allocator::standard()[..3]);
+        assert_eq!(f.lower_bound, 45 * MIB);
+        let peaks: Vec<u64> = f.allocators.iter().map(|a| a.peak_bytes).collect();
+        // PyTorch: 1 MiB is a small request, so the 24 of them fill 12 segments of 2 MiB; the
+        // 21 MiB of large ones need two 20 MiB segments: 24 + 40.
+        // Expandable segments: the same pools, mapped in pages: 12 × 2 MiB + 2 × 20 MiB.
+        // BFC: regions of 4 MiB (grown for the 3 MiB block), 4, 8, 16 hold 32 MiB; the next
+        // doubles to 32 MiB: 64, for any run that needs more than 32 MiB and fits in these.
+        assert_eq!(peaks, [64 * MIB, 64 * MIB, 64 * MIB]);
+    }
+
+    #[test]
     fn fit_reports_a_run_that_does_not_fit_at_any_factor() {
         let trace = Trace::new(&[
             SimOp::alloc_in(0, 1, 20 * MIB, Some(Category::Parameter)),

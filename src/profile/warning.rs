@@ -9,7 +9,12 @@ use std::fmt;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
+use super::CaptureMode;
 use crate::units::format_bytes_delta;
+
+/// What drops do to the figures, the same in both modes.
+const CONSEQUENCE: &str = "a dropped allocation is missing from the figures and a dropped free \
+     leaves its block counted as live, so figures can be too low or too high";
 
 /// Something the reader of a profile should know: events were lost, memory grows, a series
 /// was sampled.
@@ -21,11 +26,13 @@ use crate::units::format_bytes_delta;
 /// ```
 /// use highwater::profile::Warning;
 ///
-/// let warning = Warning::DroppedEvents { events: 7 };
+/// use highwater::CaptureMode;
+///
+/// let warning = Warning::DroppedEvents { events: 7, mode: CaptureMode::DropWhenFull };
 /// assert_eq!(warning.code(), "dropped_events");
 /// assert_eq!(
 ///     serde_json::to_string(&warning).unwrap(),
-///     r#"{"code":"dropped_events","events":7}"#
+///     r#"{"code":"dropped_events","events":7,"mode":"drop_when_full"}"#
 /// );
 /// assert!(warning.to_string().starts_with("7 events were dropped"));
 /// ```
@@ -33,12 +40,17 @@ use crate::units::format_bytes_delta;
 #[serde(tag = "code", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Warning {
-    /// Events were lost while recording (a ring was full, a thread had exited or no ring was
-    /// free). A lost allocation leaves its bytes out of every figure; a lost free leaves its
-    /// block counted as live until the end. So figures can be too high as well as too low.
+    /// Events were lost while recording. In drop mode a full ring drops; in lossless mode only
+    /// the cases where a thread cannot wait do (see [`CaptureMode::Lossless`]). A lost
+    /// allocation leaves its bytes out of every figure; a lost free leaves its block counted as
+    /// live until the end. So figures can be too high as well as too low.
     DroppedEvents {
         /// Events lost ([`Summary::dropped_events`](super::Summary::dropped_events)).
         events: u64,
+        /// The session's capture mode, which decides where the drops can have come from
+        /// (profiles written before it was recorded: [`CaptureMode::DropWhenFull`]).
+        #[serde(default = "CaptureMode::before_modes")]
+        mode: CaptureMode,
     },
     /// Live memory grows across iterations: something allocated each iteration is kept.
     GrowingResidual {
@@ -139,11 +151,20 @@ impl fmt::Display for Warning {
     /// The one English rendering of each warning.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Warning::DroppedEvents { events } => write!(
+            Warning::DroppedEvents {
+                events,
+                mode: CaptureMode::Lossless,
+            } => write!(
                 f,
-                "{events} events were dropped while recording (full rings or exited threads): \
-                 a dropped allocation is missing from the figures and a dropped free leaves its \
-                 block counted as live, so figures can be too low or too high"
+                "{events} events were dropped although capture was lossless, where only calls \
+                 that cannot wait for the collector drop (on highwater's own threads, in a \
+                 forked child, after an exiting thread handed back its ring, with every ring \
+                 taken, or inside a signal handler that interrupted a record): {CONSEQUENCE}"
+            ),
+            Warning::DroppedEvents { events, .. } => write!(
+                f,
+                "{events} events were dropped while recording (drop mode: full rings, or \
+                 threads that had exited): {CONSEQUENCE}"
             ),
             Warning::GrowingResidual {
                 span,
@@ -267,7 +288,10 @@ mod tests {
 
     fn every_warning() -> Vec<Warning> {
         vec![
-            Warning::DroppedEvents { events: 3 },
+            Warning::DroppedEvents {
+                events: 3,
+                mode: CaptureMode::Lossless,
+            },
             Warning::GrowingResidual {
                 span: "step".into(),
                 window: 16,
@@ -340,9 +364,46 @@ mod tests {
 
     #[test]
     fn the_drop_notice_says_figures_can_be_off_either_way() {
-        let text = Warning::DroppedEvents { events: 1234 }.to_string();
-        assert!(text.starts_with("1234 events were dropped while recording"));
+        let text = Warning::DroppedEvents {
+            events: 1234,
+            mode: CaptureMode::DropWhenFull,
+        }
+        .to_string();
+        assert!(text.starts_with("1234 events were dropped while recording (drop mode"));
         assert!(text.contains("too low or too high"), "{text}");
+    }
+
+    #[test]
+    fn the_drop_notice_of_a_lossless_session_names_the_cases_that_drop() {
+        let text = Warning::DroppedEvents {
+            events: 3,
+            mode: CaptureMode::Lossless,
+        }
+        .to_string();
+        assert!(text.starts_with("3 events were dropped although capture was lossless"));
+        for case in [
+            "own threads",
+            "forked child",
+            "handed back its ring",
+            "signal handler",
+        ] {
+            assert!(text.contains(case), "{case}: {text}");
+        }
+        assert!(!text.contains("full rings"), "{text}");
+        assert!(text.contains("too low or too high"), "{text}");
+    }
+
+    #[test]
+    fn a_drop_notice_from_before_the_mode_was_recorded_reads_as_drop_mode() {
+        let warning: Warning =
+            serde_json::from_str(r#"{"code": "dropped_events", "events": 2}"#).unwrap();
+        assert_eq!(
+            warning,
+            Warning::DroppedEvents {
+                events: 2,
+                mode: CaptureMode::DropWhenFull
+            }
+        );
     }
 
     #[test]
@@ -372,7 +433,10 @@ mod tests {
                 Warning::Note {
                     text: "warning `from_the_future` from a newer highwater: {\"bytes\":5}".into()
                 },
-                Warning::DroppedEvents { events: 2 }
+                Warning::DroppedEvents {
+                    events: 2,
+                    mode: CaptureMode::DropWhenFull
+                }
             ]
         );
     }

@@ -72,7 +72,11 @@ fn summary_warns_about_dropped_events() {
     assert_eq!(json["warnings"][0]["events"], 1234);
     assert_eq!(
         json["warnings"][0]["message"],
-        Warning::DroppedEvents { events: 1234 }.to_string()
+        Warning::DroppedEvents {
+            events: 1234,
+            mode: highwater::CaptureMode::DropWhenFull,
+        }
+        .to_string()
     );
     assert_eq!(json["warnings"][1]["code"], "growing_residual");
     assert_eq!(json["warnings"].as_array().unwrap().len(), 2);
@@ -96,7 +100,11 @@ fn top_lists_the_largest_rows_first() {
     let (_, path) = sample_file(dir.path());
     let text = stdout(&highwater(&["top", &path, "-n", "3"]));
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 5, "title, header and three rows: {text}");
+    assert_eq!(
+        lines.len(),
+        6,
+        "title, header, three rows and the line on SITES: {text}"
+    );
     assert!(lines[1].contains("BYTES") && lines[1].contains("SPAN PATH"));
     let profile = sample_profile();
     let mut rows = profile.peak_breakdown.clone();

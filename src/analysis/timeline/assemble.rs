@@ -28,6 +28,7 @@ impl Timeline {
         if self.dropped > 0 {
             warnings.push(Warning::DroppedEvents {
                 events: self.dropped,
+                mode: self.capture_mode,
             });
         }
         warnings.extend(leak_warning(&iterations));

@@ -48,6 +48,7 @@ mod tests;
 use rustc_hash::FxHashMap;
 
 use crate::model::Category;
+use crate::profile::CaptureMode;
 
 use super::event::{DeviceId, NameId, ShapeId, StackId};
 use super::intern::Interner;
@@ -145,6 +146,8 @@ pub struct Timeline {
     /// Events applied; the next event's sequence number.
     seq: u64,
     dropped: u64,
+    /// How the events were captured: decides what the drop warning says.
+    capture_mode: CaptureMode,
     counts: Counts,
     /// Highest live bytes of any one device now (the span peak measure).
     measure: u64,
@@ -174,6 +177,7 @@ impl Timeline {
             op_ids: FxHashMap::default(),
             seq: 0,
             dropped: 0,
+            capture_mode: CaptureMode::before_modes(),
             counts: Counts::default(),
             measure: 0,
             peak: GlobalPeak::default(),
@@ -220,6 +224,12 @@ impl Timeline {
     /// Records that `count` events were lost before reaching the analysis.
     pub fn note_dropped(&mut self, count: u64) {
         self.dropped = self.dropped.saturating_add(count);
+    }
+
+    /// Says how the session captured the events, for the drop warning (without it the
+    /// warning assumes drop mode).
+    pub(crate) fn set_capture_mode(&mut self, mode: CaptureMode) {
+        self.capture_mode = mode;
     }
 
     /// Bytes live on `device` now.

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::analysis::{Event, EventKind, SpanSeq};
 use crate::model::{SpanLabel, Step};
-use crate::profile::{Profile, SpanMetrics, Warning, SCHEMA};
+use crate::profile::{CaptureMode, Profile, SpanMetrics, Warning, SCHEMA};
 
 const MIB: u64 = 1 << 20;
 
@@ -473,7 +473,22 @@ fn dropped_events_are_reported_with_a_warning() {
     s.timeline.note_dropped(2);
     let profile = s.finish();
     assert_eq!(profile.summary.dropped_events, 7);
-    assert_eq!(profile.warnings, [Warning::DroppedEvents { events: 7 }]);
+    assert_eq!(
+        profile.warnings,
+        [Warning::DroppedEvents {
+            events: 7,
+            mode: CaptureMode::before_modes()
+        }]
+    );
+    s.timeline.set_capture_mode(CaptureMode::Lossless);
+    let profile = s.finish();
+    assert_eq!(
+        profile.warnings,
+        [Warning::DroppedEvents {
+            events: 7,
+            mode: CaptureMode::Lossless
+        }]
+    );
 }
 
 #[test]
