@@ -21,6 +21,11 @@
 //! contender during a different few seconds of other people's load, which the ratios then
 //! inherit; taking turns spreads that load evenly (see `interleaved`).
 //!
+//! A third pass compares a recording session with call-site sampling at its default mean
+//! (512 KiB) against the same session with sampling off, in interleaved batches of 20,000
+//! pairs (a ring holds a batch) of the same run (`sampling_64B`; `cargo bench --bench
+//! hot_path -- sampling` runs only it).
+//!
 //! ```text
 //! cargo bench --bench hot_path
 //! ```
@@ -517,6 +522,78 @@ fn measure_interleaved() {
 
 criterion_group!(measure_benches, measure_costs);
 
+// ---------------------------------------------------------------------------------------------
+// Call-site sampling (issue 12): the 64-byte pair with sampling at the default mean against
+// the same recording session with sampling off.
+// ---------------------------------------------------------------------------------------------
+
+/// The sampling means compared: off, and the default.
+const SAMPLING: [(&str, u64); 2] = [("sampling_off", 0), ("sampling_default", 512 << 10)];
+
+/// One batch of `iters` pairs on one thread in a session sampling every `mean` bytes.
+fn sampling_batch(mean: u64, iters: u64) -> Duration {
+    let session = highwater::Session::builder()
+        .write_profile(false)
+        .sample_bytes(mean)
+        .start()
+        .expect("start a highwater session");
+    let time = pairs(&HIGHWATER, 1, iters);
+    let profile = session.finish().expect("finish the highwater session");
+    assert_eq!(profile.sampling.mean_bytes, mean);
+    time
+}
+
+/// `sampling_64B`: batches of the two settings taking turns (no criterion group: criterion's
+/// long loops would fill the ring and time the collector, not the hook). Writes
+/// the fastest and median batch of each and their ratio to `HIGHWATER_BENCH_SAMPLING_OUT`
+/// (default `target/highwater-bench/hot_path_sampling.json`).
+fn sampling_interleaved() {
+    const ROUNDS: usize = 200;
+    // 40,000 events: a default ring (65,536) holds a batch, so the hook is timed, not the
+    // collector (a full ring would wait for it).
+    const ITERS: u64 = 20_000;
+    let mut per_pair: Vec<Vec<f64>> = vec![Vec::with_capacity(ROUNDS); SAMPLING.len()];
+    for round in 0..ROUNDS {
+        for turn in 0..SAMPLING.len() {
+            let index = (round + turn) % SAMPLING.len();
+            let time = sampling_batch(SAMPLING[index].1, ITERS);
+            per_pair[index].push(time.as_nanos() as f64 / ITERS as f64);
+        }
+    }
+    let mut figures = Vec::new();
+    for (index, (name, _)) in SAMPLING.iter().enumerate() {
+        let samples = &mut per_pair[index];
+        samples.sort_by(f64::total_cmp);
+        let (fastest, median) = (samples[0], samples[samples.len() / 2]);
+        println!("interleaved {name}: fastest {fastest:.1} ns/pair, median {median:.1}");
+        figures.push((name, fastest, median));
+    }
+    let ratio = |pick: fn(&(&&str, f64, f64)) -> f64| pick(&figures[1]) / pick(&figures[0]);
+    let (fastest_ratio, median_ratio) = (ratio(|f| f.1), ratio(|f| f.2));
+    println!(
+        "interleaved sampling_default / sampling_off: {fastest_ratio:.3}x fastest, \
+         {median_ratio:.3}x median ({ROUNDS} batches of {ITERS} pairs each)"
+    );
+    let rows: Vec<String> = figures
+        .iter()
+        .map(|(name, fastest, median)| {
+            format!("{{\"name\":\"{name}\",\"fastest_ns\":{fastest:.3},\"median_ns\":{median:.3}}}")
+        })
+        .chain([format!(
+            "{{\"name\":\"ratio\",\"fastest\":{fastest_ratio:.4},\"median\":{median_ratio:.4}}}"
+        )])
+        .collect();
+    let out = std::env::var_os("HIGHWATER_BENCH_SAMPLING_OUT").map_or_else(
+        || std::path::PathBuf::from("target/highwater-bench/hot_path_sampling.json"),
+        std::path::PathBuf::from,
+    );
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent).expect("create the results directory");
+    }
+    std::fs::write(&out, format!("[{}]\n", rows.join(",\n"))).expect("write the results");
+    println!("results: {}", out.display());
+}
+
 fn main() {
     tracking_allocator::AllocationRegistry::set_global_tracker(CountingTracker::default())
         .expect("no other tracking-allocator tracker is set in this process");
@@ -531,9 +608,19 @@ fn main() {
     benches();
     measure_benches();
     Criterion::default().configure_from_args().final_summary();
-    // Only under `cargo bench` (criterion's test mode runs each benchmark once and stops).
+    // Only under `cargo bench` (criterion's test mode runs each benchmark once and stops), and
+    // only the passes a name filter (`-- sampling`) selects.
+    let filter = std::env::args().skip(1).find(|arg| !arg.starts_with('-'));
+    let selected = |group: &str| filter.as_deref().is_none_or(|f| group.contains(f));
     if std::env::args().any(|arg| arg == "--bench") {
-        interleaved();
-        measure_interleaved();
+        if selected("alloc_free_64B") {
+            interleaved();
+        }
+        if selected("measure_64B") {
+            measure_interleaved();
+        }
+        if selected("sampling_64B") {
+            sampling_interleaved();
+        }
     }
 }

@@ -19,6 +19,7 @@
 //! | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | — | `tsc` where available |
 //! | `HIGHWATER_SIGNALS` | on/off | [`write_on_signal`](crate::SessionBuilder::write_on_signal) | off |
 //! | `HIGHWATER_CHECKPOINT` | seconds between checkpoints (`10`, `0.5`), 0.001 to 86400; `0` for none | [`checkpoint_every`](crate::SessionBuilder::checkpoint_every) | 10 |
+//! | `HIGHWATER_SAMPLE_BYTES` | bytes: `0` off, `1` every allocation | [`sample_bytes`](crate::SessionBuilder::sample_bytes) | 524288 |
 //!
 //! Paths are kept as the operating system gave them ([`OsString`]), so a non-UTF-8 name is
 //! written under exactly that name.
@@ -27,7 +28,7 @@ use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::capture::DEFAULT_RING_EVENTS;
+use crate::capture::{DEFAULT_RING_EVENTS, DEFAULT_SAMPLE_BYTES};
 use crate::error::Error;
 use crate::profile::CaptureMode;
 
@@ -45,6 +46,7 @@ pub(crate) struct Requested {
     pub(crate) html: Option<bool>,
     pub(crate) alloc_log: Option<PathBuf>,
     pub(crate) checkpoint_every: Option<Duration>,
+    pub(crate) sample_bytes: Option<u64>,
 }
 
 /// What the `HIGHWATER_*` environment variables say; `None` where a variable is unset.
@@ -60,6 +62,7 @@ pub(crate) struct EnvConfig {
     pub(crate) signals: Option<bool>,
     /// `Some(None)`: the variable turns checkpoints off.
     pub(crate) checkpoint: Option<Option<Duration>>,
+    pub(crate) sample_bytes: Option<u64>,
 }
 
 /// The settings a session runs with, after [precedence](self#precedence).
@@ -76,6 +79,8 @@ pub(crate) struct Settings {
     pub(crate) force_monotonic: bool,
     /// Time between checkpoints; `None` (a zero interval) for none.
     pub(crate) checkpoint_every: Option<Duration>,
+    /// Mean bytes between call-site samples (`0`: off, `1`: every allocation).
+    pub(crate) sample_bytes: u64,
 }
 
 impl Settings {
@@ -113,6 +118,11 @@ impl Settings {
                         .or(Some(crate::checkpoint::DEFAULT_CHECKPOINT_INTERVAL)),
                 )
                 .filter(|every| !every.is_zero()),
+            sample_bytes: pick(
+                &env.sample_bytes,
+                &requested.sample_bytes,
+                DEFAULT_SAMPLE_BYTES,
+            ),
         }
     }
 }
@@ -201,9 +211,22 @@ impl EnvConfig {
                 })
                 .transpose()?
         };
+        let sample_bytes = {
+            const NAME: &str = "HIGHWATER_SAMPLE_BYTES";
+            const EXPECTED: &str = "a whole number of bytes (0: sampling off, 1: every allocation)";
+            text(NAME, EXPECTED)?
+                .map(|value| {
+                    value
+                        .trim()
+                        .parse::<u64>()
+                        .map_err(|_| invalid(NAME, value.as_ref(), EXPECTED))
+                })
+                .transpose()?
+        };
         Ok(EnvConfig {
             capture_mode,
             checkpoint,
+            sample_bytes,
             enabled: switch("HIGHWATER")?,
             output: path("HIGHWATER_OUT")?,
             alloc_log: path("HIGHWATER_ALLOC_LOG")?,
@@ -260,6 +283,7 @@ mod tests {
         assert_eq!(settings.ring_events, DEFAULT_RING_EVENTS);
         assert!(settings.write && !settings.signals && !settings.html);
         assert_eq!(settings.alloc_log, None);
+        assert_eq!(settings.sample_bytes, 512 * 1024);
     }
 
     #[test]
@@ -280,6 +304,7 @@ mod tests {
             html: Some(false),
             alloc_log: Some("code.alloc".into()),
             checkpoint_every: Some(Duration::from_secs(3)),
+            sample_bytes: Some(4096),
         };
         let env = parse(&[
             ("HIGHWATER_OUT", "env.json"),
@@ -289,6 +314,7 @@ mod tests {
             ("HIGHWATER_ALLOC_LOG", "env.alloc"),
             ("HIGHWATER_CAPTURE", "drop"),
             ("HIGHWATER_CHECKPOINT", "7"),
+            ("HIGHWATER_SAMPLE_BYTES", "0"),
         ])
         .unwrap();
         let settings = Settings::resolve(&requested, &env);
@@ -299,12 +325,17 @@ mod tests {
         assert_eq!(settings.alloc_log, Some(PathBuf::from("env.alloc")));
         assert_eq!(settings.capture_mode, CaptureMode::DropWhenFull);
         assert_eq!(settings.checkpoint_every, Some(Duration::from_secs(7)));
+        assert_eq!(
+            settings.sample_bytes, 0,
+            "HIGHWATER_SAMPLE_BYTES=0 turns sampling off"
+        );
         // An unset variable leaves the builder's choice.
         let settings = Settings::resolve(&requested, &EnvConfig::default());
         assert_eq!(settings.output, PathBuf::from("code.json"));
         assert_eq!(settings.ring_events, 1 << 12);
         assert_eq!(settings.alloc_log, Some(PathBuf::from("code.alloc")));
         assert_eq!(settings.checkpoint_every, Some(Duration::from_secs(3)));
+        assert_eq!(settings.sample_bytes, 4096);
     }
 
     #[test]
@@ -364,6 +395,8 @@ mod tests {
             ("HIGHWATER_HTML", "sometimes"),
             ("HIGHWATER_CAPTURE", "sometimes"),
             ("HIGHWATER_CHECKPOINT", "often"),
+            ("HIGHWATER_SAMPLE_BYTES", "-1"),
+            ("HIGHWATER_SAMPLE_BYTES", "512k"),
             ("HIGHWATER_CHECKPOINT", "-1"),
         ] {
             let message = parse(&[(var, value)]).unwrap_err().to_string();

@@ -96,6 +96,8 @@ mod session;
 mod signal;
 #[cfg(not(loom))]
 mod span;
+#[cfg(not(loom))]
+mod symbolize;
 #[cfg(all(feature = "tracing", not(loom)))]
 mod tracing_layer;
 

@@ -91,6 +91,7 @@ struct Running {
 /// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | — | `tsc` where available |
 /// | `HIGHWATER_SIGNALS` | `on`, `off` (also `1`/`0`, …) | [`SessionBuilder::write_on_signal`] | off |
 /// | `HIGHWATER_CHECKPOINT` | seconds (`10`, `0.5`); `0` for none | [`SessionBuilder::checkpoint_every`] | 10 s |
+/// | `HIGHWATER_SAMPLE_BYTES` | bytes: `0` off, `1` every allocation | [`SessionBuilder::sample_bytes`] | 524288 (512 KiB) |
 ///
 /// # Examples
 ///
@@ -125,6 +126,17 @@ impl SessionBuilder {
     /// `HIGHWATER_RING_EVENTS` overrides it.
     pub fn ring_events(mut self, events: usize) -> SessionBuilder {
         self.requested.ring_events = Some(events);
+        self
+    }
+
+    /// Mean bytes between call-site samples, `R` (default 512 KiB; `HIGHWATER_SAMPLE_BYTES`
+    /// overrides). Each thread counts down a distance drawn from an exponential distribution
+    /// with mean `R`; the allocation that crosses it has its stack recorded, so an allocation
+    /// of `s` bytes is sampled with probability `1 - e^(-s/R)` and allocations far above `R`
+    /// practically always. `0` turns sampling off; `1` records the stack of every allocation
+    /// (exact per-site figures, for small programs and tests). See [`crate::profile::CallSite`].
+    pub fn sample_bytes(mut self, mean_bytes: u64) -> SessionBuilder {
+        self.requested.sample_bytes = Some(mean_bytes);
         self
     }
 
@@ -280,7 +292,10 @@ impl SessionBuilder {
         }
         let clock_name = clock::init(settings.force_monotonic);
         capture::set_ring_capacity(settings.ring_events);
-        capture::begin_session(settings.capture_mode == CaptureMode::Lossless);
+        capture::begin_session(
+            settings.capture_mode == CaptureMode::Lossless,
+            settings.sample_bytes,
+        );
         enable_asymmetric_barrier();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));
         let meta = RunMeta {
@@ -302,6 +317,7 @@ impl SessionBuilder {
             interval: Duration::from_millis(2),
             lag: Duration::from_millis(5),
             timeline: self.timeline,
+            sample_bytes: settings.sample_bytes,
             alloc_log: settings.alloc_log.clone(),
             // Even with periodic checkpoints off, a refused allocation writes one.
             checkpoint: settings.write.then(|| CheckpointConfig {

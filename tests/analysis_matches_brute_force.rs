@@ -321,7 +321,7 @@ impl Model {
                     block.op = Some(op.0);
                 }
             }
-            EventKind::PoolState { .. } => {}
+            EventKind::PoolState { .. } | EventKind::Sampled { .. } => {}
             // A refusal changes no byte figure; its own figures are unit-tested in the timeline.
             EventKind::Oom { .. } => {}
         }

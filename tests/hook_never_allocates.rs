@@ -3,7 +3,9 @@
 //! The global allocator here is a detector wrapped around highwater's `Alloc`: it notes when it
 //! is entered while already inside itself on the same thread. If recording an event allocated
 //! through the global allocator, that nested call would come back through the detector. The
-//! rings are small, so the lossless wait for room (spin, then futex) runs too.
+//! rings are small, so the lossless wait for room (spin, then futex) runs too. Call-site
+//! sampling runs at its default mean and with every allocation sampled (each one walks its
+//! stack; each new thread finds its stack mapping).
 
 use std::alloc::System;
 use std::sync::atomic::Ordering;
@@ -30,13 +32,30 @@ fn busy_work() {
     }
 }
 
+/// One session at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn recording_never_allocates_through_the_global_allocator() {
-    let session = Session::builder()
-        .ring_events(1 << 10)
-        .write_profile(false)
-        .start()
-        .unwrap();
+    let profile = record_busy_threads(None);
+    assert!(profile.sampling.samples > 0, "{:?}", profile.sampling);
+}
+
+#[test]
+fn sampling_every_allocation_never_allocates_through_the_global_allocator() {
+    let profile = record_busy_threads(Some(1));
+    // Every allocation of the four threads was sampled, each with its stack.
+    assert!(profile.sampling.samples >= 80_000, "{:?}", profile.sampling);
+    assert!(profile.sites.iter().all(|site| !site.frames.is_empty()));
+}
+
+fn record_busy_threads(sample_bytes: Option<u64>) -> highwater::Profile {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut builder = Session::builder().ring_events(1 << 10).write_profile(false);
+    if let Some(mean) = sample_bytes {
+        builder = builder.sample_bytes(mean);
+    }
+    let session = builder.start().unwrap();
     let before = CALLS.load(Ordering::SeqCst);
     // New threads claim rings (the cold path) as well as recording into them.
     let threads: Vec<_> = (0..3).map(|_| std::thread::spawn(busy_work)).collect();
@@ -62,4 +81,5 @@ fn recording_never_allocates_through_the_global_allocator() {
         0,
         "the hook allocated through the global allocator"
     );
+    profile
 }

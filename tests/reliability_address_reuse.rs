@@ -147,7 +147,13 @@ fn pass_buffers_around(snapshots: bool) {
     {
         {
             common::wait_for_other_threads_to_sleep();
-            let session = Session::builder().write_profile(false).start().unwrap();
+            // Call-site sampling off: a snapshot that symbolises sites (the first one in a
+            // process loads the line tables) would leave too few snapshots in the workload.
+            let session = Session::builder()
+                .write_profile(false)
+                .sample_bytes(0)
+                .start()
+                .unwrap();
             common::open_window();
             let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
                 .map(|_| std::sync::mpsc::sync_channel::<Vec<u8>>(64))

@@ -27,6 +27,10 @@ impl DeviceId {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ShapeId(pub u32);
 
+/// An interned call stack (program counters) in a [`Timeline`](super::Timeline)'s table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct StackId(pub u32);
+
 /// A span instance, unique within its thread for the session; `0` means "no span".
 pub type SpanSeq = u32;
 
@@ -135,6 +139,19 @@ pub enum EventKind {
         shape: Option<ShapeId>,
         /// Its dtype, when known.
         dtype: Option<NameId>,
+    },
+    /// The heap block that the previous event of this thread made live at `addr` (an
+    /// [`EventKind::Alloc`] on the CPU or the new side of an [`EventKind::Realloc`]) was a
+    /// call-site sample, allocated from `stack`. Not counted as an event of its own.
+    Sampled {
+        /// Address of the sampled block.
+        addr: u64,
+        /// Its bytes.
+        size: u64,
+        /// Its category when it was allocated.
+        category: Category,
+        /// Its call stack ([`Timeline::intern_stack`](super::Timeline::intern_stack)).
+        stack: StackId,
     },
     /// A device pool's state after a reservation or release.
     PoolState {

@@ -13,6 +13,7 @@
 //! - `downsample`: bounded curves that keep their extremes;
 //! - `intern`: the tables behind [`NameId`], [`DeviceId`] and [`ShapeId`];
 //! - `iterations`: the bounded series of a top-level span's exits (the leak signal);
+//! - `sites`: call-site samples, their weights, and the call sites of the profile;
 //! - `temporary`: which bytes live at the peak were freed inside the span that allocated them;
 //!
 //! `tests/analysis_matches_brute_force.rs` holds the analysis to a brute-force model built from
@@ -25,10 +26,12 @@ mod event;
 mod intern;
 mod iterations;
 mod live;
+mod sites;
 mod span_sample;
 mod spans;
 mod temporary;
 mod timeline;
 
-pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq};
+pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq, StackId};
+pub(crate) use sites::{ResolveFrames, ALWAYS_SAMPLED_MEANS};
 pub use timeline::{Timeline, TimelineConfig};

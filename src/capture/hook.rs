@@ -13,6 +13,8 @@ use super::gate::{self, GATE_EPOCH, RECORDING};
 use super::raw::{PoolReport, RawEvent, RawKind};
 use super::registry::REGISTRY;
 use super::ring::{Pushed, Ring, WhenFull};
+use super::sample;
+use super::stack::{self, StackBounds, Walked};
 use super::sync::{AtomicBool, Ordering};
 use super::{clock, lifecycle, wake};
 use crate::model::{Category, CategoryScope, SpanLabel};
@@ -115,6 +117,17 @@ struct PerThread {
     /// record that finds it set interrupted that push on this same thread. A single byte,
     /// written apart from `state`, so the interrupted code never writes back a stale copy of it.
     in_push: Cell<bool>,
+    /// Bytes left before the next call-site sample (see `sample`), capped at the size from
+    /// which every allocation is sampled; valid in `sample_epoch`.
+    sample_left: Cell<u64>,
+    /// The rest of the drawn distance, beyond the cap.
+    sample_beyond: Cell<u64>,
+    /// The [`GATE_EPOCH`] the countdown was drawn in: a new session draws afresh, with its `R`.
+    sample_epoch: Cell<u32>,
+    /// The sampling generator's state (`0`: not seeded yet).
+    sample_rng: Cell<u64>,
+    /// This thread's stack mapping, for the stack walk.
+    stack: Cell<StackBounds>,
 }
 
 thread_local! {
@@ -122,6 +135,11 @@ thread_local! {
         PerThread {
             state: Cell::new(ThreadState::NEW),
             in_push: Cell::new(false),
+            sample_left: Cell::new(0),
+            sample_beyond: Cell::new(0),
+            sample_epoch: Cell::new(0),
+            sample_rng: Cell::new(0),
+            stack: Cell::new(StackBounds::UNKNOWN),
         }
     };
 }
@@ -381,8 +399,10 @@ fn retire_current_thread(index: usize) {
 /// Prepares capture for a session, before its collector starts and its gate opens: sets the
 /// mode, marks the collector as serving, clears the session's counters and makes every
 /// producer's next push re-read its ring (so a ring kept from an earlier session is resized).
-pub(crate) fn begin_session(lossless: bool) {
+pub(crate) fn begin_session(lossless: bool, sample_bytes: u64) {
     LOSSLESS.store(lossless, Ordering::Relaxed);
+    // Countdowns are drawn afresh in the epoch the gate opens next, with this mean.
+    sample::set_mean_bytes(sample_bytes);
     for counter in UNATTRIBUTED_DROPS.iter().chain(&REENTRANT_DROPS) {
         counter.store(0, Ordering::Relaxed);
     }
@@ -420,10 +440,123 @@ pub(crate) fn take_waits() -> u64 {
     WAITS.swap(0, Ordering::Relaxed)
 }
 
+/// Whether the allocation of `size` bytes about to be recorded is a call-site sample. The fast
+/// path is a subtraction and a branch (and a check that the countdown belongs to this gate
+/// opening, whose epoch shares a cache line with the gate just read).
+#[inline(always)]
+fn sample_due(size: usize) -> bool {
+    let size = size as u64;
+    THREAD
+        .try_with(|thread| {
+            let left = thread.sample_left.get();
+            if size < left && thread.sample_epoch.get() == GATE_EPOCH.load(Ordering::Relaxed) {
+                thread.sample_left.set(left - size);
+                false
+            } else {
+                sample_due_slow(thread, size)
+            }
+        })
+        .unwrap_or(false)
+}
+
+/// The capped countdown ran out, or was drawn in an earlier gate opening (cold path; at most
+/// once per `4R` bytes when nothing is sampled).
+#[cold]
+#[inline(never)]
+fn sample_due_slow(thread: &PerThread, size: u64) -> bool {
+    let mut rng = thread.sample_rng.get();
+    if rng == 0 {
+        rng = sample::seed(thread as *const PerThread as usize, clock::ticks());
+    }
+    let mean = sample::mean_bytes();
+    let epoch = GATE_EPOCH.load(Ordering::Relaxed);
+    let left = if thread.sample_epoch.get() == epoch {
+        thread
+            .sample_left
+            .get()
+            .saturating_add(thread.sample_beyond.get())
+    } else {
+        thread.sample_epoch.set(epoch);
+        sample::next_distance(&mut rng, mean)
+    };
+    let always = sample::always_sampled_from(mean);
+    let sampled = size >= left || size >= always;
+    // A sample drawn by the countdown starts a new distance; an allocation sampled for its
+    // size alone uses up its bytes of the distance like any other (what is left is still
+    // exponential, so later allocations are sampled independently of it).
+    let left = if size >= left {
+        sample::next_distance(&mut rng, mean)
+    } else {
+        left - size
+    };
+    let fast = left.min(always);
+    thread.sample_left.set(fast);
+    thread.sample_beyond.set(left - fast);
+    thread.sample_rng.set(rng);
+    sampled
+}
+
+/// Walks this thread's stack for a sample; `None` where nothing would be recorded anyway
+/// (highwater's own work, the collector thread).
+#[cold]
+#[inline(never)]
+fn walk_for_sample() -> Option<Walked> {
+    let current = state()?;
+    if current.paused || current.internal {
+        return None;
+    }
+    THREAD.try_with(|thread| stack::walk(&thread.stack)).ok()
+}
+
+/// Records a sampled record (`T` events built by `build`) with its stack, as one unit sized
+/// for the stack: `N - T` stack parts of two addresses each.
+#[inline(always)]
+fn emit_sampled<const N: usize, const T: usize>(
+    kinds: [RawKind; T],
+    walked: &Walked,
+    build: impl FnOnce(ThreadState, u64) -> [RawEvent; T],
+) {
+    let pcs = &walked.pcs[..walked.len];
+    emit(RawEvent::sampled_kinds::<N, T>(kinds), |current, ticks| {
+        RawEvent::sampled::<N, T>(pcs, walked.truncated, build(current, ticks))
+    });
+}
+
+/// Records a sampled alloc (`T = 1`) or realloc (`T = 2`) in the smallest unit that holds its
+/// stack: 1, 4, 8, 16 or 32 stack parts (`stack::MAX_FRAMES` is 64 addresses).
+#[cold]
+#[inline(never)]
+fn record_sampled<const T: usize>(
+    kinds: [RawKind; T],
+    build: impl FnOnce(ThreadState, u64) -> [RawEvent; T],
+) {
+    const _: () = assert!(stack::MAX_FRAMES == 64);
+    let Some(walked) = walk_for_sample() else {
+        emit(kinds, build);
+        return;
+    };
+    let parts = walked.len.div_ceil(2);
+    match (T, parts) {
+        (1, 0..=1) => emit_sampled::<2, T>(kinds, &walked, build),
+        (1, 2..=4) => emit_sampled::<5, T>(kinds, &walked, build),
+        (1, 5..=8) => emit_sampled::<9, T>(kinds, &walked, build),
+        (1, 9..=16) => emit_sampled::<17, T>(kinds, &walked, build),
+        (1, _) => emit_sampled::<33, T>(kinds, &walked, build),
+        (_, 0..=1) => emit_sampled::<3, T>(kinds, &walked, build),
+        (_, 2..=4) => emit_sampled::<6, T>(kinds, &walked, build),
+        (_, 5..=8) => emit_sampled::<10, T>(kinds, &walked, build),
+        (_, 9..=16) => emit_sampled::<18, T>(kinds, &walked, build),
+        (_, _) => emit_sampled::<34, T>(kinds, &walked, build),
+    }
+}
+
 /// Records a heap allocation that the inner allocator just made.
 #[inline(always)]
 pub(crate) fn record_alloc(addr: usize, size: usize) {
-    emit([RawKind::Alloc], |current, ticks| {
+    if !RECORDING.load(Ordering::Relaxed) {
+        return;
+    }
+    let build = |current: ThreadState, ticks| {
         [RawEvent::alloc(
             ticks,
             current.span,
@@ -431,7 +564,11 @@ pub(crate) fn record_alloc(addr: usize, size: usize) {
             addr as u64,
             size as u64,
         )]
-    });
+    };
+    if sample_due(size) {
+        return record_sampled([RawKind::Alloc], build);
+    }
+    emit([RawKind::Alloc], build);
 }
 
 /// Records a heap free that is about to happen.
@@ -449,7 +586,8 @@ pub(crate) fn record_free(addr: usize, size: usize) {
 
 /// Records a completed realloc as one unit. `released` was read before the inner realloc
 /// ran, so the old block's half sorts before any reuse of it by another thread; the new
-/// block's half is stamped `returned`, read just after the inner call returned it.
+/// block's half is stamped `returned`, read just after the inner call returned it. The new
+/// block counts down the sampling distance with its whole size, like an allocation.
 #[inline(always)]
 pub(crate) fn record_realloc(
     released: u64,
@@ -459,24 +597,29 @@ pub(crate) fn record_realloc(
     new_addr: usize,
     new_size: usize,
 ) {
-    emit(
-        [RawKind::ReallocFrom, RawKind::ReallocTo],
-        // `returned`, read as the inner call came back, not the reading taken once the ring has
-        // room: a thread that waited for room would otherwise stamp the realloc after another
-        // thread's reuse of the old block (freed inside the inner call), and the merge would
-        // apply that reuse first. While it waits, its busy ring holds the merge at its last
-        // stamp, so the earlier stamp is still merged in order.
-        |current, ticks| {
-            RawEvent::realloc(
-                released,
-                returned.min(ticks),
-                current.span,
-                current.scope.category(),
-                (old_addr as u64, old_size as u64),
-                (new_addr as u64, new_size as u64),
-            )
-        },
-    );
+    if !RECORDING.load(Ordering::Relaxed) {
+        return;
+    }
+    // `returned`, read as the inner call came back, not the reading taken once the ring has
+    // room: a thread that waited for room would otherwise stamp the realloc after another
+    // thread's reuse of the old block (freed inside the inner call), and the merge would
+    // apply that reuse first. While it waits, its busy ring holds the merge at its last
+    // stamp, so the earlier stamp is still merged in order.
+    let build = |current: ThreadState, ticks| {
+        RawEvent::realloc(
+            released,
+            returned.min(ticks),
+            current.span,
+            current.scope.category(),
+            (old_addr as u64, old_size as u64),
+            (new_addr as u64, new_size as u64),
+        )
+    };
+    let kinds = [RawKind::ReallocFrom, RawKind::ReallocTo];
+    if sample_due(new_size) {
+        return record_sampled(kinds, build);
+    }
+    emit(kinds, build);
 }
 
 /// Opens a span on this thread: updates the thread's span state (always, so spans opened before

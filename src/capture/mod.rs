@@ -25,11 +25,16 @@ pub(crate) mod lifecycle;
 pub(crate) mod names;
 #[cfg(not(loom))]
 pub(crate) mod oom;
+mod sample;
+#[cfg(not(loom))]
+pub(crate) mod stack;
 
 #[cfg(not(loom))]
 pub(crate) use gate::{open_gate, recording};
 #[cfg(not(loom))]
 pub(crate) use hook::*;
+#[cfg(not(loom))]
+pub(crate) use sample::DEFAULT_SAMPLE_BYTES;
 
 #[cfg(all(test, loom))]
 mod loom_models;

@@ -52,11 +52,21 @@ pub(crate) enum RawKind {
     /// An allocation was refused: `a` = bytes asked for, `b` = largest free block + 1 (`0`:
     /// unknown, as for the heap), `flags` = [`OomSource`] byte.
     Oom = 15,
+    /// Part of a sampled allocation's call stack, in the events before its `Alloc` or
+    /// `ReallocFrom`: `a`, `b` = return addresses, innermost first (`0`: padding), `flags` bit 0
+    /// = the stack was cut (set on every part). Stamped like the record it precedes.
+    StackPcs = 16,
 }
+
+/// Bit of an `Alloc`'s or `ReallocTo`'s `flags`: the events before it carry its call stack.
+const SAMPLED: u8 = 0x80;
+
+/// Bit of a `StackPcs`' `flags`: the walk stopped before the stack's first frame.
+const TRUNCATED: u8 = 0x01;
 
 impl RawKind {
     /// Number of kinds (length of per-kind counter arrays).
-    pub(crate) const COUNT: usize = 16;
+    pub(crate) const COUNT: usize = 17;
 
     /// Decodes a kind byte; `None` for bytes no writer produces.
     pub(crate) const fn from_byte(byte: u8) -> Option<RawKind> {
@@ -77,15 +87,17 @@ impl RawKind {
             13 => RawKind::PoolHead,
             14 => RawKind::PoolTail,
             15 => RawKind::Oom,
+            16 => RawKind::StackPcs,
             _ => return None,
         })
     }
 
-    /// Whether this is the first half of a two-event record, whose second half counts it.
+    /// Whether this event leads a record of several events (the first half of a two-event
+    /// record, or a part of a sampled stack), whose last event counts it.
     pub(crate) const fn is_head(self) -> bool {
         matches!(
             self,
-            RawKind::ReallocFrom | RawKind::AnnotateHead | RawKind::PoolHead
+            RawKind::ReallocFrom | RawKind::AnnotateHead | RawKind::PoolHead | RawKind::StackPcs
         )
     }
 }
@@ -375,6 +387,56 @@ impl RawEvent {
     }
 }
 
+impl RawEvent {
+    /// A sampled allocation as one unit of `N` events: its call stack `pcs` (innermost first,
+    /// at most `2 * (N - T)` of them; more are cut) in `N - T` `StackPcs` events, then the `T`
+    /// events of the record itself (`Alloc`, or the two halves of a realloc), the last one
+    /// marked as sampled. The stack parts are stamped like the record's first event.
+    #[inline]
+    pub(crate) fn sampled<const N: usize, const T: usize>(
+        pcs: &[u64],
+        truncated: bool,
+        record: [RawEvent; T],
+    ) -> [RawEvent; N] {
+        let parts = N - T;
+        let kept = pcs.len().min(2 * parts);
+        let truncated = truncated || kept < pcs.len();
+        let ticks = record.first().map_or(0, |first| first.ticks);
+        let mut unit: [RawEvent; N] = std::array::from_fn(|index| {
+            if index >= parts {
+                return record[index - parts];
+            }
+            let pc = |at: usize| if at < kept { pcs[at] } else { 0 };
+            RawEvent::new(
+                RawKind::StackPcs,
+                ticks,
+                0,
+                if truncated { TRUNCATED } else { 0 },
+                0,
+                pc(2 * index),
+                pc(2 * index + 1),
+            )
+        });
+        if let Some(last) = unit.last_mut() {
+            last.flags |= SAMPLED;
+        }
+        unit
+    }
+
+    /// The kinds of a [`RawEvent::sampled`] unit, for counting it when it is dropped.
+    pub(crate) fn sampled_kinds<const N: usize, const T: usize>(
+        record: [RawKind; T],
+    ) -> [RawKind; N] {
+        std::array::from_fn(|index| {
+            if index + T >= N {
+                record[index + T - N]
+            } else {
+                RawKind::StackPcs
+            }
+        })
+    }
+}
+
 /// What a device pool reports about itself.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct PoolReport {
@@ -462,6 +524,8 @@ pub(crate) enum Record {
 /// A [`Record`] with the stamp and span of the event that completed it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Decoded {
+    /// The record is a sampled allocation: [`Decoder::stack`] holds its call stack.
+    pub(crate) sampled: bool,
     /// Clock reading of the (last) event.
     pub(crate) ticks: u64,
     /// The innermost open span, the parent for `SpanEnter`, the closing span for `SpanExit`.
@@ -475,12 +539,25 @@ pub(crate) struct Decoded {
 #[derive(Debug, Default)]
 pub(crate) struct Decoder {
     head: Option<RawEvent>,
+    /// The stack parts of the record being decoded (or of the last one, once complete).
+    stack: Vec<u64>,
+    stack_truncated: bool,
+    /// The last record completed: the next stack part starts a new stack.
+    stack_done: bool,
 }
 
 impl Decoder {
-    /// Forgets a held first half (the ring changed hands).
+    /// Forgets a held first half and stack (the ring changed hands).
     pub(crate) fn reset(&mut self) {
         self.head = None;
+        self.stack.clear();
+        self.stack_truncated = false;
+    }
+
+    /// The call stack of the last record decoded, when it was `sampled`: return addresses,
+    /// innermost first, and whether the walk was cut.
+    pub(crate) fn stack(&self) -> (&[u64], bool) {
+        (&self.stack, self.stack_truncated)
     }
 
     /// The record `raw` completes, if any: `None` for a first half (held) or an unknown kind.
@@ -488,11 +565,28 @@ impl Decoder {
     #[inline]
     pub(crate) fn decode(&mut self, raw: RawEvent) -> Option<Decoded> {
         let kind = RawKind::from_byte(raw.kind)?;
+        if kind == RawKind::StackPcs {
+            if std::mem::take(&mut self.stack_done) {
+                self.stack.clear();
+                self.stack_truncated = false;
+            }
+            self.stack
+                .extend([raw.a, raw.b].into_iter().filter(|&pc| pc != 0));
+            self.stack_truncated |= raw.flags & TRUNCATED != 0;
+            return None;
+        }
         if kind.is_head() {
             self.head = Some(raw);
             return None;
         }
-        let category = Category::from_index(raw.flags);
+        let sampled =
+            matches!(kind, RawKind::Alloc | RawKind::ReallocTo) && raw.flags & SAMPLED != 0;
+        if !sampled {
+            self.stack.clear();
+            self.stack_truncated = false;
+        }
+        self.stack_done = true;
+        let category = Category::from_index(raw.flags & !SAMPLED);
         let device = raw.device;
         let mut first = || self.head.take().unwrap_or_default();
         let record = match kind {
@@ -578,9 +672,13 @@ impl Decoder {
                 requested: raw.a,
                 largest_free: raw.b.checked_sub(1),
             },
-            RawKind::ReallocFrom | RawKind::AnnotateHead | RawKind::PoolHead => return None,
+            RawKind::ReallocFrom
+            | RawKind::AnnotateHead
+            | RawKind::PoolHead
+            | RawKind::StackPcs => return None,
         };
         Some(Decoded {
+            sampled,
             ticks: raw.ticks,
             span: raw.span,
             record,
@@ -806,6 +904,7 @@ mod tests {
     fn decoded() -> impl Strategy<Value = Decoded> {
         (1u64..u64::MAX, any::<u32>()).prop_flat_map(|(ticks, span)| {
             record(ticks).prop_map(move |record| Decoded {
+                sampled: false,
                 ticks,
                 span,
                 record,
@@ -833,6 +932,79 @@ mod tests {
                 prop_assert_eq!(got, want);
             }
         }
+    }
+
+    /// Decodes a sampled alloc built as a unit of `N` events.
+    fn sampled_alloc<const N: usize>(pcs: &[u64], truncated: bool) -> (Vec<u64>, bool, Decoded) {
+        let alloc = RawEvent::alloc(9, 2, Category::Gradient, 0x1000, 64);
+        let mut decoder = Decoder::default();
+        let mut out = Vec::new();
+        // A plain record before and after: stacks never leak into neighbours.
+        out.extend(decoder.decode(RawEvent::free(1, 0, 8, 8)));
+        assert_eq!(decoder.stack().0, &[] as &[u64]);
+        for raw in RawEvent::sampled::<N, 1>(pcs, truncated, [alloc]) {
+            out.extend(decoder.decode(raw));
+        }
+        let (stack, cut) = decoder.stack();
+        let got = (stack.to_vec(), cut, out[1]);
+        out.extend(decoder.decode(RawEvent::free(10, 0, 8, 8)));
+        assert!(!out[2].sampled);
+        assert_eq!(decoder.stack().0, &[] as &[u64]);
+        got
+    }
+
+    proptest! {
+        /// A sampled allocation's stack comes back whole, in order, with the allocation
+        /// itself, in every unit size the hook uses; a stack longer than the unit is cut and
+        /// says so.
+        #[test]
+        fn a_sampled_stack_decodes_to_what_was_walked(
+            pcs in proptest::collection::vec(1u64.., 0..=64),
+            truncated in any::<bool>(),
+        ) {
+            for (parts, (stack, cut, decoded)) in [
+                (1, sampled_alloc::<2>(&pcs, truncated)),
+                (4, sampled_alloc::<5>(&pcs, truncated)),
+                (8, sampled_alloc::<9>(&pcs, truncated)),
+                (16, sampled_alloc::<17>(&pcs, truncated)),
+                (32, sampled_alloc::<33>(&pcs, truncated)),
+            ] {
+                let kept = pcs.len().min(2 * parts);
+                prop_assert_eq!(&stack[..], &pcs[..kept]);
+                prop_assert_eq!(cut, truncated || kept < pcs.len());
+                prop_assert!(decoded.sampled);
+                prop_assert_eq!(decoded.ticks, 9);
+                prop_assert_eq!(decoded.span, 2);
+                prop_assert_eq!(decoded.record, Record::Alloc { addr: 0x1000, size: 64, category: Category::Gradient });
+            }
+        }
+    }
+
+    #[test]
+    fn a_sampled_realloc_keeps_both_halves_and_its_stack() {
+        let halves = RawEvent::realloc(3, 4, 1, Category::Optimizer, (10, 20), (30, 40));
+        let kinds = RawEvent::sampled_kinds::<6, 2>([RawKind::ReallocFrom, RawKind::ReallocTo]);
+        assert_eq!(kinds[..4], [RawKind::StackPcs; 4]);
+        assert_eq!(kinds[4..], [RawKind::ReallocFrom, RawKind::ReallocTo]);
+        let mut decoder = Decoder::default();
+        let decoded: Vec<Decoded> = RawEvent::sampled::<6, 2>(&[7, 8, 9], false, halves)
+            .into_iter()
+            .filter_map(|raw| decoder.decode(raw))
+            .collect();
+        assert_eq!(decoded.len(), 1);
+        assert!(decoded[0].sampled);
+        assert_eq!(
+            decoded[0].record,
+            Record::Realloc {
+                released: 3,
+                old_addr: 10,
+                old_size: 20,
+                new_addr: 30,
+                new_size: 40,
+                category: Category::Optimizer
+            }
+        );
+        assert_eq!(decoder.stack(), (&[7, 8, 9][..], false));
     }
 
     #[test]

@@ -48,6 +48,8 @@ pub(crate) struct CollectorConfig {
     pub(crate) timeline: TimelineConfig,
     /// Where to write the allocation log, if anywhere.
     pub(crate) alloc_log: Option<PathBuf>,
+    /// Mean bytes between call-site samples (`0`: off), to weigh the samples.
+    pub(crate) sample_bytes: u64,
     /// Checkpoints to write while recording, if any.
     pub(crate) checkpoint: Option<CheckpointConfig>,
 }
@@ -83,6 +85,12 @@ fn checkpoint_refusals(
 pub(crate) fn spawn(config: CollectorConfig) -> std::io::Result<(JoinHandle<()>, Sender<Control>)> {
     let (control, requests) = crossbeam_channel::unbounded();
     let mut merger = Merger::new(config.calibration, config.timeline.clone());
+    merger
+        .timeline
+        .set_sampling(config.sample_bytes, capture::stack::UNWINDER);
+    merger
+        .timeline
+        .set_resolver(Box::new(crate::symbolize::Resolver::default()));
     merger.log = config.alloc_log.as_deref().map(AllocLogWriter::create);
     // Started here, before the gate opens, for the same reason as the collector itself.
     let checkpointer = config
@@ -447,6 +455,7 @@ impl Merger {
     fn apply(&mut self, index: usize, raw: RawEvent) {
         let cursor = &mut self.cursors[index];
         let Some(Decoded {
+            sampled,
             ticks,
             span,
             record,
@@ -584,6 +593,40 @@ impl Merger {
         if let Some(log) = self.log.as_mut() {
             log_event(log, &self.device_names, &event);
         }
+        if sampled {
+            self.apply_sample(index, &event);
+        }
+    }
+
+    /// Applies the call-site sample of the allocation `event` just applied: its stack is in
+    /// ring `index`'s decoder.
+    fn apply_sample(&mut self, index: usize, event: &Event) {
+        let (addr, size, category) = match event.kind {
+            EventKind::Alloc {
+                addr,
+                size,
+                category,
+                ..
+            } => (addr, size, category),
+            EventKind::Realloc {
+                new_addr,
+                new_size,
+                category,
+                ..
+            } => (new_addr, new_size, category),
+            _ => return,
+        };
+        let (pcs, truncated) = self.cursors[index].decoder.stack();
+        let stack = self.timeline.intern_stack(pcs, truncated);
+        self.timeline.apply(&Event {
+            kind: EventKind::Sampled {
+                addr,
+                size,
+                category,
+                stack,
+            },
+            ..*event
+        });
     }
 
     /// Closes recording, waits for writers in flight, merges everything and builds the profile.

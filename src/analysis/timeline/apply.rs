@@ -5,6 +5,7 @@ use crate::model::{Category, SpanLabel, Step};
 use super::super::downsample::Downsampler;
 use super::super::event::{DeviceId, Event, EventKind, NameId, ShapeId};
 use super::super::live::{Freed, LiveEntry, Origin, NONE};
+use super::super::sites::ShareKey;
 use super::super::span_sample::SpanCall;
 use super::super::spans::{Closed, SpanStart};
 use super::peaks::{PoolSample, PoolStats};
@@ -49,6 +50,24 @@ pub(super) struct Counts {
 impl Timeline {
     /// Applies one event. Events should come in time order; late ones are tolerated.
     pub fn apply(&mut self, event: &Event) {
+        if let EventKind::Sampled {
+            addr,
+            size,
+            category,
+            stack,
+        } = event.kind
+        {
+            // Part of the allocation before it, not an event of its own.
+            let (origin, _) = self.origin(event);
+            let key = ShareKey {
+                node: origin.node,
+                op: origin.op,
+                category,
+            };
+            let alloc_seq = self.seq.saturating_sub(1);
+            self.sites.sampled(addr, size, key, stack, alloc_seq);
+            return;
+        }
         let seq = self.seq;
         self.seq += 1;
         let ts = event.ts_ns;
@@ -77,6 +96,9 @@ impl Timeline {
                 self.device(device);
                 match self.live.free(device, addr, ts) {
                     Freed::Ended(entry) => {
+                        if device == DeviceId::CPU {
+                            self.sites.ended(addr);
+                        }
                         self.device(device).frees += 1;
                         self.counts.frees += 1;
                         self.split_ended(device, addr, &entry);
@@ -102,6 +124,7 @@ impl Timeline {
                 let mut carried = None;
                 let growth = match self.live.free(device, old_addr, released) {
                     Freed::Ended(entry) => {
+                        self.sites.ended(old_addr);
                         carried = self.split_changed(device, old_addr, &entry);
                         self.end(device, &entry);
                         new_size.saturating_sub(entry.size)
@@ -139,6 +162,9 @@ impl Timeline {
             } => {
                 self.device(device);
                 if let Some(before) = self.live.set_category(device, addr, category) {
+                    if device == DeviceId::CPU {
+                        self.sites.recategorised(addr, category);
+                    }
                     if let Some(carried) = self.split_changed(device, addr, &before) {
                         self.temporaries.carry(device, addr, carried);
                     }
@@ -197,6 +223,9 @@ impl Timeline {
             } => {
                 let op = self.op_id(op, shape, dtype);
                 self.live.annotate(device, addr, op);
+                if device == DeviceId::CPU {
+                    self.sites.annotated(addr, op);
+                }
             }
             EventKind::OpEnd => {
                 if let Some(ops) = self.threads.get_mut(&event.thread) {
@@ -246,6 +275,7 @@ impl Timeline {
                 requested,
                 largest_free,
             } => self.refused(event, device, source, requested, largest_free),
+            EventKind::Sampled { .. } => {}
         }
     }
 
@@ -312,6 +342,9 @@ impl Timeline {
         // after the map insert would wait for the insert's store (often a cache miss).
         self.device(device).add(category, size);
         if let Some(old) = self.live.insert(device, addr, entry) {
+            if device == DeviceId::CPU {
+                self.sites.ended(addr);
+            }
             self.counts.reorder_repairs += 1;
             self.split_ended(device, addr, &old);
             self.end(device, &old);

@@ -8,9 +8,12 @@ use crate::profile::{
     FOLDED_SPANS, MAX_SPAN_DEPTH, MAX_SPAN_NODES, SCHEMA,
 };
 
-use super::super::event::{NameId, ShapeId};
+use rustc_hash::FxHashMap;
+
+use super::super::event::{DeviceId, NameId, ShapeId};
 use super::super::iterations::IterationSeries;
 use super::super::live::{self, NONE};
+use super::super::sites::ShareKey;
 use super::super::spans::FOLDED_SPAN;
 use super::leak::leak_warning;
 use super::{ByCategory, Timeline};
@@ -60,12 +63,13 @@ impl Timeline {
                 at_ns: first.timestamp_ns,
             });
         }
+        let sites = self.sites.report(|op| self.op_parts(op).0);
         Profile {
             schema: SCHEMA.to_string(),
             meta: Default::default(),
             summary: self.summary(end_ns),
             timeline: self.curve(),
-            peak_breakdown: self.breakdown(&paths),
+            peak_breakdown: self.breakdown(&paths, &sites.top_sites),
             largest_at_peak: self.largest(&paths),
             spans: self.span_metrics(end_ns),
             iterations,
@@ -74,8 +78,8 @@ impl Timeline {
             span_events: self.span_events(),
             capture: Default::default(),
             warnings,
-            sites: Vec::new(),
-            sampling: Default::default(),
+            sites: sites.sites,
+            sampling: sites.sampling,
             oom_events,
         }
     }
@@ -176,7 +180,12 @@ impl Timeline {
         self.names.shape_dims(ShapeId(id))
     }
 
-    pub(super) fn breakdown(&self, paths: &[String]) -> Vec<PeakRow> {
+    /// The live-at-peak rows; `top_sites` names the call sites behind each heap row.
+    pub(super) fn breakdown(
+        &self,
+        paths: &[String],
+        top_sites: &FxHashMap<ShareKey, Vec<u32>>,
+    ) -> Vec<PeakRow> {
         let mut rows: Vec<PeakRow> = live::group_at_peak(&self.live)
             .into_iter()
             .map(|(key, bytes, count)| {
@@ -190,7 +199,16 @@ impl Timeline {
                     device: self.names.device_str(key.device),
                     bytes,
                     count,
-                    top_sites: Vec::new(),
+                    top_sites: if key.device == DeviceId::CPU {
+                        let key = ShareKey {
+                            node: key.origin.node,
+                            op: key.origin.op,
+                            category: key.category,
+                        };
+                        top_sites.get(&key).cloned().unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    },
                 }
             })
             .collect();

@@ -54,10 +54,11 @@ use rustc_hash::FxHashMap;
 use crate::model::Category;
 use crate::profile::CaptureMode;
 
-use super::event::{DeviceId, NameId, ShapeId};
+use super::event::{DeviceId, NameId, ShapeId, StackId};
 use super::intern::Interner;
 use super::iterations::IterationSeries;
 use super::live::LiveSet;
+use super::sites::{ResolveFrames, Sites};
 use super::span_sample::SpanSample;
 use super::spans::Spans;
 use super::temporary::Temporaries;
@@ -168,6 +169,8 @@ pub struct Timeline {
     ooms: Vec<oom::OomRecord>,
     /// Refused allocations, all of them.
     oom_count: u64,
+    /// Call-site samples and the sampled blocks live now and at the peak.
+    sites: Sites,
 }
 
 impl Timeline {
@@ -195,7 +198,26 @@ impl Timeline {
             span_calls: SpanSample::default(),
             ooms: Vec::new(),
             oom_count: 0,
+            sites: Sites::default(),
         }
+    }
+
+    /// The id of a call stack (return addresses, innermost first) for
+    /// [`EventKind::Sampled`](super::EventKind::Sampled); `truncated`: the walk was cut
+    /// before the stack's first frame. The same addresses always get the same id.
+    pub fn intern_stack(&mut self, pcs: &[u64], truncated: bool) -> StackId {
+        self.sites.intern_stack(pcs, truncated)
+    }
+
+    /// Says how the session sampled call sites: mean bytes `R` between samples (`0`: off) and
+    /// how stacks were walked. Samples are weighted with this `R`.
+    pub(crate) fn set_sampling(&mut self, mean_bytes: u64, unwinder: &str) {
+        self.sites.set_sampling(mean_bytes, unwinder);
+    }
+
+    /// Resolves call stacks to frames whenever a profile is assembled.
+    pub(crate) fn set_resolver(&mut self, resolver: Box<dyn ResolveFrames>) {
+        self.sites.set_resolver(resolver);
     }
 
     /// The id of a span, op or dtype name; the same string always gets the same id.

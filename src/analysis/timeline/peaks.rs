@@ -175,6 +175,7 @@ impl Timeline {
             };
             self.live.mark_peak();
             self.temporaries.mark_peak();
+            self.sites.mark_peak(seq);
         }
         let measure = if live >= self.measure || self.devices.len() == 1 {
             live
