@@ -51,6 +51,8 @@ fn profile_at(step: u64, partial: bool) -> Profile {
         (Category::Parameter, MIB),
     ]
     .into();
+    // Half the activations at this peak were the step's temporaries.
+    profile.summary.peak_temporary_by_category = [(Category::Activation, (peak - MIB) / 2)].into();
     // What a loaded profile must satisfy: no device or single block above the peak.
     for device in &mut profile.devices {
         device.peak_bytes = peak;
