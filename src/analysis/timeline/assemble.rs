@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 
 use super::super::event::{DeviceId, NameId, ShapeId};
 use super::super::iterations::IterationSeries;
-use super::super::live::{self, NONE};
+use super::super::live::{self, GroupKey, NONE};
 use super::super::sites::ShareKey;
 use super::super::spans::FOLDED_SPAN;
 use super::leak::leak_warning;
@@ -186,51 +186,44 @@ impl Timeline {
         paths: &[String],
         top_sites: &FxHashMap<ShareKey, Vec<u32>>,
     ) -> Vec<PeakRow> {
-        let mut rows: Vec<PeakRow> = live::group_at_peak(&self.live)
+        let rows = live::group_at_peak(&self.live)
             .into_iter()
             .map(|(key, bytes, count)| {
-                let (op, shape, dtype) = self.op_parts(key.origin.op);
-                PeakRow {
-                    span_path: self.path_of(paths, key.origin.node).to_string(),
-                    op,
-                    shape,
-                    dtype,
-                    category: key.category,
-                    device: self.names.device_str(key.device),
-                    bytes,
-                    count,
-                    top_sites: if key.device == DeviceId::CPU {
-                        let key = ShareKey {
-                            node: key.origin.node,
-                            op: key.origin.op,
-                            category: key.category,
-                        };
-                        top_sites.get(&key).cloned().unwrap_or_default()
-                    } else {
-                        Vec::new()
-                    },
+                let mut row = self.group_row(paths, &key, bytes, count);
+                if key.device == DeviceId::CPU {
+                    let key = ShareKey {
+                        node: key.origin.node,
+                        op: key.origin.op,
+                        category: key.category,
+                    };
+                    row.top_sites = top_sites.get(&key).cloned().unwrap_or_default();
                 }
+                row
             })
             .collect();
-        rows.sort_by(|a, b| {
-            b.bytes
-                .cmp(&a.bytes)
-                .then(b.count.cmp(&a.count))
-                .then_with(|| a.span_path.cmp(&b.span_path))
-                .then_with(|| a.op.cmp(&b.op))
-                .then_with(|| a.shape.cmp(&b.shape))
-                .then_with(|| a.dtype.cmp(&b.dtype))
-                .then(a.category.cmp(&b.category))
-                .then_with(|| a.device.cmp(&b.device))
-        });
-        let max = self.config.max_breakdown_rows;
-        if rows.len() > max {
-            let rest = rows.split_off(max.saturating_sub(1));
-            if max > 0 {
-                rows.push(fold_rows(rest));
-            }
+        rank_and_fold(rows, self.config.max_breakdown_rows)
+    }
+
+    /// One live-block group as a row (no call sites).
+    pub(super) fn group_row(
+        &self,
+        paths: &[String],
+        key: &GroupKey,
+        bytes: u64,
+        count: u64,
+    ) -> PeakRow {
+        let (op, shape, dtype) = self.op_parts(key.origin.op);
+        PeakRow {
+            span_path: self.path_of(paths, key.origin.node).to_string(),
+            op,
+            shape,
+            dtype,
+            category: key.category,
+            device: self.names.device_str(key.device),
+            bytes,
+            count,
+            top_sites: Vec::new(),
         }
-        rows
     }
 
     pub(super) fn largest(&self, paths: &[String]) -> Vec<LiveAllocation> {
@@ -344,6 +337,28 @@ pub(super) fn category_map(by_category: &ByCategory) -> BTreeMap<Category, u64> 
         .filter(|c| by_category[c.index()] > 0)
         .map(|c| (c, by_category[c.index()]))
         .collect()
+}
+
+/// Rows largest first (ties in a fixed order), the ones past `max` folded into one.
+pub(super) fn rank_and_fold(mut rows: Vec<PeakRow>, max: usize) -> Vec<PeakRow> {
+    rows.sort_by(|a, b| {
+        b.bytes
+            .cmp(&a.bytes)
+            .then(b.count.cmp(&a.count))
+            .then_with(|| a.span_path.cmp(&b.span_path))
+            .then_with(|| a.op.cmp(&b.op))
+            .then_with(|| a.shape.cmp(&b.shape))
+            .then_with(|| a.dtype.cmp(&b.dtype))
+            .then(a.category.cmp(&b.category))
+            .then_with(|| a.device.cmp(&b.device))
+    });
+    if rows.len() > max {
+        let rest = rows.split_off(max.saturating_sub(1));
+        if max > 0 {
+            rows.push(fold_rows(rest));
+        }
+    }
+    rows
 }
 
 /// One row standing for every breakdown row past the limit.

@@ -9,7 +9,7 @@ use crate::profile::{OomEvent, OomSource, PeakRow, MAX_OOM_EVENTS, MAX_OOM_ROWS}
 
 use super::super::event::{DeviceId, Event};
 use super::super::live::{self, GroupKey, Origin};
-use super::assemble::{category_map, fold_rows};
+use super::assemble::{category_map, rank_and_fold};
 use super::{ByCategory, Timeline};
 
 /// A refused allocation as the timeline saw it, names still as ids.
@@ -98,35 +98,10 @@ impl Timeline {
 
     /// Groups as rows, largest first, folded past [`MAX_OOM_ROWS`].
     fn live_rows(&self, paths: &[String], groups: &[(GroupKey, u64, u64)]) -> Vec<PeakRow> {
-        let mut rows: Vec<PeakRow> = groups
+        let rows = groups
             .iter()
-            .map(|&(key, bytes, count)| {
-                let (op, shape, dtype) = self.op_parts(key.origin.op);
-                PeakRow {
-                    span_path: self.path_of(paths, key.origin.node).to_string(),
-                    op,
-                    shape,
-                    dtype,
-                    category: key.category,
-                    device: self.names.device_str(key.device),
-                    bytes,
-                    count,
-                    top_sites: Vec::new(),
-                }
-            })
+            .map(|(key, bytes, count)| self.group_row(paths, key, *bytes, *count))
             .collect();
-        rows.sort_by(|a, b| {
-            b.bytes
-                .cmp(&a.bytes)
-                .then(b.count.cmp(&a.count))
-                .then_with(|| a.span_path.cmp(&b.span_path))
-                .then_with(|| a.op.cmp(&b.op))
-                .then(a.category.cmp(&b.category))
-        });
-        if rows.len() > MAX_OOM_ROWS {
-            let rest = rows.split_off(MAX_OOM_ROWS - 1);
-            rows.push(fold_rows(rest));
-        }
-        rows
+        rank_and_fold(rows, MAX_OOM_ROWS)
     }
 }
