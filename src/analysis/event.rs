@@ -89,6 +89,17 @@ pub enum EventKind {
         #[serde(default)]
         released_ns: Option<u64>,
     },
+    /// The first half of this thread's next [`EventKind::Realloc`]: the heap block at
+    /// `old_addr` was handed back to the allocator to be resized (stamped before the resize
+    /// ran). The address may be reused by another thread from now on, so the block leaves it;
+    /// its bytes stay live and counted until the realloc completes. The realloc that follows
+    /// names the same `old_addr`. Not counted as an event of its own.
+    ReallocRelease {
+        /// Address before.
+        old_addr: u64,
+        /// Size before, as the caller said.
+        old_size: u64,
+    },
     /// A span opened on this thread. The event's `span` field is the parent.
     SpanEnter {
         /// The new span instance.

@@ -275,6 +275,17 @@ pub(crate) enum Freed {
     Unknown,
 }
 
+/// What [`LiveSet::rekey`] did.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Rekeyed {
+    /// The block moved; the one it displaced at the new key, ended, if any.
+    Moved(Option<LiveEntry>),
+    /// The block at the old key was allocated after the given time: it stays where it is.
+    Straggler,
+    /// Nothing was live at the old key.
+    Unknown,
+}
+
 /// A block in the list of the largest at the peak.
 #[derive(Debug, Clone, Copy)]
 struct Ranked {
@@ -487,6 +498,44 @@ impl LiveSet {
         let entry = self.entry(&block);
         self.end_block(device, block);
         Freed::Ended(entry)
+    }
+
+    /// Moves the block at `(device, from)` to the key `to`, unchanged (same size, time, context
+    /// and peak epoch), for a given-up address that may be reused before the block ends; `ts`
+    /// is judged as a free's would be. A block already at `to` is ended and handed back.
+    pub(crate) fn rekey(&mut self, device: DeviceId, from: u64, to: u64, ts: u64) -> Rekeyed {
+        let LiveSet { index, slab, .. } = self;
+        let Some(table) = index.get_mut(usize::from(device.0)) else {
+            return Rekeyed::Unknown;
+        };
+        let Ok(found) = table.find_entry(hash(from), |&i| slab.get(i).addr == from) else {
+            return Rekeyed::Unknown;
+        };
+        let at = *found.get();
+        if ts < slab.get(at).ts {
+            return Rekeyed::Straggler;
+        }
+        found.remove();
+        let displaced = match table.entry(
+            hash(to),
+            |&i| slab.get(i).addr == to,
+            |&i| hash(slab.get(i).addr),
+        ) {
+            Entry::Occupied(mut taken) => Some(std::mem::replace(taken.get_mut(), at)),
+            Entry::Vacant(vacant) => {
+                vacant.insert(at);
+                None
+            }
+        };
+        slab.get_mut(at).addr = to;
+        let Some(displaced) = displaced else {
+            return Rekeyed::Moved(None);
+        };
+        let block = slab.remove(displaced);
+        self.live -= 1;
+        let entry = self.entry(&block);
+        self.end_block(device, block);
+        Rekeyed::Moved(Some(entry))
     }
 
     fn find(&self, device: DeviceId, addr: u64) -> Option<u32> {

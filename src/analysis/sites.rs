@@ -247,6 +247,15 @@ impl Sites {
         }
     }
 
+    /// The sampled block at `from`, if any, is known by `to` from now on (see `LiveSet::rekey`).
+    pub(crate) fn rekeyed(&mut self, from: u64, to: u64) {
+        if let Some(block) = self.live.remove(&from) {
+            if let Some(displaced) = self.live.insert(to, block) {
+                self.forget(displaced);
+            }
+        }
+    }
+
     /// The heap block at `addr` has `category` from now on.
     pub(crate) fn recategorised(&mut self, addr: u64, category: Category) {
         let epoch = self.epoch;

@@ -92,6 +92,13 @@ impl Temporaries {
         self.dirty = true;
     }
 
+    /// What the block at `(device, from)` carries moves with it to `to`.
+    pub(crate) fn rekey(&mut self, device: DeviceId, from: u64, to: u64) {
+        if let Some(carried) = self.take(device, from) {
+            self.carry(device, to, carried);
+        }
+    }
+
     /// Temporary bytes at the peak by [`Category::index`].
     pub(crate) fn by_category(&self) -> &[u64; Category::COUNT] {
         &self.by_category

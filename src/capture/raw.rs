@@ -534,6 +534,18 @@ pub(crate) struct Decoded {
     pub(crate) record: Record,
 }
 
+/// The first half of a realloc ([`Decoder::realloc_release`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReallocRelease {
+    /// Clock reading taken before the inner realloc ran.
+    pub(crate) ticks: u64,
+    /// The innermost open span.
+    pub(crate) span: u32,
+    /// The old block's address and size.
+    pub(crate) old_addr: u64,
+    pub(crate) old_size: u64,
+}
+
 /// Decodes one ring's events in order, holding the first half of a two-event record until its
 /// second arrives (the halves may be drained in different rounds).
 #[derive(Debug, Default)]
@@ -558,6 +570,19 @@ impl Decoder {
     /// innermost first, and whether the walk was cut.
     pub(crate) fn stack(&self) -> (&[u64], bool) {
         (&self.stack, self.stack_truncated)
+    }
+
+    /// The first half of a realloc, as it is merged: its clock reading and the old block's
+    /// address and size. The analysis frees the old address at this point, so that another
+    /// thread's reuse of it, stamped before the second half, is a new block.
+    #[inline]
+    pub(crate) fn realloc_release(raw: &RawEvent) -> Option<ReallocRelease> {
+        (raw.kind == RawKind::ReallocFrom as u8).then_some(ReallocRelease {
+            ticks: raw.ticks,
+            span: raw.span,
+            old_addr: raw.a,
+            old_size: raw.b,
+        })
     }
 
     /// The record `raw` completes, if any: `None` for a first half (held) or an unknown kind.

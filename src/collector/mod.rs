@@ -16,7 +16,7 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use crate::alloc_log::AllocLogWriter;
 use crate::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, Timeline, TimelineConfig};
 use crate::capture::clock::Calibration;
-use crate::capture::raw::{Decoded, Decoder, RawEvent, RawKind, Record};
+use crate::capture::raw::{Decoded, Decoder, RawEvent, RawKind, ReallocRelease, Record};
 use crate::capture::registry::{SlotState, REGISTRY};
 use crate::capture::{self, gate, names, oom, wake, UNATTRIBUTED_DROPS};
 use crate::checkpoint::{CheckpointConfig, Checkpointer};
@@ -453,6 +453,9 @@ impl Merger {
 
     /// Decodes one raw event of ring `index` and applies the record it completes.
     fn apply(&mut self, index: usize, raw: RawEvent) {
+        if let Some(release) = Decoder::realloc_release(&raw) {
+            self.release(index, release);
+        }
         let cursor = &mut self.cursors[index];
         let Some(Decoded {
             sampled,
@@ -595,6 +598,27 @@ impl Merger {
         }
         if sampled {
             self.apply_sample(index, &event);
+        }
+    }
+
+    /// Applies the first half of a realloc of ring `index` as it is merged: the old address
+    /// is given up now, though the realloc completes only with its second half.
+    fn release(&mut self, index: usize, release: ReallocRelease) {
+        let Some(thread) = self.cursors[index].thread else {
+            return;
+        };
+        let event = Event {
+            ts_ns: self.calibration.to_ns(release.ticks).unwrap_or(0),
+            thread,
+            span: release.span,
+            kind: EventKind::ReallocRelease {
+                old_addr: release.old_addr,
+                old_size: release.old_size,
+            },
+        };
+        self.timeline.apply(&event);
+        if let Some(log) = self.log.as_mut() {
+            log_event(log, &self.device_names, &event);
         }
     }
 
@@ -760,16 +784,19 @@ fn log_event(log: &mut AllocLogWriter, device_names: &[String], event: &Event) {
             addr,
             category,
         } => log.set_category(device.0, name(device), category, ts, addr),
+        // A realloc's old block is logged freed at its release, where the analysis gave its
+        // address up; the realloc itself adds the new block.
+        EventKind::ReallocRelease { old_addr, old_size } => {
+            let cpu = DeviceId::CPU;
+            log.record(cpu.0, name(cpu), false, None, ts, old_addr, old_size);
+        }
         EventKind::Realloc {
-            old_addr,
-            old_size,
             new_addr,
             new_size,
             category,
             ..
         } => {
             let cpu = DeviceId::CPU;
-            log.record(cpu.0, name(cpu), false, None, ts, old_addr, old_size);
             log.record(
                 cpu.0,
                 name(cpu),

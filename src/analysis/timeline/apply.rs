@@ -68,6 +68,11 @@ impl Timeline {
             self.sites.sampled(addr, size, key, stack, alloc_seq);
             return;
         }
+        if let EventKind::ReallocRelease { old_addr, .. } = event.kind {
+            // Part of the realloc after it, not an event of its own.
+            self.release_for_realloc(event.thread, old_addr, event.ts_ns);
+            return;
+        }
         let seq = self.seq;
         self.seq += 1;
         let ts = event.ts_ns;
@@ -122,10 +127,11 @@ impl Timeline {
                 self.counts.reallocs += 1;
                 let released = released_ns.map_or(ts, |at| at.min(ts));
                 let mut carried = None;
-                let growth = match self.live.free(device, old_addr, released) {
+                let (old_key, freed) = self.end_realloced(event.thread, old_addr, released);
+                let growth = match freed {
                     Freed::Ended(entry) => {
-                        self.sites.ended(old_addr);
-                        carried = self.split_changed(device, old_addr, &entry);
+                        self.sites.ended(old_key);
+                        carried = self.split_changed(device, old_key, &entry);
                         self.end(device, &entry);
                         new_size.saturating_sub(entry.size)
                     }
@@ -275,7 +281,7 @@ impl Timeline {
                 requested,
                 largest_free,
             } => self.refused(event, device, source, requested, largest_free),
-            EventKind::Sampled { .. } => {}
+            EventKind::Sampled { .. } | EventKind::ReallocRelease { .. } => {}
         }
     }
 

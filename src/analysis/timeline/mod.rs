@@ -13,8 +13,11 @@
 //! - `Free` ends the block. A key that is not live counts as an unknown free; a free stamped
 //!   earlier than the live block's allocation belongs to an earlier life of the address and is
 //!   ignored, counted as a repair. `free_count` counts only frees that ended a block.
-//! - `Realloc` ends the old heap block (same rules; an unknown one counts as an unknown free)
-//!   and makes the new one live in the same step. It counts in `realloc_count` only; total
+//! - `ReallocRelease` moves the old heap block of the thread's next `Realloc` off its address
+//!   (judged as a free stamped then would be), so that another thread may allocate there
+//!   before the realloc completes; its bytes stay counted. It is not counted as an event.
+//! - `Realloc` ends the old heap block (same rules; an unknown one counts as an unknown free;
+//!   after a release, the block the release moved) and makes the new one live in the same step. It counts in `realloc_count` only; total
 //!   bytes and the span's bytes grow by the growth over the ended block's size, or by the new
 //!   size when no block was ended.
 //! - `SetCategory` moves a live block's bytes between category counters. A key that is not
@@ -45,6 +48,7 @@ mod assemble;
 mod leak;
 mod oom;
 mod peaks;
+mod realloc;
 mod split;
 #[cfg(test)]
 mod tests;
@@ -171,6 +175,8 @@ pub struct Timeline {
     oom_count: u64,
     /// Call-site samples and the sampled blocks live now and at the peak.
     sites: Sites,
+    /// Reallocs released and not completed yet, by thread.
+    pending_reallocs: FxHashMap<u32, realloc::Pending>,
 }
 
 impl Timeline {
@@ -199,6 +205,7 @@ impl Timeline {
             ooms: Vec::new(),
             oom_count: 0,
             sites: Sites::default(),
+            pending_reallocs: FxHashMap::default(),
         }
     }
 

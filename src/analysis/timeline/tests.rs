@@ -241,6 +241,84 @@ fn unknown_frees_duplicate_allocs_and_straggler_frees_are_counted_and_tolerated(
 }
 
 #[test]
+fn another_threads_reuse_of_an_address_between_a_reallocs_halves_is_a_new_block() {
+    let mut s = Script::new();
+    s.enter("step", SpanLabel::Plain);
+    s.alloc(0x10, 100, Category::Activation);
+    let resizer = s.thread;
+    // The resize starts: the old block gives up 0x10 but stays counted...
+    s.push(EventKind::ReallocRelease {
+        old_addr: 0x10,
+        old_size: 100,
+    });
+    assert_eq!(s.timeline.live_bytes(DeviceId::CPU), 100);
+    // ...another thread is handed 0x10 before the resize completes...
+    s.thread = resizer + 1;
+    s.alloc(0x10, 30, Category::Other);
+    assert_eq!(s.timeline.live_bytes(DeviceId::CPU), 130);
+    // ...and the resize completes at 0x20.
+    s.thread = resizer;
+    let released = s.ts - 10;
+    s.push(EventKind::Realloc {
+        old_addr: 0x10,
+        old_size: 100,
+        new_addr: 0x20,
+        new_size: 250,
+        category: Category::Activation,
+        released_ns: Some(released),
+    });
+    s.free(0x10);
+    s.free(0x20);
+    s.exit();
+    let summary = s.finish().summary;
+    assert_eq!(summary.reorder_repairs, 0);
+    assert_eq!(summary.unknown_frees, 0);
+    assert_eq!(
+        (
+            summary.alloc_count,
+            summary.realloc_count,
+            summary.free_count
+        ),
+        (2, 1, 2)
+    );
+    // The resize's growth is 150 over the old block, which it continued.
+    assert_eq!(summary.total_alloc_bytes, 100 + 30 + 150);
+    assert_eq!(summary.peak_bytes, 280);
+    assert_eq!(summary.final_live_bytes, 0);
+    // The release is half of the realloc, not an event of its own.
+    assert_eq!(summary.event_count, 7);
+}
+
+#[test]
+fn a_release_whose_realloc_never_came_ends_its_block_at_the_threads_next_release() {
+    let mut s = Script::new();
+    s.alloc(0x10, 100, Category::Other);
+    s.alloc(0x30, 40, Category::Other);
+    s.push(EventKind::ReallocRelease {
+        old_addr: 0x10,
+        old_size: 100,
+    });
+    // Its realloc was lost; the next release settles it.
+    s.push(EventKind::ReallocRelease {
+        old_addr: 0x30,
+        old_size: 40,
+    });
+    assert_eq!(s.timeline.live_bytes(DeviceId::CPU), 40);
+    s.push(EventKind::Realloc {
+        old_addr: 0x30,
+        old_size: 40,
+        new_addr: 0x30,
+        new_size: 60,
+        category: Category::Other,
+        released_ns: None,
+    });
+    let summary = s.finish().summary;
+    assert_eq!(summary.reorder_repairs, 0);
+    assert_eq!(summary.final_live_bytes, 60);
+    assert_eq!(summary.peak_bytes, 140);
+}
+
+#[test]
 fn allocations_inside_an_op_name_the_op_shape_and_dtype_in_peak_rows() {
     let mut s = Script::new();
     let matmul = s.timeline.intern_name("matmul");
