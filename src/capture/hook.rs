@@ -9,10 +9,10 @@
 use std::cell::Cell;
 use std::sync::atomic::{compiler_fence, AtomicU64, AtomicUsize};
 
-use super::gate::{self, GATE_EPOCH, RECORDING};
+use super::gate::{self, Sound, GATE_EPOCH, RECORDING};
 use super::raw::{PoolReport, RawEvent, RawKind};
 use super::registry::REGISTRY;
-use super::ring::{Pushed, Ring, WhenFull};
+use super::ring::{Pushed, Ring, SoundPark, WhenFull};
 use super::sync::{AtomicBool, Ordering};
 use super::{clock, lifecycle, wake};
 use crate::model::{Category, CategoryScope, SpanLabel};
@@ -242,27 +242,12 @@ fn push_now<const N: usize>(
     let Some(mut current) = state() else {
         return drop_unattributed(&kinds);
     };
-    if current.paused || current.internal {
-        return;
-    }
-    let index = match current.ring {
-        NO_RING | TABLE_FULL => match claim_ring(&mut current) {
-            Some(index) => index,
-            None => {
-                drop_unattributed(&kinds);
-                return;
-            }
-        },
-        RETIRED => {
-            drop_unattributed(&kinds);
-            return;
-        }
-        claimed => usize::from(claimed - 1),
+    let index = match destination(&mut current) {
+        Destination::Ring(index) => index,
+        Destination::Nowhere => return,
+        Destination::Unattributed => return drop_unattributed(&kinds),
     };
     let ring = &REGISTRY.slots()[index].ring;
-    if current.span != 0 && current.announced != GATE_EPOCH.load(Ordering::Relaxed) {
-        announce_span(&mut current, index);
-    }
     // SAFETY: this thread claimed ring `index` (its state says so) and has not retired it, so it
     // is the ring's only producer (`in_push` keeps a signal handler on this thread out);
     // `claim_ring` installed storage before recording the claim.
@@ -271,6 +256,37 @@ fn push_now<const N: usize>(
             build(current, clock::ticks())
         })
     };
+}
+
+/// Where this thread's events go now.
+enum Destination {
+    /// The ring of this index, which the thread owns.
+    Ring(usize),
+    /// Nowhere, uncounted: highwater itself runs on this thread.
+    Nowhere,
+    /// Nowhere: no ring can take them (none free, or the thread is exiting); count them.
+    Unattributed,
+}
+
+/// Finds (or claims) the ring of a thread in state `current`, and announces its innermost span
+/// there if the collector has not seen it yet. Runs with `in_push` set, before the push enters.
+#[inline(always)]
+fn destination(current: &mut ThreadState) -> Destination {
+    if current.paused || current.internal {
+        return Destination::Nowhere;
+    }
+    let index = match current.ring {
+        NO_RING | TABLE_FULL => match claim_ring(current) {
+            Some(index) => index,
+            None => return Destination::Unattributed,
+        },
+        RETIRED => return Destination::Unattributed,
+        claimed => usize::from(claimed - 1),
+    };
+    if current.span != 0 && current.announced != GATE_EPOCH.load(Ordering::Relaxed) {
+        announce_span(current, index);
+    }
+    Destination::Ring(index)
 }
 
 /// Records an entry for the thread's innermost span, opened before this session's gate opened
@@ -435,36 +451,94 @@ pub(crate) fn record_free(addr: usize, size: usize) {
     });
 }
 
-/// Records a completed realloc as one unit. `released` was read before the inner realloc
-/// ran, so the old block's half sorts before any reuse of it by another thread; the new
-/// block's half is stamped `returned`, read just after the inner call returned it.
+/// Runs `realloc`, the inner allocator's realloc of the `old_size`-byte block at `old_addr` to
+/// `new_size` bytes, and records it as one unit if it succeeds. Returns what `realloc` returned.
+///
+/// The old half is stamped before the inner call frees the old block, so it sorts before any
+/// reuse of that address by another thread; the new half is stamped as the call returns
+/// (before any wait for room, which would sort it after such a reuse). Both readings are taken
+/// with the thread's ring already marked busy, and it stays busy through the inner call until
+/// the unit is published: the collector holds the merge at this ring's last stamp meanwhile, so
+/// however long the thread takes (descheduled, or waiting for room) the reuse cannot be merged
+/// first. `in_push` is set for the same span, so a signal handler that records meanwhile is
+/// counted as re-entrant rather than writing events stamped after this unit's ahead of it.
 #[inline(always)]
 pub(crate) fn record_realloc(
-    released: u64,
-    returned: u64,
     old_addr: usize,
     old_size: usize,
-    new_addr: usize,
     new_size: usize,
-) {
-    emit(
-        [RawKind::ReallocFrom, RawKind::ReallocTo],
-        // `returned`, read as the inner call came back, not the reading taken once the ring has
-        // room: a thread that waited for room would otherwise stamp the realloc after another
-        // thread's reuse of the old block (freed inside the inner call), and the merge would
-        // apply that reuse first. While it waits, its busy ring holds the merge at its last
-        // stamp, so the earlier stamp is still merged in order.
-        |current, ticks| {
+    realloc: impl FnOnce() -> *mut u8,
+) -> *mut u8 {
+    const KINDS: [RawKind; 2] = [RawKind::ReallocFrom, RawKind::ReallocTo];
+    /// Counts the unit as `drop` says if the realloc happened.
+    fn counted(moved: *mut u8, drop: fn(&[RawKind])) -> *mut u8 {
+        if !moved.is_null() {
+            drop(&KINDS);
+        }
+        moved
+    }
+    if !RECORDING.load(Ordering::Relaxed) {
+        return realloc();
+    }
+    let entered = THREAD.try_with(|thread| !thread.in_push.replace(true));
+    match entered {
+        Ok(true) => {}
+        Ok(false) => return counted(realloc(), drop_reentrant),
+        Err(_) => return counted(realloc(), drop_unattributed),
+    }
+    /// Clears `in_push` however the realloc ends.
+    struct LeavePush;
+    impl Drop for LeavePush {
+        #[inline(always)]
+        fn drop(&mut self) {
+            compiler_fence(Ordering::SeqCst);
+            let _ = THREAD.try_with(|thread| thread.in_push.set(false));
+        }
+    }
+    let _in_push = LeavePush;
+    compiler_fence(Ordering::SeqCst);
+    let Some(mut current) = state() else {
+        return counted(realloc(), drop_unattributed);
+    };
+    let index = match destination(&mut current) {
+        Destination::Ring(index) => index,
+        Destination::Nowhere => return realloc(),
+        Destination::Unattributed => return counted(realloc(), drop_unattributed),
+    };
+    let ring = &REGISTRY.slots()[index].ring;
+    if !ring.enter::<Sound>(&RECORDING) {
+        return realloc();
+    }
+    /// Leaves the ring however the realloc ends (failed, dropped, recorded).
+    struct Leave<'a>(&'a Ring);
+    impl Drop for Leave<'_> {
+        #[inline(always)]
+        fn drop(&mut self) {
+            self.0.leave();
+        }
+    }
+    let _busy = Leave(ring);
+    let released = clock::ticks();
+    let moved = realloc();
+    if moved.is_null() {
+        return moved;
+    }
+    let returned = clock::ticks();
+    // SAFETY: as in `push_now` (this thread owns ring `index`, storage installed), and this
+    // thread entered the ring above; `_busy` leaves it after the push.
+    let _: Pushed = unsafe {
+        ring.push_entered::<2, SoundPark>(KINDS, &SessionPolicy, || {
             RawEvent::realloc(
                 released,
-                returned.min(ticks),
+                returned,
                 current.span,
                 current.scope.category(),
                 (old_addr as u64, old_size as u64),
-                (new_addr as u64, new_size as u64),
+                (moved as usize as u64, new_size as u64),
             )
-        },
-    );
+        })
+    };
+    moved
 }
 
 /// Opens a span on this thread: updates the thread's span state (always, so spans opened before
