@@ -314,6 +314,41 @@ fn pairs_measured(iters: u64) -> Duration {
     time
 }
 
+/// Blocks a [`window_here`] loop keeps live.
+const WINDOW: usize = 32;
+
+/// `iters` 64-byte allocations on the calling thread, each freed `WINDOW` allocations later
+/// (first in, first out): every free is of a block other than the latest, so a measurement
+/// finds it in its address table, where [`pairs_here`]'s free finds the latest block.
+fn window_here(iters: u64) -> Duration {
+    let mut window = [std::ptr::null_mut::<u8>(); WINDOW];
+    let began = Instant::now();
+    for at in 0..iters as usize {
+        let slot = &mut window[at % WINDOW];
+        // SAFETY: PAIR has a non-zero size; each block is freed once, with its layout.
+        unsafe {
+            if !slot.is_null() {
+                HIGHWATER.dealloc(*slot, PAIR);
+            }
+            *slot = black_box(HIGHWATER.alloc(PAIR));
+        }
+    }
+    let elapsed = began.elapsed();
+    for block in window.into_iter().filter(|block| !block.is_null()) {
+        // SAFETY: as above; these are the blocks still live.
+        unsafe { HIGHWATER.dealloc(block, PAIR) };
+    }
+    elapsed
+}
+
+/// The window loop inside `highwater::measure`, checked to have been counted.
+fn window_measured(iters: u64) -> Duration {
+    let (time, m) = highwater::measure(|| window_here(iters));
+    assert_eq!(m.allocations, iters, "every allocation was measured");
+    assert_eq!(m.frees, iters, "every free was of a block born inside");
+    time
+}
+
 /// Runs `f` on this thread while another thread sits inside a measurement, so the hook's
 /// "any thread measuring" check is true and this thread reads its thread-local.
 fn while_another_thread_measures<R>(f: impl FnOnce() -> R) -> R {
@@ -354,15 +389,26 @@ fn measure_costs(c: &mut Criterion) {
 
 /// The ratios the issue states, in short interleaved batches (as `interleaved`): a measured
 /// closure against the same loop unmeasured, and a non-measuring thread while another thread
-/// measures against no measurement anywhere, plus the system allocator for scale. Prints the
+/// measures against no measurement anywhere, plus the system allocator for scale; then the
+/// same measured/unmeasured pair for a loop whose frees go through the address table
+/// (`window_here`), which the 64-byte pair loop never touches. Prints the
 /// median batch of each and the ratios, and writes them to `HIGHWATER_BENCH_MEASURE_OUT`
 /// (default `target/highwater-bench/measure.json`).
 fn measure_interleaved() {
-    const ROUNDS: usize = 60;
-    const ITERS: u64 = 200_000;
+    // `HIGHWATER_BENCH_MEASURE_ROUNDS` and `_ITERS` override the defaults: on a loaded machine
+    // many short batches find more quiet moments than a few long ones.
+    let setting = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|value| value.parse::<u64>().ok())
+            .filter(|&value| value > 0)
+            .unwrap_or(default)
+    };
+    let rounds = setting("HIGHWATER_BENCH_MEASURE_ROUNDS", 60) as usize;
+    let iters = setting("HIGHWATER_BENCH_MEASURE_ITERS", 200_000);
     let system = || {
         let began = Instant::now();
-        for _ in 0..ITERS {
+        for _ in 0..iters {
             // SAFETY: as in `pairs_here`.
             unsafe {
                 let block = System.alloc(PAIR);
@@ -372,17 +418,19 @@ fn measure_interleaved() {
         }
         began.elapsed()
     };
-    let mut samples: [Vec<f64>; 4] = Default::default();
-    for round in 0..ROUNDS {
-        for turn in 0..4 {
-            let index = (round + turn) % 4;
+    let mut samples: [Vec<f64>; 6] = Default::default();
+    for round in 0..rounds {
+        for turn in 0..6 {
+            let index = (round + turn) % 6;
             let time = match index {
                 0 => system(),
-                1 => pairs_here(ITERS),
-                2 => pairs_measured(ITERS),
-                _ => while_another_thread_measures(|| pairs_here(ITERS)),
+                1 => pairs_here(iters),
+                2 => pairs_measured(iters),
+                3 => while_another_thread_measures(|| pairs_here(iters)),
+                4 => window_here(iters),
+                _ => window_measured(iters),
             };
-            samples[index].push(time.as_nanos() as f64 / ITERS as f64);
+            samples[index].push(time.as_nanos() as f64 / iters as f64);
         }
     }
     let sorted: Vec<Vec<f64>> = samples
@@ -393,7 +441,14 @@ fn measure_interleaved() {
             batches
         })
         .collect();
-    let names = ["system", "unmeasured", "measured", "other_thread_measuring"];
+    let names = [
+        "system",
+        "unmeasured",
+        "measured",
+        "other_thread_measuring",
+        "window_unmeasured",
+        "window_measured",
+    ];
     let fastest: Vec<f64> = sorted.iter().map(|batches| batches[0]).collect();
     let medians: Vec<f64> = sorted
         .iter()
@@ -401,8 +456,8 @@ fn measure_interleaved() {
         .collect();
     for (index, name) in names.iter().enumerate() {
         println!(
-            "measure interleaved {name}: fastest {:.2} ns/pair, median {:.2} ({ROUNDS} batches \
-             of {ITERS})",
+            "measure interleaved {name}: fastest {:.2} ns/pair, median {:.2} ({rounds} batches \
+             of {iters})",
             fastest[index], medians[index]
         );
     }
@@ -410,11 +465,13 @@ fn measure_interleaved() {
     let (measured_fastest, measured_median) = ratio(2, 1);
     let (bystander_fastest, bystander_median) = ratio(3, 1);
     let (unmeasured_fastest, unmeasured_median) = ratio(1, 0);
+    let (window_fastest, window_median) = ratio(5, 4);
     println!(
         "measure interleaved ratios (fastest, median): measured/unmeasured \
          {measured_fastest:.3} {measured_median:.3}, other_thread_measuring/unmeasured \
          {bystander_fastest:.3} {bystander_median:.3}, unmeasured/system \
-         {unmeasured_fastest:.3} {unmeasured_median:.3}"
+         {unmeasured_fastest:.3} {unmeasured_median:.3}, window_measured/window_unmeasured \
+         {window_fastest:.3} {window_median:.3}"
     );
     let figures = |values: &[f64]| {
         names
@@ -425,9 +482,10 @@ fn measure_interleaved() {
             .join(",")
     };
     let json = format!(
-        "{{\"pairs_per_batch\":{ITERS},\"batches\":{ROUNDS},\"fastest_ns\":{{{}}},\
+        "{{\"pairs_per_batch\":{iters},\"batches\":{rounds},\"fastest_ns\":{{{}}},\
          \"median_ns\":{{{}}},\"measured_over_unmeasured_median\":{measured_median:.4},\
-         \"other_thread_measuring_over_unmeasured_median\":{bystander_median:.4}}}\n",
+         \"other_thread_measuring_over_unmeasured_median\":{bystander_median:.4},\
+         \"window_measured_over_window_unmeasured_median\":{window_median:.4}}}\n",
         figures(&fastest),
         figures(&medians)
     );
@@ -449,6 +507,12 @@ fn main() {
         .expect("no other tracking-allocator tracker is set in this process");
     tracking_allocator::AllocationRegistry::enable_tracking();
 
+    // `HIGHWATER_BENCH_MEASURE_ONLY=1 cargo bench --bench hot_path`: only the measurement
+    // ratios (the interleaved pass below), for working on `highwater::measure`.
+    if std::env::var_os("HIGHWATER_BENCH_MEASURE_ONLY").is_some() {
+        measure_interleaved();
+        return;
+    }
     benches();
     measure_benches();
     Criterion::default().configure_from_args().final_summary();

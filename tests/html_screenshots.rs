@@ -3,7 +3,9 @@
 //! Chromium lays each page out and takes a screenshot; a script run after the report's own
 //! measures the layout (no two cards, sections or axis labels overlap; no value spills out of
 //! its card), brushes across a timeline chart (the visible range must change, and reset must
-//! restore it) and checks the chart of the step that peaked. The test reads all of that back,
+//! restore it) and checks the chart of the step that peaked. The hand-built sample profile's
+//! call sites check the icicle: labels inside their frames, a tooltip on hover, zoom in and out
+//! by clicking, and the live-at-peak rows' links to their sites. The test reads all of that back,
 //! and the screenshot's size from its PNG header.
 //!
 //! Screenshots are written to a temporary directory; set `HIGHWATER_SCREENSHOT_DIR` to keep
@@ -17,6 +19,8 @@ use highwater::{Alloc, Category, Profile, Session, Step};
 
 #[path = "support/browser.rs"]
 mod browser;
+#[path = "support/sample.rs"]
+mod sample;
 use browser::{browser, run_browser};
 
 #[global_allocator]
@@ -123,6 +127,46 @@ const MEASURE: &str = r##"
     peak_marked: step.querySelectorAll(".peakline").length,
     title: document.querySelector("#peak-step-chart h3").textContent
   } : null;
+  // The icicle of call sites: labels inside their frames, hover, zoom in and out, row links.
+  var flame = document.querySelector("#flame-chart svg");
+  if (flame) {
+    var f = { frames: flame.querySelectorAll("g.frame").length, spills: [] };
+    Array.prototype.forEach.call(flame.querySelectorAll("g.frame"), function (g) {
+      var t = g.querySelector("text"), r = g.querySelector("rect");
+      if (t && t.getBBox().x + t.getBBox().width > +r.getAttribute("x") + +r.getAttribute("width") + 1) f.spills.push(t.textContent);
+    });
+    var frameOf = function (name) {
+      return Array.prototype.filter.call(flame.querySelectorAll("g.frame"), function (g) {
+        return g.querySelector("text") && g.querySelector("text").textContent === name;
+      })[0];
+    };
+    var centre = function (g) { var r = g.querySelector("rect").getBoundingClientRect(); return { x: r.left + r.width / 2, y: r.top + r.height / 2 }; };
+    var leaf = frameOf("Tensor::zeros_like") || flame.querySelector("g.frame:last-child");
+    var at = centre(leaf);
+    leaf.querySelector("rect").dispatchEvent(new MouseEvent("mousemove", { clientX: at.x, clientY: at.y, bubbles: true }));
+    f.tip = document.getElementById("tip").hidden ? null : document.getElementById("tip").textContent;
+    var target = frameOf("train_gpt::model::Gpt::forward");
+    f.target = target ? +target.getAttribute("data-i") : null;
+    if (target) {
+      var c = centre(target);
+      target.querySelector("rect").dispatchEvent(new MouseEvent("click", { clientX: c.x, clientY: c.y, bubbles: true }));
+      flame = document.querySelector("#flame-chart svg");
+      f.focus_after_click = +flame.getAttribute("data-focus");
+      var focused = flame.querySelector("g.frame[data-i=\"" + f.target + "\"] rect");
+      f.focused_width = +focused.getAttribute("width");
+      f.detail = document.getElementById("flame-detail").textContent;
+      f.frames_zoomed = flame.querySelectorAll("g.frame").length;
+      c = centre(flame.querySelector("g.frame[data-i=\"" + f.target + "\"]"));
+      focused.dispatchEvent(new MouseEvent("click", { clientX: c.x, clientY: c.y, bubbles: true }));
+      f.focus_after_second_click = +document.querySelector("#flame-chart svg").getAttribute("data-focus");
+    }
+    f.links = 0; f.broken_links = [];
+    Array.prototype.forEach.call(document.querySelectorAll("#peak-table a[href^='#']"), function (a) {
+      f.links++;
+      if (!document.getElementById(a.getAttribute("href").slice(1))) f.broken_links.push(a.getAttribute("href"));
+    });
+    out.flame = f;
+  }
   out.formats = [0, 1023, 1024, 1536, 1048575, 10485760, 5905580032, 1099511627776].map(window.highwaterFormat.bytes)
     .concat([999, 12500, 3200000, 999960, 999999999, 1250000000].map(window.highwaterFormat.time));
   var pre = document.createElement("pre");
@@ -289,6 +333,65 @@ fn normal_and_leaking_runs_lay_out_zoom_and_show_the_step_that_peaked() {
                 "{name}: iterations section {iterations} px"
             );
         }
+    }
+}
+
+#[test]
+fn the_call_sites_icicle_lays_out_hovers_zooms_and_the_rows_link_to_their_sites() {
+    let Some(browser) = browser() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let profile = sample::sample_profile();
+    for width in [1400, 1000] {
+        let seen = look(&browser, dir.path(), "sites", &profile, width);
+        assert_laid_out("sites", width, &seen);
+        let flame = &seen.layout["flame"];
+        assert!(flame.is_object(), "no icicle drawn");
+        assert!(flame["frames"].as_u64().unwrap() >= 20, "{flame}");
+        assert_eq!(flame["spills"].as_array().unwrap().len(), 0, "{flame}");
+        // Hovering a frame shows its bytes ± error and where it is.
+        let tip = flame["tip"].as_str().expect("a tooltip on hover");
+        let site = profile
+            .sites
+            .iter()
+            .find(|s| s.frames.iter().any(|f| f.line == Some(380)))
+            .unwrap();
+        assert!(
+            tip.contains("candle_core::tensor::Tensor::zeros_like"),
+            "{tip}"
+        );
+        assert!(
+            tip.contains("candle-core-0.11.0/src/tensor.rs:380"),
+            "{tip}"
+        );
+        assert!(tip.contains(" ± "), "{tip}");
+        assert!(tip.contains(&format!("#{}", site.id)), "{tip}");
+        // Clicking a frame zooms into it (full width, fewer frames); clicking it again zooms out.
+        let target = flame["target"].as_u64().expect("Gpt::forward is drawn");
+        assert_eq!(flame["focus_after_click"].as_u64(), Some(target));
+        assert!(flame["focused_width"].as_f64().unwrap() > 990.0, "{flame}");
+        assert!(
+            flame["frames_zoomed"].as_u64() < flame["frames"].as_u64(),
+            "{flame}"
+        );
+        assert!(
+            flame["detail"]
+                .as_str()
+                .unwrap()
+                .contains("train_gpt::model::Gpt::forward"),
+            "{flame}"
+        );
+        assert_ne!(flame["focus_after_second_click"].as_u64(), Some(target));
+        // Every live-at-peak row links to a site row that exists.
+        assert_eq!(
+            flame["links"].as_u64().unwrap() as usize,
+            profile.peak_breakdown.len(),
+            "{flame}"
+        );
+        assert_eq!(
+            flame["broken_links"].as_array().unwrap().len(),
+            0,
+            "{flame}"
+        );
     }
 }
 

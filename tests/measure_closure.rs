@@ -138,16 +138,29 @@ fn a_block_freed_by_another_thread_stays_counted_as_leaked() {
 #[test]
 fn threads_the_closure_spawns_are_not_measured() {
     let ((), m) = highwater::measure(|| {
-        std::thread::scope(|scope| {
-            scope.spawn(|| {
-                let big = black_box(vec![0u8; 1 << 20]);
-                drop(big);
-            });
+        let handed_back = std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    drop(black_box(vec![0u8; 1 << 20]));
+                    black_box(vec![0u8; 1 << 19]) // made there, freed here
+                })
+                .join()
+                .unwrap()
         });
+        drop(handed_back);
     });
     // The calling thread allocated only the thread's bookkeeping, nothing near 1 MiB.
     assert!(m.allocated_bytes < 64 * 1024, "{m:#?}");
     assert!(m.peak_bytes < 64 * 1024, "{m:#?}");
+    // The block the thread handed back is an older block to this measurement: its free is
+    // untracked and lowers only the net.
+    assert!(m.untracked_frees >= 1, "{m:#?}");
+    assert!(m.net_bytes < -(1 << 19) + 64 * 1024, "{m:#?}");
+    // Whichever thread drops the last reference to std's shared thread bookkeeping frees it;
+    // when that is the spawned thread, this measurement never sees the free. So a closure that
+    // spawns may show a few dozen bytes "leaked" (64 in 2 blocks here, usually), and the figure
+    // is not guaranteed to be the same on every run.
+    assert!(m.leaked_bytes < 1024, "{m:#?}");
     // Measuring inside the thread sees its work.
     let inner = std::thread::spawn(|| highwater::measure(|| drop(black_box(vec![0u8; 1 << 20]))).1)
         .join()
@@ -197,6 +210,40 @@ fn spans_split_the_figures_and_say_what_was_live_at_the_peak() {
     );
     let at_peak: u64 = m.spans.iter().map(|row| row.live_at_peak_bytes).sum();
     assert_eq!(at_peak, m.peak_bytes);
+    drop(kept);
+}
+
+#[test]
+fn what_came_before_the_first_span_stays_outside_every_span() {
+    // The meter keeps no per-span figures until a span opens inside; the root's figures up to
+    // then (its peak included) must carry over unchanged.
+    let (kept, m) = highwater::measure(|| {
+        let early = black_box(vec![0u8; 1000]);
+        drop(black_box(vec![0u8; 2000])); // the peak, 3000, all outside any span
+        let late = {
+            let _s = highwater::profile!("late");
+            black_box(vec![0u8; 500])
+        };
+        drop(black_box(vec![0u8; 100]));
+        (early, late)
+    });
+    assert_eq!(m.peak_bytes, 3000);
+    let root = span(&m, "");
+    assert_eq!(
+        (
+            root.allocations,
+            root.allocated_bytes,
+            root.live_at_peak_bytes,
+            root.leaked_bytes
+        ),
+        (3, 3100, 3000, 1000)
+    );
+    let late = span(&m, "late");
+    assert_eq!(
+        (late.allocations, late.live_at_peak_bytes, late.leaked_bytes),
+        (1, 0, 500)
+    );
+    assert_eq!((m.leaked_bytes, m.leaked_blocks), (1500, 2));
     drop(kept);
 }
 

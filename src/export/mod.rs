@@ -1,5 +1,5 @@
-//! Outputs people open: a self-contained HTML report, a Chrome/Perfetto trace and PyTorch's
-//! memory snapshot.
+//! Outputs people open: a self-contained HTML report, a Chrome/Perfetto trace, PyTorch's
+//! memory snapshot and a pprof profile of the call sites.
 //!
 //! The report and the trace are pure functions of a [`Profile`](crate::Profile) — `render`
 //! returns the document as a string and `write` puts it on disk atomically (a temporary sibling
@@ -13,8 +13,12 @@
 //! - [`torch`]: PyTorch's CUDA memory snapshot (a pickle for its memory viewer,
 //!   `pytorch.org/memory_viz`), made from the allocation log rather than the profile, since it
 //!   replays every allocation.
+//! - [`pprof`]: the call sites as a gzipped `profile.proto` for `go tool pprof`, Perfetto,
+//!   speedscope and Pyroscope: bytes and objects live at the peak and allocated, labelled by
+//!   category, span and op.
 //!
-//! [`vocabulary`] holds the words all of them (and the command-line reports) share.
+//! [`vocabulary`] holds the words all of them (and the command-line reports) share, and
+//! [`stacks`] how they all show a call site's stack.
 
 use std::fmt;
 use std::io;
@@ -23,6 +27,8 @@ use std::path::{Path, PathBuf};
 pub mod chrome;
 pub mod html;
 mod pickle;
+pub mod pprof;
+pub mod stacks;
 pub mod torch;
 pub mod vocabulary;
 
@@ -36,6 +42,8 @@ pub enum Output {
     ChromeTrace,
     /// PyTorch's memory snapshot ([`torch`]).
     TorchSnapshot,
+    /// The call sites as a pprof profile ([`pprof`]).
+    PprofProfile,
 }
 
 impl fmt::Display for Output {
@@ -44,6 +52,7 @@ impl fmt::Display for Output {
             Output::HtmlReport => "HTML report",
             Output::ChromeTrace => "Chrome trace",
             Output::TorchSnapshot => "PyTorch memory snapshot",
+            Output::PprofProfile => "pprof profile",
         })
     }
 }

@@ -42,3 +42,9 @@ pub const LIVE_AT_PEAK_HEADER: [&str; 7] = [
     "count",
     "span path",
 ];
+
+/// What a call site's figures are, for every view of them.
+pub const SITES_EXPLAINED: &str = "Call sites are the stacks that allocated, estimated from \
+    allocations sampled by bytes: each figure is an estimate ± its standard error (an \
+    allocation far larger than the sampling interval is all but always sampled, so the \
+    tensors that make a peak are counted exactly).";

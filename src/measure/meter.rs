@@ -26,7 +26,10 @@ static MEASURING: AtomicUsize = AtomicUsize::new(0);
 static NEXT_METER: AtomicU64 = AtomicU64::new(1);
 
 /// Span nodes a meter keeps; allocations in deeper or further spans go to the nearest node.
+/// A power of two, so a node index is masked into range instead of bounds-checked (no panic
+/// path in the hook).
 const MAX_NODES: usize = 128;
+const _: () = assert!(MAX_NODES.is_power_of_two() && MAX_NODES <= u16::MAX as usize + 1);
 /// Open spans a meter follows; spans nested deeper count as their outermost followed one.
 const MAX_DEPTH: usize = 64;
 /// The node of allocations made outside every span opened inside the measurement.
@@ -246,15 +249,33 @@ impl Node {
     }
 }
 
+/// A live block born inside, with its size and span node.
+#[derive(Debug, Clone, Copy)]
+struct Recent {
+    addr: usize,
+    size: u64,
+    node: u16,
+}
+
+impl Recent {
+    const NONE: Recent = Recent {
+        addr: 0,
+        size: 0,
+        node: ROOT,
+    };
+}
+
 /// One measurement's running figures. Lives in the frame of `measure`; reached by the hook
 /// only through the measuring thread's thread-local.
 #[derive(Debug)]
+#[repr(C)] // the fields every event touches first, together, ahead of the span tables
 pub(crate) struct Meter {
-    id: u64,
     /// The enclosing measurement on this thread, or null.
     parent: *mut Meter,
-    /// Blocks born inside and still live, with their span node.
-    table: AddressTable,
+    /// The latest block born inside, held out of the table until the next one is born: a block
+    /// freed before the thread allocates again (a scratch buffer, a formatted string) never
+    /// touches the table. `addr == 0`: none.
+    recent: Recent,
     live: u64,
     peak: u64,
     /// How many times `peak` rose. A node whose `epoch` is behind has not changed since the
@@ -264,19 +285,25 @@ pub(crate) struct Meter {
     net: i64,
     allocated_bytes: u64,
     allocations: u64,
-    reallocations: u64,
     frees: u64,
-    untracked_frees: u64,
-    untracked_blocks: u64,
-    /// [`MISSED`] when the meter started.
-    missed_at_start: u64,
-    nodes: [Node; MAX_NODES],
     node_count: usize,
-    /// Open spans' nodes; `depth` may exceed `MAX_DEPTH`, then the deepest ones are not kept.
-    stack: [u16; MAX_DEPTH],
-    depth: usize,
     /// The innermost followed span's node (`stack[depth - 1]`, or the root).
     node: u16,
+    /// Blocks born inside and still live, with their span node, except [`Meter::recent`].
+    table: AddressTable,
+    reallocations: u64,
+    untracked_frees: u64,
+    untracked_blocks: u64,
+    /// Blocks born inside whose table entry a later block at the same address took (the first
+    /// was freed by another thread, unseen): still live in the figures, and in `leaked_blocks`.
+    overwritten: u64,
+    id: u64,
+    /// [`MISSED`] when the meter started.
+    missed_at_start: u64,
+    /// Open spans' nodes; `depth` may exceed `MAX_DEPTH`, then the deepest ones are not kept.
+    depth: usize,
+    stack: [u16; MAX_DEPTH],
+    nodes: [Node; MAX_NODES],
 }
 
 impl Meter {
@@ -285,6 +312,8 @@ impl Meter {
             id: NEXT_METER.fetch_add(1, Ordering::Relaxed),
             parent: std::ptr::null_mut(),
             table: AddressTable::new(),
+            recent: Recent::NONE,
+            overwritten: 0,
             live: 0,
             peak: 0,
             peak_epoch: 0,
@@ -309,13 +338,29 @@ impl Meter {
         self.node
     }
 
-    /// Moves node `index`'s live bytes by `delta`, keeping its live-at-peak figure current.
+    /// Whether spans opened inside made nodes besides the root. Until then the root's figures
+    /// are the meter's totals, so the hot path keeps no per-node figures at all (see
+    /// [`Meter::root_from_totals`]).
+    #[inline(always)]
+    fn splits_by_span(&self) -> bool {
+        self.node_count > 1
+    }
+
+    /// Node `index`, masked into the table (indices are always below `MAX_NODES`).
+    #[inline(always)]
+    fn node_mut(&mut self, index: usize) -> &mut Node {
+        &mut self.nodes[index & (MAX_NODES - 1)]
+    }
+
+    /// Moves node `index`'s live bytes up or down by `bytes`, keeping its live-at-peak figure
+    /// current.
     #[inline(always)]
     fn node_live(&mut self, index: usize, grow: bool, bytes: u64) {
-        let node = &mut self.nodes[index];
-        if node.epoch != self.peak_epoch {
+        let peak_epoch = self.peak_epoch;
+        let node = self.node_mut(index);
+        if node.epoch != peak_epoch {
             node.at_peak = node.live;
-            node.epoch = self.peak_epoch;
+            node.epoch = peak_epoch;
         }
         node.live = if grow {
             node.live + bytes
@@ -324,14 +369,17 @@ impl Meter {
         };
     }
 
-    /// A block born inside: live, in the table, maybe a new peak.
+    /// A block born inside: live, maybe a new peak; it becomes [`Meter::recent`] and the
+    /// previous recent block moves into the table.
     #[inline(always)]
     fn born(&mut self, addr: usize, size: u64, node: u16) {
-        if self.table.insert(addr, usize::from(node)) == Inserted::Full {
-            self.untracked_blocks += 1;
-            return;
+        if self.recent.addr != 0 {
+            self.keep_recent();
         }
-        self.node_live(usize::from(node), true, size);
+        self.recent = Recent { addr, size, node };
+        if self.splits_by_span() {
+            self.node_live(usize::from(node), true, size);
+        }
         self.live += size;
         if self.live > self.peak {
             self.peak = self.live;
@@ -339,33 +387,71 @@ impl Meter {
         }
     }
 
-    /// A block ends; `true` if it was born inside.
-    #[inline(always)]
-    fn ended(&mut self, addr: usize, size: u64) -> bool {
-        match self.table.remove(addr) {
-            Some(node) => {
-                self.node_live(node, false, size);
-                self.live = self.live.saturating_sub(size);
-                true
-            }
-            None => {
-                self.untracked_frees += 1;
-                false
-            }
+    /// Moves [`Meter::recent`] into the table. If no memory can be mapped for it, it leaves
+    /// the figures (its free will not be recognised) and counts as untracked. Out of line: the
+    /// common alloc + free of one block never comes here, and the inlined path stays small.
+    #[inline(never)]
+    fn keep_recent(&mut self) {
+        let block = self.recent;
+        match self.table.insert(block.addr, usize::from(block.node)) {
+            Inserted::New => {}
+            Inserted::Replaced => self.overwritten += 1,
+            Inserted::Full => self.untrack(block),
         }
     }
 
+    #[cold]
+    fn untrack(&mut self, block: Recent) {
+        self.untracked_blocks += 1;
+        self.live = self.live.saturating_sub(block.size);
+        if self.splits_by_span() {
+            self.node_live(usize::from(block.node), false, block.size);
+        }
+    }
+
+    /// A block ends; `true` if it was born inside.
+    #[inline(always)]
+    fn ended(&mut self, addr: usize, size: u64) -> bool {
+        let node = if addr == self.recent.addr {
+            self.recent.addr = 0;
+            usize::from(self.recent.node)
+        } else {
+            match self.remove_kept(addr) {
+                Some(node) => node,
+                None => {
+                    self.untracked_frees += 1;
+                    return false;
+                }
+            }
+        };
+        if self.splits_by_span() {
+            self.node_live(node, false, size);
+        }
+        self.live = self.live.saturating_sub(size);
+        true
+    }
+
+    /// Takes `addr` out of the table; out of line, as [`Meter::keep_recent`].
+    #[inline(never)]
+    fn remove_kept(&mut self, addr: usize) -> Option<usize> {
+        self.table.remove(addr)
+    }
+
+    #[inline(always)]
     fn alloc(&mut self, addr: usize, size: u64) {
         let node = self.node_now();
         self.allocations += 1;
         self.allocated_bytes += size;
         self.net += size as i64;
-        let figures = &mut self.nodes[usize::from(node)];
-        figures.allocations += 1;
-        figures.allocated_bytes += size;
+        if self.splits_by_span() {
+            let figures = self.node_mut(usize::from(node));
+            figures.allocations += 1;
+            figures.allocated_bytes += size;
+        }
         self.born(addr, size, node);
     }
 
+    #[inline(always)]
     fn free(&mut self, addr: usize, size: u64) {
         self.net -= size as i64;
         if self.ended(addr, size) {
@@ -375,6 +461,7 @@ impl Meter {
 
     /// As the profile counts it: the old block ends, the new one is born; bytes allocated grow
     /// by the growth over the old block when it was born inside, else by the new size.
+    #[inline(always)]
     fn realloc(&mut self, old_addr: usize, old_size: u64, new_addr: usize, new_size: u64) {
         let node = self.node_now();
         self.reallocations += 1;
@@ -385,8 +472,24 @@ impl Meter {
             new_size
         };
         self.allocated_bytes += growth;
-        self.nodes[usize::from(node)].allocated_bytes += growth;
+        if self.splits_by_span() {
+            self.node_mut(usize::from(node)).allocated_bytes += growth;
+        }
         self.born(new_addr, new_size, node);
+    }
+
+    /// The root node as it stands while no other node exists: everything is the root's, so
+    /// its figures are the totals (its live bytes at the latest peak are the peak).
+    fn root_from_totals(&self) -> Node {
+        Node {
+            parent: ROOT,
+            name: "",
+            live: self.live,
+            allocated_bytes: self.allocated_bytes,
+            allocations: self.allocations,
+            at_peak: self.peak,
+            epoch: self.peak_epoch,
+        }
     }
 
     fn enter(&mut self, name: &'static str) {
@@ -423,6 +526,10 @@ impl Meter {
         if self.node_count == MAX_NODES {
             return parent;
         }
+        if !self.splits_by_span() {
+            // From now on the hot path keeps figures per node; the root's so far are the totals.
+            self.nodes[usize::from(ROOT)] = self.root_from_totals();
+        }
         let index = self.node_count;
         self.nodes[index] = Node::new(parent, name, self.peak_epoch);
         self.node_count += 1;
@@ -434,8 +541,13 @@ impl Meter {
     pub(crate) fn finish(&self) -> Measurement {
         let missed = missed() - self.missed_at_start;
         let mut spans: Vec<SpanFigures> = Vec::new();
+        let root = self.root_from_totals();
         for index in 0..self.node_count {
-            let node = &self.nodes[index];
+            let node = if self.splits_by_span() {
+                &self.nodes[index]
+            } else {
+                &root
+            };
             let at_peak = if node.epoch == self.peak_epoch {
                 node.at_peak
             } else {
@@ -481,7 +593,9 @@ impl Meter {
             allocated_bytes: self.allocated_bytes,
             allocations: self.allocations,
             leaked_bytes: self.live,
-            leaked_blocks: self.table.len() as u64,
+            leaked_blocks: self.table.len() as u64
+                + u64::from(self.recent.addr != 0)
+                + self.overwritten,
             reallocations: self.reallocations,
             frees: self.frees,
             untracked_frees: self.untracked_frees,

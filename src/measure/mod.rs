@@ -10,8 +10,10 @@
 //! # What a measurement sees
 //!
 //! - **Blocks born inside**: every `alloc`, `alloc_zeroed` and `realloc` the calling thread
-//!   makes while the closure runs, kept in an address table (mapped with `mmap`, never from
-//!   the global allocator) until the same thread frees them. `peak_bytes` is the highest total
+//!   makes while the closure runs, kept until the same thread frees them: the latest one in
+//!   the meter itself (so an allocation freed before the next one, the commonest pattern,
+//!   costs no table work), the others in an address table (mapped with `mmap`, never from the
+//!   global allocator). `peak_bytes` is the highest total
 //!   of those blocks live at once, `leaked_bytes` what is still live when the closure returns.
 //! - **Frees of older blocks** (made before the closure, or by another thread): not blocks of
 //!   the measurement, so they lower neither its live bytes nor its peak; counted in
@@ -19,11 +21,13 @@
 //!   change net of every free.
 //! - **A block born inside and freed by another thread**: that thread is not measuring and
 //!   pays nothing, so the free is not seen; the block stays live in the figures and is counted
-//!   in `leaked_bytes`. (If the same address is later handed to the measuring thread again, the
-//!   table keeps one entry for it and the bytes of the first block stay counted.)
+//!   in `leaked_bytes` and `leaked_blocks`, even if the same address is later handed to the
+//!   measuring thread again.
 //! - **Threads the closure spawns**: not measured. Their allocations are their own; what they
 //!   hand back and the measuring thread frees is an older block. Measure inside the thread to
-//!   measure its work.
+//!   measure its work. Spawning itself allocates std's thread bookkeeping on the calling
+//!   thread, and whichever thread drops the last reference frees it, so a closure that spawns
+//!   may show a few dozen bytes leaked, not always the same.
 //! - **highwater's own allocations** on the thread while a session records (interning a span
 //!   or op name): not counted. Starting or finishing a session inside the closure is counted
 //!   like any other code.

@@ -96,7 +96,11 @@ fn top_lists_the_largest_rows_first() {
     let (_, path) = sample_file(dir.path());
     let text = stdout(&highwater(&["top", &path, "-n", "3"]));
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 5, "title, header and three rows: {text}");
+    assert_eq!(
+        lines.len(),
+        6,
+        "title, header, three rows and the line on SITES: {text}"
+    );
     assert!(lines[1].contains("BYTES") && lines[1].contains("SPAN PATH"));
     let profile = sample_profile();
     let mut rows = profile.peak_breakdown.clone();

@@ -75,6 +75,8 @@ pub(super) struct ChartData {
     pools_not_charted: usize,
     iterations: Vec<(u64, u64, i64)>,
     pub(super) peak_step: Option<PeakStep>,
+    /// The icicle of bytes live at the peak by stack (`None` without call sites).
+    pub(super) flame: Option<super::flame::Flame>,
 }
 
 /// Indices of at most `max` items of `values` keeping each bucket's highest and `must`.
@@ -333,6 +335,7 @@ pub(super) fn chart_data(profile: &Profile) -> ChartData {
         peak_ns: summary.peak_timestamp_ns,
         peak_device: summary.peak_device.clone(),
         peak_step: peak_step(profile, peak_points),
+        flame: super::flame::flame(profile),
         devices,
         devices_not_charted,
         pools,

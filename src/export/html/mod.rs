@@ -34,6 +34,7 @@ use crate::export::vocabulary as words;
 use crate::Profile;
 
 mod chart_data;
+mod flame;
 mod page;
 mod tables;
 
@@ -46,6 +47,7 @@ pub const MAX_TABLE_ROWS: usize = 2_000;
 pub const MAX_DEVICE_CHARTS: usize = 16;
 /// Most span instances drawn as bands over the chart of the step that peaked.
 pub const MAX_PEAK_STEP_SPANS: usize = 400;
+pub use flame::{MAX_FLAME_NODES, MIN_NODE_SHARE};
 
 /// Escapes `text` for HTML text and attribute values.
 ///
@@ -147,6 +149,9 @@ mod tests {
         profile.warnings.push(Warning::Note {
             text: HOSTILE.into(),
         });
+        // Call sites: a frame's function and file in the icicle's data and the sites' table.
+        profile.sites[0].frames[2].function = Some(HOSTILE.into());
+        profile.sites[0].frames[2].file = Some(HOSTILE.into());
         let page = render(&profile);
         assert!(!page.contains(HOSTILE), "raw hostile string in page");
         assert!(!page.contains("<img"));
@@ -159,11 +164,15 @@ mod tests {
     fn page_is_self_contained() {
         // The SVG namespace is a name, not a fetch.
         let page = render(&sample_profile()).replace("\"http://www.w3.org/2000/svg\"", "");
-        for needle in [
-            "http://", "https://", "src=\"", "href=\"", "@import", "url(",
-        ] {
+        for needle in ["http://", "https://", "src=\"", "@import", "url("] {
             assert!(!page.contains(needle), "page refers out: {needle}");
         }
+        // Links stay inside the page (the live-at-peak rows point at their call sites).
+        assert!(page.contains("href=\"#site-"));
+        assert_eq!(
+            page.matches("href=\"").count(),
+            page.matches("href=\"#").count()
+        );
     }
 
     #[test]

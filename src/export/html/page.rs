@@ -12,6 +12,8 @@ use crate::{Category, Profile};
 
 const STYLE: &str = include_str!("report.css");
 const SCRIPT: &str = include_str!("report.js");
+/// Draws the icicle of call sites; runs after [`SCRIPT`], in the same element.
+const FLAME_SCRIPT: &str = include_str!("flame.js");
 
 /// Serialises `value` as JSON safe inside a `<script>` element: `<`, `>` and `&` and the two
 /// line separators JavaScript treats as newlines are written as `\u` escapes.
@@ -216,6 +218,7 @@ pub(super) fn render(profile: &Profile, extra: &str) -> String {
          </section>",
     );
     tables::peak_table(&mut out, profile);
+    super::flame::section(&mut out, profile);
     tables::span_section(&mut out, profile);
     tables::iterations_section(&mut out, profile);
     tables::devices_section(&mut out, profile);
@@ -225,7 +228,7 @@ pub(super) fn render(profile: &Profile, extra: &str) -> String {
         "</main><footer>Written by highwater from the profile alone: this file loads nothing \
          from the network.</footer><div id=\"tip\" hidden></div>\
          <script type=\"application/json\" id=\"hw-data\">{}</script>\
-         <script>{SCRIPT}</script></body></html>",
+         <script>{SCRIPT}\n{FLAME_SCRIPT}</script></body></html>",
         json_for_script(&chart_data(profile))
     );
     out

@@ -73,16 +73,22 @@ fn live_heads() -> String {
 
 pub(super) fn peak_table(out: &mut String, profile: &Profile) {
     let peak = profile.summary.peak_bytes;
+    let with_sites = !profile.sites.is_empty();
     let _ = write!(
         out,
         "<section id=\"peak\"><h2>Live at the peak</h2>\
          <p class=\"note\">What held memory when it peaked, grouped by span path, op, category \
          and device. {} Click a header to sort.</p>\
          <div class=\"scroll\"><table id=\"peak-table\" class=\"sortable\"><thead><tr>{}\
-         <th data-type=\"num\" class=\"num\">Share</th><th data-type=\"num\" class=\"num\">Count</th>\
+         <th data-type=\"num\" class=\"num\">Share</th><th data-type=\"num\" class=\"num\">Count</th>{}\
          </tr></thead><tbody>",
         words::OP_OUTPUT_EXPLAINED,
-        live_heads()
+        live_heads(),
+        if with_sites {
+            "<th data-type=\"text\" title=\"The call sites behind the row, largest first\">Sites</th>"
+        } else {
+            ""
+        }
     );
     let mut rows: Vec<_> = profile.peak_breakdown.iter().collect();
     rows.sort_by_key(|row| std::cmp::Reverse(row.bytes));
@@ -101,6 +107,9 @@ pub(super) fn peak_table(out: &mut String, profile: &Profile) {
         let pct = share(row.bytes, peak);
         num_cell(out, format!("{pct:.4}"), &format!("{pct:.1}%"));
         num_cell(out, row.count, &format_count(row.count));
+        if with_sites {
+            super::flame::site_links(out, &row.top_sites);
+        }
         out.push_str("</tr>");
     }
     out.push_str("</tbody></table></div>");

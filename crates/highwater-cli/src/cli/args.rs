@@ -43,6 +43,41 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The call sites: the stacks that allocated, largest at the peak first, each with its
+    /// estimated bytes ± standard error, what it allocated, its category, span and op mix and
+    /// its stack (innermost first, file:line).
+    ///
+    /// Sites come from allocations sampled by bytes (HIGHWATER_SAMPLE_BYTES, 0 for off). The
+    /// standard library's allocation frames and the runtime's frames are trimmed from the
+    /// stacks; `--site N` shows one site with every frame. The ids (#N) are those the `top`
+    /// rows, the HTML report and `--json` name.
+    Sites {
+        /// A profile written by highwater.
+        profile: PathBuf,
+        /// How many sites to show.
+        #[arg(short = 'n', long, default_value_t = 20)]
+        limit: usize,
+        /// Rank by bytes live at the peak or by bytes allocated over the run.
+        #[arg(long, value_enum, default_value_t = SiteSort::Peak)]
+        sort: SiteSort,
+        /// Only sites with bytes of this category, ranked by them: parameter, activation,
+        /// gradient, optimizer, other.
+        #[arg(long, value_parser = parse_category)]
+        category: Option<Category>,
+        /// Only the site with this id (as `#N` shows it), with every frame of its stack (none
+        /// trimmed).
+        #[arg(long, value_name = "N")]
+        site: Option<u32>,
+        /// Most frames shown per stack, after trimming.
+        #[arg(long, default_value_t = 8, value_name = "N")]
+        frames: usize,
+        /// Show every frame, the standard library's and the runtime's too.
+        #[arg(long)]
+        all_frames: bool,
+        /// Print JSON instead of text (the sites as the profile stores them, every frame).
+        #[arg(long)]
+        json: bool,
+    },
     /// The span tree with calls, time and memory metrics (PEAK and RESIDUAL explained below).
     ///
     /// Every path of the span tree, all calls added up. ALLOCATED: bytes allocated inside,
@@ -70,12 +105,14 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Write the profile as a self-contained HTML report, a Chrome/Perfetto trace or PyTorch's
-    /// memory snapshot.
+    /// Write the profile as a self-contained HTML report, a Chrome/Perfetto trace, PyTorch's
+    /// memory snapshot or a pprof profile of its call sites.
     ///
     /// html: one file that opens from disk (charts, zoom, tables). chrome: Trace Event JSON for
     /// ui.perfetto.dev and chrome://tracing. torch: a pickle for pytorch.org/memory_viz, made
-    /// from the run's allocation log (record with HIGHWATER_ALLOC_LOG=path).
+    /// from the run's allocation log (record with HIGHWATER_ALLOC_LOG=path). pprof: a gzipped
+    /// profile.proto of the call sites for `go tool pprof`, Perfetto, speedscope or Pyroscope
+    /// (bytes and objects live at the peak and allocated; labels category, span and op).
     Export {
         /// A profile written by highwater.
         profile: PathBuf,
@@ -83,7 +120,8 @@ pub(crate) enum Command {
         #[arg(short, long, value_enum)]
         format: Format,
         /// Where to write; `-` for standard output. Default: next to the profile, with the
-        /// extension `.trace.json` (chrome), `.html` (html) or `.pickle` (torch).
+        /// extension `.trace.json` (chrome), `.html` (html), `.pickle` (torch) or `.pb.gz`
+        /// (pprof).
         #[arg(short, long)]
         output: Option<PathBuf>,
         /// torch only: most allocations and frees per device, a window ending at the device's
@@ -296,4 +334,16 @@ pub(crate) enum Format {
     /// PyTorch's CUDA memory snapshot (a pickle for pytorch.org/memory_viz), from the run's
     /// allocation log (record with HIGHWATER_ALLOC_LOG=path).
     Torch,
+    /// A gzipped pprof profile.proto of the call sites, for `go tool pprof`, Perfetto,
+    /// speedscope and Pyroscope.
+    Pprof,
+}
+
+/// How `highwater sites` ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SiteSort {
+    /// Bytes live at the peak.
+    Peak,
+    /// Bytes allocated over the run.
+    Allocated,
 }

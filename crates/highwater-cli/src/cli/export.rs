@@ -1,10 +1,10 @@
-//! `highwater export`: an HTML report, a Chrome/Perfetto trace or PyTorch's memory snapshot
-//! from a profile (the snapshot from the run's allocation log).
+//! `highwater export`: an HTML report, a Chrome/Perfetto trace, PyTorch's memory snapshot
+//! (from the run's allocation log) or a pprof profile of the call sites, from a profile.
 
 use std::path::Path;
 
 use highwater::alloc_log::AllocLog;
-use highwater::export::{chrome, html, torch};
+use highwater::export::{chrome, html, pprof, torch};
 use highwater::units::format_bytes;
 
 use super::args::Format;
@@ -19,6 +19,9 @@ pub(crate) fn run(
 ) -> anyhow::Result<()> {
     if format == Format::Torch {
         return export_torch(path, output, max_events);
+    }
+    if format == Format::Pprof {
+        return export_pprof(path, output);
     }
     let profile = super::load(path)?;
     if output == Some(Path::new("-")) {
@@ -64,6 +67,41 @@ fn export_torch(path: &Path, output: Option<&Path>, max_events: usize) -> anyhow
         target.display(),
         format_bytes(size),
         device_list(&log.devices)
+    ))
+}
+
+/// Writes the profile's call sites as a gzipped pprof profile.
+fn export_pprof(path: &Path, output: Option<&Path>) -> anyhow::Result<()> {
+    let profile = super::load(path)?;
+    if profile.sites.is_empty() {
+        let why = if profile.sampling.mean_bytes == 0 {
+            "sampling was off (HIGHWATER_SAMPLE_BYTES=0) or the profile predates call sites"
+        } else {
+            "no allocation was sampled"
+        };
+        return Err(super::replay::InputError(format!(
+            "profile {} has no call sites to export as pprof: {why}",
+            path.display()
+        ))
+        .into());
+    }
+    if output == Some(Path::new("-")) {
+        let mut out = std::io::stdout().lock();
+        return std::io::Write::write_all(&mut out, &pprof::render(&profile))
+            .map_err(|error| anyhow::Error::new(error).context("cannot write to standard output"));
+    }
+    let target = match output {
+        Some(output) => output.to_path_buf(),
+        None => pprof::path_beside(path),
+    };
+    pprof::write(&profile, &target)?;
+    let size = std::fs::metadata(&target).map_or(0, |m| m.len());
+    super::emit(&format!(
+        "wrote {} ({}, {} call sites); open it with `go tool pprof -http=: {}`\n",
+        target.display(),
+        format_bytes(size),
+        profile.sites.len(),
+        target.display()
     ))
 }
 

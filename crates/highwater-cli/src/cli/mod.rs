@@ -8,6 +8,7 @@ mod export;
 mod fit;
 mod replay;
 mod simulate;
+mod sites;
 mod spans;
 mod summary;
 mod top;
@@ -37,6 +38,29 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             limit,
             json,
         } => top::run(&profile, limit, json),
+        Command::Sites {
+            profile,
+            limit,
+            sort,
+            category,
+            site,
+            frames,
+            all_frames,
+            json,
+        } => sites::run(
+            &profile,
+            &crate::report::SiteQuery {
+                limit,
+                order: match sort {
+                    args::SiteSort::Peak => crate::report::SiteOrder::Peak,
+                    args::SiteSort::Allocated => crate::report::SiteOrder::Allocated,
+                },
+                category,
+                site,
+                frames: (!all_frames).then_some(frames),
+            },
+            json,
+        ),
         Command::Spans { profile, json } => spans::run(&profile, json),
         Command::Diff {
             before,
@@ -135,6 +159,9 @@ pub(crate) fn exit_code(error: &anyhow::Error) -> u8 {
         .is_some()
         || error.downcast_ref::<replay::InputError>().is_some()
         || error.downcast_ref::<check::BadBudget>().is_some()
+        || error
+            .downcast_ref::<crate::report::SiteQueryError>()
+            .is_some()
     {
         return EXIT_BAD_INPUT;
     }

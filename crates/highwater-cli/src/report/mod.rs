@@ -6,9 +6,11 @@
 //! same ones the HTML report uses, so every output shows the same numbers in the same units.
 
 mod diff;
+mod sites;
 mod text;
 
 pub(crate) use diff::diff;
+pub(crate) use sites::{sites_json, sites_text, SiteOrder, SiteQuery, SiteQueryError};
 pub(crate) use text::{
     clean, diff_text, span_rows, spans_text, summary_json, summary_text, top_rows, top_text,
 };

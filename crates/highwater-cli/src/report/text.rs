@@ -29,7 +29,7 @@ pub fn clean(text: &str) -> Cow<'_, str> {
 }
 
 /// `part` as a percentage of `whole`, one decimal (`0.0%` when `whole` is zero).
-fn percent(part: u64, whole: u64) -> String {
+pub(super) fn percent(part: u64, whole: u64) -> String {
     if whole == 0 {
         return "0.0%".to_string();
     }
@@ -37,14 +37,14 @@ fn percent(part: u64, whole: u64) -> String {
 }
 
 /// A text table with a header row; columns listed in `right` are right-aligned.
-struct Table {
+pub(super) struct Table {
     header: Vec<&'static str>,
     right: Vec<bool>,
     rows: Vec<Vec<String>>,
 }
 
 impl Table {
-    fn new(columns: &[(&'static str, bool)]) -> Table {
+    pub(super) fn new(columns: &[(&'static str, bool)]) -> Table {
         Table {
             header: columns.iter().map(|c| c.0).collect(),
             right: columns.iter().map(|c| c.1).collect(),
@@ -52,19 +52,33 @@ impl Table {
         }
     }
 
-    fn push(&mut self, row: Vec<String>) {
+    pub(super) fn push(&mut self, row: Vec<String>) {
         self.rows.push(row);
     }
 
-    fn render(&self, out: &mut String, indent: &str) {
-        let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
+    pub(super) fn render(&self, out: &mut String, indent: &str) {
+        self.render_rows(out, indent, true);
+    }
+
+    /// The rows without the header line (columns still aligned).
+    pub(super) fn render_body(&self, out: &mut String, indent: &str) {
+        self.render_rows(out, indent, false);
+    }
+
+    fn render_rows(&self, out: &mut String, indent: &str, with_header: bool) {
+        let mut widths: Vec<usize> = self
+            .header
+            .iter()
+            .map(|h| if with_header { h.chars().count() } else { 0 })
+            .collect();
         for row in &self.rows {
             for (width, cell) in widths.iter_mut().zip(row) {
                 *width = (*width).max(cell.chars().count());
             }
         }
         let header: Vec<String> = self.header.iter().map(|h| h.to_string()).collect();
-        for row in std::iter::once(&header).chain(&self.rows) {
+        let header = with_header.then_some(&header);
+        for row in header.into_iter().chain(&self.rows) {
             let mut line = String::from(indent);
             let last = row.len().saturating_sub(1);
             for (i, cell) in row.iter().enumerate() {
@@ -157,6 +171,33 @@ pub fn summary_text(profile: &Profile) -> String {
         format_count(s.unknown_frees),
         format_count(s.reorder_repairs)
     );
+    if let Some(site) = profile
+        .sites
+        .iter()
+        .max_by_key(|site| (site.peak_bytes, std::cmp::Reverse(site.id)))
+    {
+        let frame = highwater::export::stacks::interesting(&site.frames)
+            .frames
+            .first()
+            .map(|frame| {
+                let at = highwater::export::stacks::source_location(frame)
+                    .map(|at| format!(" ({at})"))
+                    .unwrap_or_default();
+                format!(
+                    " in {}{at}",
+                    highwater::export::stacks::function_name(frame)
+                )
+            })
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "call sites:  {} listed; the largest at the peak is #{}, {}{} (highwater sites)",
+            format_count(profile.sites.len() as u64),
+            site.id,
+            highwater::export::stacks::estimate(site.peak_bytes, site.peak_bytes_error),
+            clean(&frame)
+        );
+    }
     if !profile.devices.is_empty() {
         out.push_str("devices:\n");
         devices_table(&profile.devices).render(&mut out, "  ");
@@ -217,7 +258,9 @@ pub fn top_text(profile: &Profile, limit: usize) -> String {
         rows.len(),
         profile.peak_breakdown.len()
     );
-    let mut table = Table::new(&[
+    // With call sites, each row names the largest of its sites (`highwater sites` lists them).
+    let with_sites = !profile.sites.is_empty();
+    let mut columns = vec![
         ("BYTES", true),
         ("SHARE", true),
         ("COUNT", true),
@@ -225,15 +268,19 @@ pub fn top_text(profile: &Profile, limit: usize) -> String {
         ("DEVICE", false),
         ("OUTPUT OF OP", false),
         ("SHAPE", false),
-        ("SPAN PATH", false),
-    ]);
+    ];
+    if with_sites {
+        columns.push(("SITES", false));
+    }
+    columns.push(("SPAN PATH", false));
+    let mut table = Table::new(&columns);
     for row in rows {
         let path = if row.span_path.is_empty() {
             words::OUTSIDE_SPANS
         } else {
             &row.span_path
         };
-        table.push(vec![
+        let mut cells = vec![
             format_bytes(row.bytes),
             percent(row.bytes, profile.summary.peak_bytes),
             format_count(row.count),
@@ -241,11 +288,30 @@ pub fn top_text(profile: &Profile, limit: usize) -> String {
             clean(&row.device).into_owned(),
             clean(row.op.as_deref().unwrap_or("-")).into_owned(),
             format_shape(row.shape.as_deref()),
-            clean(path).into_owned(),
-        ]);
+        ];
+        if with_sites {
+            cells.push(site_refs(&row.top_sites));
+        }
+        cells.push(clean(path).into_owned());
+        table.push(cells);
     }
     table.render(&mut out, "");
+    if with_sites {
+        out.push_str(
+            "SITES: the call sites behind each row, largest first; \
+             `highwater sites PROFILE --site N` shows site #N's stack\n",
+        );
+    }
     out
+}
+
+/// `#3 #7` for a row's sites, `-` for none.
+fn site_refs(sites: &[u32]) -> String {
+    if sites.is_empty() {
+        return "-".to_string();
+    }
+    let refs: Vec<String> = sites.iter().map(|id| format!("#{id}")).collect();
+    refs.join(" ")
 }
 
 /// One span tree node with its depth, as `spans --json` prints it.
@@ -474,6 +540,16 @@ mod tests {
         assert_eq!(rows.len(), 5);
         assert!(rows.windows(2).all(|w| w[0].bytes >= w[1].bytes));
         let text = top_text(&p, 5);
-        assert_eq!(text.lines().count(), 7, "{text}");
+        // The title, the header, five rows and the line explaining SITES.
+        assert_eq!(text.lines().count(), 8, "{text}");
+        let site = rows[0].top_sites[0];
+        assert!(
+            text.lines().nth(2).unwrap().contains(&format!(" #{site} ")),
+            "{text}"
+        );
+        assert!(text.contains("--site N"), "{text}");
+        let mut without = p.clone();
+        without.sites.clear();
+        assert!(!top_text(&without, 5).contains("SITES"));
     }
 }
