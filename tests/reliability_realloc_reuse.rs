@@ -67,12 +67,8 @@ unsafe impl GlobalAlloc for HandOver {
             return unsafe { System.realloc(block, layout, new_size) };
         }
         // SAFETY: `new_size` with the old alignment is a valid layout (caller's contract).
-        let moved = unsafe {
-            System.alloc(Layout::from_size_align_unchecked(
-                new_size,
-                layout.align(),
-            ))
-        };
+        let moved =
+            unsafe { System.alloc(Layout::from_size_align_unchecked(new_size, layout.align())) };
         if moved.is_null() {
             return moved;
         }
