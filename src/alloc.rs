@@ -99,19 +99,13 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Alloc<A> {
             }
             return moved;
         }
-        // Read the clock before the old block can be freed and handed to another thread.
-        let ticks = capture::clock::ticks();
-        // SAFETY: forwarded under the caller's contract for `GlobalAlloc::realloc`.
-        let moved = unsafe { self.inner.realloc(block, layout, new_size) };
+        // Recorded around the inner call: its old half must be stamped before the old block
+        // can be freed and handed to another thread (see `capture::record_realloc`).
+        let moved = capture::record_realloc(block as usize, layout.size(), new_size, || {
+            // SAFETY: forwarded under the caller's contract for `GlobalAlloc::realloc`.
+            unsafe { self.inner.realloc(block, layout, new_size) }
+        });
         if !moved.is_null() {
-            capture::record_realloc(
-                ticks,
-                capture::clock::ticks(),
-                block as usize,
-                layout.size(),
-                moved as usize,
-                new_size,
-            );
             measure::on_realloc(block as usize, layout.size(), moved as usize, new_size);
         } else {
             // The old block stays live, as the caller still owns it.

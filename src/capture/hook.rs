@@ -9,10 +9,10 @@
 use std::cell::Cell;
 use std::sync::atomic::{compiler_fence, AtomicU64, AtomicUsize};
 
-use super::gate::{self, GATE_EPOCH, RECORDING};
+use super::gate::{self, Sound, GATE_EPOCH, RECORDING};
 use super::raw::{PoolReport, RawEvent, RawKind};
 use super::registry::REGISTRY;
-use super::ring::{Pushed, Ring, WhenFull};
+use super::ring::{Pushed, Ring, SoundPark, WhenFull};
 use super::sample;
 use super::stack::{self, StackBounds, Walked};
 use super::sync::{AtomicBool, Ordering};
@@ -271,27 +271,15 @@ fn push_now<const N: usize>(
         drop_unattributed(&kinds);
         return false;
     };
-    if current.paused || current.internal {
-        return false;
-    }
-    let index = match current.ring {
-        NO_RING | TABLE_FULL => match claim_ring(&mut current) {
-            Some(index) => index,
-            None => {
-                drop_unattributed(&kinds);
-                return false;
-            }
-        },
-        RETIRED => {
+    let index = match destination(&mut current) {
+        Destination::Ring(index) => index,
+        Destination::Nowhere => return false,
+        Destination::Unattributed => {
             drop_unattributed(&kinds);
             return false;
         }
-        claimed => usize::from(claimed - 1),
     };
     let ring = &REGISTRY.slots()[index].ring;
-    if current.span != 0 && current.announced != GATE_EPOCH.load(Ordering::Relaxed) {
-        announce_span(&mut current, index);
-    }
     // SAFETY: this thread claimed ring `index` (its state says so) and has not retired it, so it
     // is the ring's only producer (`in_push` keeps a signal handler on this thread out);
     // `claim_ring` installed storage before recording the claim.
@@ -301,6 +289,37 @@ fn push_now<const N: usize>(
         })
     };
     pushed == Pushed::Recorded
+}
+
+/// Where this thread's events go now.
+enum Destination {
+    /// The ring of this index, which the thread owns.
+    Ring(usize),
+    /// Nowhere, uncounted: highwater itself runs on this thread.
+    Nowhere,
+    /// Nowhere: no ring can take them (none free, or the thread is exiting); count them.
+    Unattributed,
+}
+
+/// Finds (or claims) the ring of a thread in state `current`, and announces its innermost span
+/// there if the collector has not seen it yet. Runs with `in_push` set, before the push enters.
+#[inline(always)]
+fn destination(current: &mut ThreadState) -> Destination {
+    if current.paused || current.internal {
+        return Destination::Nowhere;
+    }
+    let index = match current.ring {
+        NO_RING | TABLE_FULL => match claim_ring(current) {
+            Some(index) => index,
+            None => return Destination::Unattributed,
+        },
+        RETIRED => return Destination::Unattributed,
+        claimed => usize::from(claimed - 1),
+    };
+    if current.span != 0 && current.announced != GATE_EPOCH.load(Ordering::Relaxed) {
+        announce_span(current, index);
+    }
+    Destination::Ring(index)
 }
 
 /// Records an entry for the thread's innermost span, opened before this session's gate opened
@@ -522,31 +541,22 @@ fn emit_sampled<const N: usize, const T: usize>(
     });
 }
 
-/// Records a sampled alloc (`T = 1`) or realloc (`T = 2`) in the smallest unit that holds its
-/// stack: 1, 4, 8, 16 or 32 stack parts (`stack::MAX_FRAMES` is 64 addresses).
+/// Records a sampled allocation in the smallest unit that holds its stack: 1, 4, 8, 16 or 32
+/// stack parts (`stack::MAX_FRAMES` is 64 addresses).
 #[cold]
 #[inline(never)]
-fn record_sampled<const T: usize>(
-    kinds: [RawKind; T],
-    build: impl FnOnce(ThreadState, u64) -> [RawEvent; T],
-) {
+fn record_sampled(kinds: [RawKind; 1], build: impl FnOnce(ThreadState, u64) -> [RawEvent; 1]) {
     const _: () = assert!(stack::MAX_FRAMES == 64);
     let Some(walked) = walk_for_sample() else {
         emit(kinds, build);
         return;
     };
-    let parts = walked.len.div_ceil(2);
-    match (T, parts) {
-        (1, 0..=1) => emit_sampled::<2, T>(kinds, &walked, build),
-        (1, 2..=4) => emit_sampled::<5, T>(kinds, &walked, build),
-        (1, 5..=8) => emit_sampled::<9, T>(kinds, &walked, build),
-        (1, 9..=16) => emit_sampled::<17, T>(kinds, &walked, build),
-        (1, _) => emit_sampled::<33, T>(kinds, &walked, build),
-        (_, 0..=1) => emit_sampled::<3, T>(kinds, &walked, build),
-        (_, 2..=4) => emit_sampled::<6, T>(kinds, &walked, build),
-        (_, 5..=8) => emit_sampled::<10, T>(kinds, &walked, build),
-        (_, 9..=16) => emit_sampled::<18, T>(kinds, &walked, build),
-        (_, _) => emit_sampled::<34, T>(kinds, &walked, build),
+    match walked.len.div_ceil(2) {
+        0..=1 => emit_sampled::<2, 1>(kinds, &walked, build),
+        2..=4 => emit_sampled::<5, 1>(kinds, &walked, build),
+        5..=8 => emit_sampled::<9, 1>(kinds, &walked, build),
+        9..=16 => emit_sampled::<17, 1>(kinds, &walked, build),
+        _ => emit_sampled::<33, 1>(kinds, &walked, build),
     }
 }
 
@@ -584,42 +594,159 @@ pub(crate) fn record_free(addr: usize, size: usize) {
     });
 }
 
-/// Records a completed realloc as one unit. `released` was read before the inner realloc
-/// ran, so the old block's half sorts before any reuse of it by another thread; the new
-/// block's half is stamped `returned`, read just after the inner call returned it. The new
-/// block counts down the sampling distance with its whole size, like an allocation.
+/// Runs `realloc`, the inner allocator's realloc of the `old_size`-byte block at `old_addr` to
+/// `new_size` bytes, and records it as one unit if it succeeds. Returns what `realloc` returned.
+///
+/// The old half is stamped before the inner call frees the old block, so it sorts before any
+/// reuse of that address by another thread; the new half is stamped as the call returns
+/// (before any wait for room, which would sort it after such a reuse). Both readings are taken
+/// with the thread's ring already marked busy, and it stays busy through the inner call until
+/// the unit is published: the collector holds the merge at this ring's last stamp meanwhile, so
+/// however long the thread takes (descheduled, or waiting for room) the reuse cannot be merged
+/// first. `in_push` is set for the same span, so a signal handler that records meanwhile is
+/// counted as re-entrant rather than writing events stamped after this unit's ahead of it.
+/// The new block counts down the sampling distance with its whole size, like an allocation.
 #[inline(always)]
 pub(crate) fn record_realloc(
-    released: u64,
-    returned: u64,
     old_addr: usize,
     old_size: usize,
-    new_addr: usize,
     new_size: usize,
-) {
+    realloc: impl FnOnce() -> *mut u8,
+) -> *mut u8 {
     if !RECORDING.load(Ordering::Relaxed) {
-        return;
+        return realloc();
     }
-    // `returned`, read as the inner call came back, not the reading taken once the ring has
-    // room: a thread that waited for room would otherwise stamp the realloc after another
-    // thread's reuse of the old block (freed inside the inner call), and the merge would
-    // apply that reuse first. While it waits, its busy ring holds the merge at its last
-    // stamp, so the earlier stamp is still merged in order.
-    let build = |current: ThreadState, ticks| {
-        RawEvent::realloc(
-            released,
-            returned.min(ticks),
-            current.span,
-            current.scope.category(),
-            (old_addr as u64, old_size as u64),
-            (new_addr as u64, new_size as u64),
-        )
-    };
-    let kinds = [RawKind::ReallocFrom, RawKind::ReallocTo];
     if sample_due(new_size) {
-        return record_sampled(kinds, build);
+        return record_sampled_realloc(old_addr, old_size, new_size, realloc);
     }
-    emit(kinds, build);
+    realloc_as_unit(
+        REALLOC,
+        |events| events,
+        (old_addr, old_size),
+        new_size,
+        realloc,
+    )
+}
+
+/// The kinds of a realloc's two halves.
+const REALLOC: [RawKind; 2] = [RawKind::ReallocFrom, RawKind::ReallocTo];
+
+/// A sampled realloc: its stack is walked before the inner call (the stack is the same
+/// after it), then recorded as [`record_sampled`] records an allocation.
+#[cold]
+#[inline(never)]
+fn record_sampled_realloc(
+    old_addr: usize,
+    old_size: usize,
+    new_size: usize,
+    realloc: impl FnOnce() -> *mut u8,
+) -> *mut u8 {
+    let old = (old_addr, old_size);
+    let Some(walked) = walk_for_sample() else {
+        return realloc_as_unit(REALLOC, |events| events, old, new_size, realloc);
+    };
+    /// The realloc's unit with `N - 2` stack parts.
+    #[inline(always)]
+    fn sampled<const N: usize>(
+        walked: &Walked,
+        old: (usize, usize),
+        new_size: usize,
+        realloc: impl FnOnce() -> *mut u8,
+    ) -> *mut u8 {
+        let pcs = &walked.pcs[..walked.len];
+        let kinds = RawEvent::sampled_kinds::<N, 2>(REALLOC);
+        let wrap = |events| RawEvent::sampled::<N, 2>(pcs, walked.truncated, events);
+        realloc_as_unit(kinds, wrap, old, new_size, realloc)
+    }
+    match walked.len.div_ceil(2) {
+        0..=1 => sampled::<3>(&walked, old, new_size, realloc),
+        2..=4 => sampled::<6>(&walked, old, new_size, realloc),
+        5..=8 => sampled::<10>(&walked, old, new_size, realloc),
+        9..=16 => sampled::<18>(&walked, old, new_size, realloc),
+        _ => sampled::<34>(&walked, old, new_size, realloc),
+    }
+}
+
+/// Runs `realloc` inside this thread's ring (busy, and `in_push` set) and records it as the
+/// unit `kinds`: the realloc's two halves, which `wrap` places in the unit.
+#[inline(always)]
+fn realloc_as_unit<const N: usize>(
+    kinds: [RawKind; N],
+    wrap: impl FnOnce([RawEvent; 2]) -> [RawEvent; N],
+    (old_addr, old_size): (usize, usize),
+    new_size: usize,
+    realloc: impl FnOnce() -> *mut u8,
+) -> *mut u8 {
+    /// Counts the unit as `drop` says if the realloc happened.
+    fn counted<const N: usize>(
+        moved: *mut u8,
+        kinds: &[RawKind; N],
+        drop: fn(&[RawKind]),
+    ) -> *mut u8 {
+        if !moved.is_null() {
+            drop(kinds);
+        }
+        moved
+    }
+    let entered = THREAD.try_with(|thread| !thread.in_push.replace(true));
+    match entered {
+        Ok(true) => {}
+        Ok(false) => return counted(realloc(), &kinds, drop_reentrant),
+        Err(_) => return counted(realloc(), &kinds, drop_unattributed),
+    }
+    /// Clears `in_push` however the realloc ends.
+    struct LeavePush;
+    impl Drop for LeavePush {
+        #[inline(always)]
+        fn drop(&mut self) {
+            compiler_fence(Ordering::SeqCst);
+            let _ = THREAD.try_with(|thread| thread.in_push.set(false));
+        }
+    }
+    let _in_push = LeavePush;
+    compiler_fence(Ordering::SeqCst);
+    let Some(mut current) = state() else {
+        return counted(realloc(), &kinds, drop_unattributed);
+    };
+    let index = match destination(&mut current) {
+        Destination::Ring(index) => index,
+        Destination::Nowhere => return realloc(),
+        Destination::Unattributed => return counted(realloc(), &kinds, drop_unattributed),
+    };
+    let ring = &REGISTRY.slots()[index].ring;
+    if !ring.enter::<Sound>(&RECORDING) {
+        return realloc();
+    }
+    /// Leaves the ring however the realloc ends (failed, dropped, recorded).
+    struct Leave<'a>(&'a Ring);
+    impl Drop for Leave<'_> {
+        #[inline(always)]
+        fn drop(&mut self) {
+            self.0.leave();
+        }
+    }
+    let _busy = Leave(ring);
+    let released = clock::ticks();
+    let moved = realloc();
+    if moved.is_null() {
+        return moved;
+    }
+    let returned = clock::ticks();
+    // SAFETY: as in `push_now` (this thread owns ring `index`, storage installed), and this
+    // thread entered the ring above; `_busy` leaves it after the push.
+    let _: Pushed = unsafe {
+        ring.push_entered::<N, SoundPark>(kinds, &SessionPolicy, || {
+            wrap(RawEvent::realloc(
+                released,
+                returned,
+                current.span,
+                current.scope.category(),
+                (old_addr as u64, old_size as u64),
+                (moved as usize as u64, new_size as u64),
+            ))
+        })
+    };
+    moved
 }
 
 /// Opens a span on this thread: updates the thread's span state (always, so spans opened before

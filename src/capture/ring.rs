@@ -279,11 +279,49 @@ impl Ring {
         full: &impl WhenFull,
         stamp: impl FnOnce() -> [RawEvent; N],
     ) -> Pushed {
-        let producer = &self.producer;
-        if !P::enter(&producer.busy, gate) {
-            producer.busy.store(0, Ordering::Release);
+        if !self.enter::<P>(gate) {
             return Pushed::GateClosed;
         }
+        // SAFETY: forwarded under this function's contract; `enter` marked the ring busy.
+        let pushed = unsafe { self.push_entered::<N, W>(kinds, full, stamp) };
+        self.leave();
+        pushed
+    }
+
+    /// The first step of a push: marks the producer busy and reads the recording gate (the
+    /// stop protocol's "write mine, then read theirs"). Returns whether the gate is open; if it
+    /// is not, the ring is not left busy. A producer that must read its clock before it can
+    /// build its events (a realloc's old half) enters first, so that its ring holds the merge
+    /// from before that reading until its publish, and ends with [`Ring::leave`].
+    #[inline(always)]
+    pub(crate) fn enter<P: GateProtocol>(&self, gate: &AtomicBool) -> bool {
+        let open = P::enter(&self.producer.busy, gate);
+        if !open {
+            self.leave();
+        }
+        open
+    }
+
+    /// The last step of a push: the producer is no longer busy.
+    #[inline(always)]
+    pub(crate) fn leave(&self) {
+        self.producer.busy.store(0, Ordering::Release);
+    }
+
+    /// Writes the events that `stamp` builds as one unit, as [`Ring::push`] does, for a
+    /// producer that has [entered](Ring::enter) the ring; it stays busy (the caller leaves).
+    ///
+    /// # Safety
+    ///
+    /// As [`Ring::push`], and the caller entered the ring and has not left it.
+    #[inline(always)]
+    pub(crate) unsafe fn push_entered<const N: usize, W: ParkProtocol>(
+        &self,
+        kinds: [RawKind; N],
+        full: &impl WhenFull,
+        stamp: impl FnOnce() -> [RawEvent; N],
+    ) -> Pushed {
+        let producer = &self.producer;
         let head = producer.head.load(Ordering::Relaxed);
         // Positions are compared as distances, so they may wrap past `u64::MAX`: the push is
         // due to read `tail` once it would pass `refresh_at` (which is never more than a ring
@@ -297,7 +335,6 @@ impl Ring {
                 let counter = &producer.dropped[kind as usize];
                 counter.store(counter.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
             }
-            producer.busy.store(0, Ordering::Release);
             return Pushed::Dropped;
         }
         let events = stamp();
@@ -316,7 +353,6 @@ impl Ring {
         producer
             .head
             .store(head.wrapping_add(N as u64), Ordering::Release);
-        producer.busy.store(0, Ordering::Release);
         Pushed::Recorded
     }
 

@@ -12,7 +12,10 @@
 //! them. The hold is lifted by the next drain that empties the ring. A ring whose producer was
 //! caught mid-push (between its clock reading and its publish: a thread descheduled there for
 //! longer than the lag would otherwise publish a straggler) is passed as not emptied too, and
-//! holds at the last stamp ever taken from it, even when its queue is empty.
+//! holds at the last stamp ever taken from it, even when its queue is empty. A ring caught
+//! mid-push before it ever gave an event holds at the highest watermark released so far: its
+//! producer marked itself busy after that watermark's clock reading was taken by an earlier
+//! drain that saw it idle, so its event is no older.
 //!
 //! Events at the same stamp are handed out ring by ring, lower index first; within a ring,
 //! in the order they were pushed. A straggler (an event pushed after newer ones were handed
@@ -50,6 +53,8 @@ pub(crate) struct Merge<T, S> {
     /// One entry per non-empty queue: (front stamp, ring).
     fronts: BinaryHeap<Reverse<(u64, usize)>>,
     stamp: S,
+    /// The highest watermark events were released up to.
+    released: u64,
 }
 
 impl<T, S: Stamp<T>> Merge<T, S> {
@@ -65,6 +70,7 @@ impl<T, S: Stamp<T>> Merge<T, S> {
                 .collect(),
             fronts: BinaryHeap::new(),
             stamp,
+            released: 0,
         }
     }
 
@@ -75,7 +81,8 @@ impl<T, S: Stamp<T>> Merge<T, S> {
 
     /// Adds `events`, drained from `ring` oldest first. `emptied`: the drain took everything
     /// the ring had and no push was in flight; otherwise the ring holds the watermark at the
-    /// last event ever taken from it (a ring that never gave an event cannot hold).
+    /// last event ever taken from it (a ring that never gave an event, at the highest
+    /// watermark released so far).
     pub(crate) fn push(&mut self, ring: usize, events: impl IntoIterator<Item = T>, emptied: bool) {
         let queue = &mut self.queues[ring];
         let was_empty = queue.events.is_empty();
@@ -83,7 +90,11 @@ impl<T, S: Stamp<T>> Merge<T, S> {
         if let Some(last) = queue.events.back() {
             queue.last = Some(self.stamp.stamp(last));
         }
-        queue.hold = if emptied { None } else { queue.last };
+        queue.hold = if emptied {
+            None
+        } else {
+            Some(queue.last.unwrap_or(self.released))
+        };
         if was_empty {
             if let Some(front) = queue.events.front() {
                 self.fronts.push(Reverse((self.stamp.stamp(front), ring)));
@@ -108,6 +119,7 @@ impl<T, S: Stamp<T>> Merge<T, S> {
     /// not once per event.
     pub(crate) fn release(&mut self, watermark: u64, mut out: impl FnMut(usize, T)) {
         let watermark = self.hold().map_or(watermark, |hold| hold.min(watermark));
+        self.released = self.released.max(watermark);
         while let Some(&Reverse((front, ring))) = self.fronts.peek() {
             if front > watermark {
                 break;
@@ -217,6 +229,20 @@ mod tests {
         // The push lands (stamped 4, before b6) and the producer is idle again.
         m.push(0, [(4, "a4")], true);
         assert_eq!(release(&mut m, 10), ["a4", "b6"]);
+    }
+
+    #[test]
+    fn a_ring_caught_mid_push_before_its_first_event_holds_at_the_last_release() {
+        let mut m = merge(2);
+        m.push(1, [(2, "b2")], true);
+        assert_eq!(release(&mut m, 5), ["b2"]);
+        // Ring 0's producer is in its first push; ring 1 publishes something newer.
+        m.push(0, [], false);
+        m.push(1, [(8, "b8")], true);
+        assert_eq!(release(&mut m, 10), Vec::<&str>::new());
+        // The push lands, stamped after the last release's watermark but before b8.
+        m.push(0, [(6, "a6")], true);
+        assert_eq!(release(&mut m, 10), ["a6", "b8"]);
     }
 
     #[test]

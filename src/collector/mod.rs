@@ -308,6 +308,9 @@ impl Merger {
                 // claimed the ring may not have stored its tid yet (the slot would still show
                 // the previous owner's, and every later event would be charged to that tid).
                 None if self.scratch.is_empty() && dropped == self.cursors[index].dropped_seen => {
+                    // Caught mid-push, its first event may be older than the next watermark.
+                    self.merge.push(index, std::iter::empty(), !in_flight);
+                    behind |= self.merge.holds_below(index, watermark_ns);
                     if state == SlotState::Retired {
                         self.cursors[index].decoder.reset();
                         REGISTRY.free(index);
