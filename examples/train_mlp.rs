@@ -6,7 +6,8 @@
 //! the live-at-peak rows name the op and the tensor shape. At the end the profile is written
 //! and summarised; each category at the peak is split into state (it outlived the span that
 //! allocated it) and temporaries (freed before that span exited), which is how the optimizer's
-//! bytes read as AdamW's two moments (2x the parameters) apart from its update's scratch.
+//! bytes read as AdamW's two moments (2x the parameters) apart from its update's scratch, each
+//! with the call sites that allocated it (from the profile's sampled stacks).
 //!
 //! ```text
 //! cargo run --release --features candle --example train_mlp
@@ -30,8 +31,11 @@ use highwater::{Category, Profile, Session, Step};
 
 #[path = "support/mlp.rs"]
 mod mlp;
+#[path = "support/sites.rs"]
+mod sites;
 
 use mlp::{synthetic_data, Mlp, BATCH, BATCHES, WIDTHS};
+use sites::{places_holding, Part};
 
 #[global_allocator]
 static ALLOC: highwater::Alloc = highwater::Alloc::system();
@@ -457,6 +461,45 @@ fn print_rows<'a>(rows: impl Iterator<Item = &'a PeakRow>) {
     }
 }
 
+/// Most places in the code named per part.
+const PLACES_PER_PART: usize = 2;
+
+/// Where the code allocated `category`'s state and its temporaries at the peak, from the
+/// profile's call sites (estimates: sampled stacks).
+fn print_sites(profile: &Profile, category: Category) {
+    if profile.sites.is_empty() {
+        println!("  (no call sites: sampling was off, HIGHWATER_SAMPLE_BYTES=0)");
+        return;
+    }
+    for (part, name) in [(Part::State, "state"), (Part::Temporary, "temporaries")] {
+        let places = places_holding(profile, category, part);
+        let label = format!("{name} allocated in");
+        if places.is_empty() {
+            println!("  {label:<24} no sampled call site");
+        }
+        for (i, place) in places.iter().take(PLACES_PER_PART).enumerate() {
+            let at = place.at.as_ref().map_or("-".to_string(), ToString::to_string);
+            let ids: Vec<String> = place.sites.iter().map(|id| format!("#{id}")).collect();
+            println!(
+                "  {:<24} {:>9}  {at}  (site{} {})",
+                if i == 0 { label.as_str() } else { "" },
+                format_bytes(place.bytes),
+                if ids.len() == 1 { "" } else { "s" },
+                ids.join(" ")
+            );
+        }
+        if places.len() > PLACES_PER_PART {
+            let rest: u64 = places[PLACES_PER_PART..].iter().map(|p| p.bytes).sum();
+            println!(
+                "  {:<24} {:>9}  elsewhere, {} more places (highwater sites --category {category})",
+                "",
+                format_bytes(rest),
+                places.len() - PLACES_PER_PART
+            );
+        }
+    }
+}
+
 fn print_summary(profile: &Profile, out: &std::path::Path) {
     let summary = &profile.summary;
     println!();
@@ -509,6 +552,7 @@ fn print_summary(profile: &Profile, out: &std::path::Path) {
             format_bytes(parameters),
             format_bytes(update_temporaries),
         );
+        print_sites(profile, Category::Optimizer);
     }
     println!(
         "{}: {} ({})",

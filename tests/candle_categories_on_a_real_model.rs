@@ -3,12 +3,18 @@
 //! after the optimizer ran), AdamW's two moments as optimizer state, activations attributed to
 //! `forward` and gradients to `backward`; candle ops recorded with `highwater::candle::op` name
 //! their output shape in the live-at-peak rows. At the peak, the optimizer's bytes split into
-//! state (the moments, 2x the parameters) and the update's temporaries.
+//! state (the moments, 2x the parameters) and the update's temporaries, and the call sites
+//! (every allocation's stack recorded) name the code behind each, as `train_mlp` prints it.
 #![cfg(feature = "candle")]
 
 use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{AdamW, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use highwater::{Category, Profile, Session, Step};
+
+#[path = "../examples/support/sites.rs"]
+mod sites;
+
+use sites::{sites_holding, where_allocated, Part};
 
 #[global_allocator]
 static ALLOC: highwater::Alloc = highwater::Alloc::system();
@@ -46,7 +52,12 @@ struct Trained {
 
 /// Trains for `steps` steps.
 fn train(steps: usize) -> Trained {
-    let session = Session::builder().write_profile(false).start().unwrap();
+    // Every allocation's stack: the sites' figures are exact, to compare with the summary's.
+    let session = Session::builder()
+        .write_profile(false)
+        .sample_bytes(1)
+        .start()
+        .unwrap();
     let device = Device::Cpu;
     let x = Tensor::randn(0f32, 1f32, (BATCH, WIDTHS[0]), &device).unwrap();
     let labels = Tensor::randn(0f32, 1f32, (BATCH, WIDTHS[2]), &device)
@@ -238,5 +249,61 @@ fn parameters_optimizer_state_activations_and_gradients_at_the_peak() {
             .unwrap_or_else(|| panic!("span {span}: {context}"));
         assert_eq!(metrics.calls, 3);
         assert!(metrics.bytes_allocated > 0, "{span} allocated nothing");
+    }
+}
+
+/// Whether one of `site`'s frames is in a function whose name has every one of `parts`.
+fn passes_through(site: &highwater::profile::CallSite, parts: &[&str]) -> bool {
+    site.frames.iter().any(|frame| {
+        frame
+            .function
+            .as_deref()
+            .is_some_and(|name| parts.iter().all(|part| name.contains(part)))
+    })
+}
+
+#[test]
+fn the_optimizer_state_and_the_update_temporaries_each_have_a_named_call_site() {
+    let Trained { profile, .. } = train(3);
+    let summary = &profile.summary;
+    let optimizer = summary.peak_by_category[&Category::Optimizer];
+    let temporary = summary.peak_temporary_by_category[&Category::Optimizer];
+    let state_sites = sites_holding(&profile, Category::Optimizer, Part::State);
+    let temporary_sites = sites_holding(&profile, Category::Optimizer, Part::Temporary);
+    let context = format!(
+        "optimizer {optimizer} at the peak, {temporary} temporary; sampling {:?}\n{:#?}",
+        profile.sampling,
+        profile.sites.iter().take(12).collect::<Vec<_>>()
+    );
+    let sum = |held: &[sites::SiteBytes]| held.iter().map(|h| h.bytes).sum::<u64>();
+    // Every allocation sampled: the sites' split is the summary's, to the byte.
+    assert_eq!(sum(&state_sites), optimizer - temporary, "{context}");
+    assert_eq!(sum(&temporary_sites), temporary, "{context}");
+
+    // The moments are made by AdamW::new, the temporaries by its step; both called from this
+    // file's training loop, which is what the example prints for each.
+    let state = state_sites.first().expect("a state site").site;
+    let update = temporary_sites.first().expect("a temporary site").site;
+    assert_ne!(state.id, update.id);
+    assert!(passes_through(state, &["AdamW", "new"]), "{context}");
+    assert!(passes_through(update, &["AdamW", "step"]), "{context}");
+    for site in [state, update] {
+        let at = where_allocated(site).unwrap_or_else(|| panic!("no frames: {context}"));
+        let named = &at.allocated_in;
+        assert!(
+            !named.function.starts_with("0x") && !named.function.starts_with("alloc::"),
+            "{at}: {context}"
+        );
+        assert!(
+            named.location.as_deref().is_some_and(|l| l.contains(".rs:")),
+            "{at}: {context}"
+        );
+        let caller = at.called_from.as_ref().map(ToString::to_string);
+        assert!(
+            caller
+                .as_deref()
+                .is_some_and(|c| c.contains("candle_categories_on_a_real_model.rs:")),
+            "{at}: {context}"
+        );
     }
 }

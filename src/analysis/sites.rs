@@ -17,6 +17,16 @@
 //! epoch than the current one was live at the latest peak, and one that is ended or
 //! recategorised after the peak is kept, as it was, in a side list that a new peak clears.
 //!
+//! # Temporary at the peak
+//!
+//! Whether a block live at the peak was temporary is decided by the timeline's state/temporary
+//! split (`analysis::temporary`), when the block (or what it was resized into) ends. A sampled
+//! block that leaves the live table after the peak is handed back as a [`PeakSample`], its
+//! place in the side list; the split carries it along with the block's fate and, when the block
+//! turns out temporary, marks it ([`Sites::temporary_at_peak`]). Each share's temporary bytes
+//! are then the weighted bytes of its marked samples: the same estimate as its bytes at the
+//! peak, restricted to the blocks the summary's `peak_temporary_by_category` counts.
+//!
 //! # Sites
 //!
 //! Stacks are interned as program counters. When a profile is assembled they are resolved
@@ -69,6 +79,11 @@ pub(crate) struct ShareKey {
     pub(crate) category: Category,
 }
 
+/// A sampled block live at the latest peak that has ended or changed since: its place in the
+/// side list, until a new peak clears it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeakSample(u32);
+
 /// Weighted sums of samples.
 #[derive(Debug, Clone, Copy, Default)]
 struct Figures {
@@ -96,6 +111,23 @@ impl Figures {
     }
 }
 
+/// Weighted sums of the samples live at the peak in one share.
+#[derive(Debug, Clone, Copy, Default)]
+struct AtPeak {
+    bytes: f64,
+    count: f64,
+    /// The part of `bytes` that was temporary.
+    temporary_bytes: f64,
+}
+
+impl AtPeak {
+    fn add(&mut self, other: &AtPeak) {
+        self.bytes += other.bytes;
+        self.count += other.count;
+        self.temporary_bytes += other.temporary_bytes;
+    }
+}
+
 /// One interned stack and the samples taken from it.
 #[derive(Debug)]
 struct Stack {
@@ -115,6 +147,8 @@ struct Block {
     key: ShareKey,
     /// Peaks marked before it became what it is.
     epoch: u64,
+    /// In the side list: it turned out temporary at the peak.
+    temporary: bool,
 }
 
 /// The call-site state of a timeline.
@@ -150,8 +184,8 @@ struct Group<'a> {
     frames: Vec<&'a Frame>,
     allocated: Figures,
     at_peak: Figures,
-    /// (bytes at the peak, allocated figures) by where.
-    shares: FxHashMap<ShareKey, (f64, Figures)>,
+    /// (figures at the peak, allocated figures) by where.
+    shares: FxHashMap<ShareKey, (AtPeak, Figures)>,
 }
 
 impl Sites {
@@ -219,6 +253,7 @@ impl Sites {
             size,
             key,
             epoch,
+            temporary: false,
         };
         if let Some(old) = self.live.insert(addr, block) {
             self.forget(old);
@@ -229,21 +264,32 @@ impl Sites {
         self.peaked && block.epoch < self.epoch
     }
 
-    /// A block left the live table: the side list keeps it if it counted at the peak.
-    fn forget(&mut self, block: Block) {
-        if self.was_live_at_peak(&block) {
-            self.since_peak.push(block);
+    /// A block left the live table (or changed): the side list keeps it, as it was, if it
+    /// counted at the peak.
+    fn forget(&mut self, block: Block) -> Option<PeakSample> {
+        if !self.was_live_at_peak(&block) {
+            return None;
         }
+        let at = u32::try_from(self.since_peak.len()).ok()?;
+        self.since_peak.push(block);
+        Some(PeakSample(at))
     }
 
-    /// The heap block at `addr` ended (freed, or the old side of a realloc).
+    /// The heap block at `addr` ended (freed, or the old side of a realloc); if it was a
+    /// sampled block live at the peak, where it is kept now.
     #[inline]
-    pub(crate) fn ended(&mut self, addr: u64) {
+    pub(crate) fn ended(&mut self, addr: u64) -> Option<PeakSample> {
         if self.live.is_empty() {
-            return;
+            return None;
         }
-        if let Some(block) = self.live.remove(&addr) {
-            self.forget(block);
+        let block = self.live.remove(&addr)?;
+        self.forget(block)
+    }
+
+    /// The sampled block kept at `sample` was temporary at the peak (see the module docs).
+    pub(crate) fn temporary_at_peak(&mut self, sample: PeakSample) {
+        if let Some(block) = self.since_peak.get_mut(sample.0 as usize) {
+            block.temporary = true;
         }
     }
 
@@ -256,16 +302,15 @@ impl Sites {
         }
     }
 
-    /// The heap block at `addr` has `category` from now on.
-    pub(crate) fn recategorised(&mut self, addr: u64, category: Category) {
+    /// The heap block at `addr` has `category` from now on; if it was a sampled block live
+    /// at the peak, where what it was there is kept now.
+    pub(crate) fn recategorised(&mut self, addr: u64, category: Category) -> Option<PeakSample> {
         let epoch = self.epoch;
-        let Some(block) = self.live.get_mut(&addr) else {
-            return;
-        };
+        let block = self.live.get_mut(&addr)?;
         let before = *block;
         block.key.category = category;
         block.epoch = epoch;
-        self.forget(before);
+        self.forget(before)
     }
 
     /// The heap block at `addr` was made by op `op`.
@@ -298,7 +343,7 @@ impl Sites {
         }
         // What was live at the peak, by stack and by (stack, where).
         let mut at_peak: FxHashMap<u32, Figures> = FxHashMap::default();
-        let mut share_at_peak: FxHashMap<(u32, ShareKey), f64> = FxHashMap::default();
+        let mut share_at_peak: FxHashMap<(u32, ShareKey), AtPeak> = FxHashMap::default();
         let live_at_peak = self
             .live
             .values()
@@ -308,7 +353,15 @@ impl Sites {
             let mut one = Figures::default();
             one.add_sample(block.size, self.mean_bytes);
             at_peak.entry(block.stack).or_default().add(&one);
-            *share_at_peak.entry((block.stack, block.key)).or_default() += one.bytes;
+            let share = AtPeak {
+                bytes: one.bytes,
+                count: one.count,
+                temporary_bytes: if block.temporary { one.bytes } else { 0.0 },
+            };
+            share_at_peak
+                .entry((block.stack, block.key))
+                .or_default()
+                .add(&share);
         }
 
         let frames_at = self.resolve_all();
@@ -343,9 +396,9 @@ impl Sites {
             }
             report.sampling.max_depth = report.sampling.max_depth.max(stack.pcs.len() as u32);
         }
-        for (&(stack, key), &bytes) in &share_at_peak {
+        for (&(stack, key), peak) in &share_at_peak {
             let group = &mut groups[stack_group[stack as usize]];
-            group.shares.entry(key).or_default().0 += bytes;
+            group.shares.entry(key).or_default().0.add(peak);
         }
         report.sampling.distinct_sites = groups.len() as u64;
 
@@ -391,9 +444,9 @@ impl Sites {
             let Some(site) = site_of_group[index] else {
                 continue;
             };
-            for (key, (bytes, _)) in &group.shares {
-                if *bytes > 0.0 {
-                    by_key.entry(*key).or_default().push((site, *bytes));
+            for (key, (peak, _)) in &group.shares {
+                if peak.bytes > 0.0 {
+                    by_key.entry(*key).or_default().push((site, peak.bytes));
                 }
             }
         }
@@ -526,43 +579,46 @@ fn estimate(value: f64) -> u64 {
 
 /// A site's shares, largest at the peak first; past [`MAX_SITE_SHARES`], the rest in one.
 fn shares(
-    by_key: &FxHashMap<ShareKey, (f64, Figures)>,
+    by_key: &FxHashMap<ShareKey, (AtPeak, Figures)>,
     op_name: &impl Fn(u32) -> Option<String>,
 ) -> Vec<SiteShare> {
-    let mut rows: Vec<(&ShareKey, &(f64, Figures))> = by_key.iter().collect();
+    let mut rows: Vec<(&ShareKey, &(AtPeak, Figures))> = by_key.iter().collect();
     rows.sort_by(|a, b| {
         b.1 .0
-            .total_cmp(&a.1 .0)
+            .bytes
+            .total_cmp(&a.1 .0.bytes)
             .then(b.1 .1.bytes.total_cmp(&a.1 .1.bytes))
             .then((a.0.node, a.0.op, a.0.category).cmp(&(b.0.node, b.0.op, b.0.category)))
     });
-    let share = |key: Option<&ShareKey>, peak: f64, allocated: &Figures| SiteShare {
+    let share = |key: Option<&ShareKey>, peak: &AtPeak, allocated: &Figures| SiteShare {
         span: key.and_then(|key| (key.node != NONE).then_some(key.node)),
         op: key.and_then(|key| (key.op != NONE).then(|| op_name(key.op)).flatten()),
         category: key.map_or(Category::Other, |key| key.category),
-        peak_bytes: estimate(peak),
-        peak_temporary_bytes: 0,
+        peak_bytes: estimate(peak.bytes),
+        peak_count: estimate(peak.count),
+        // Summed apart, the part could round a byte above the whole.
+        peak_temporary_bytes: estimate(peak.temporary_bytes).min(estimate(peak.bytes)),
         alloc_bytes: estimate(allocated.bytes),
         alloc_count: estimate(allocated.count),
     };
     if rows.len() <= MAX_SITE_SHARES {
         return rows
             .into_iter()
-            .map(|(key, (peak, allocated))| share(Some(key), *peak, allocated))
+            .map(|(key, (peak, allocated))| share(Some(key), peak, allocated))
             .collect();
     }
     let rest = rows.split_off(MAX_SITE_SHARES - 1);
     let mut out: Vec<SiteShare> = rows
         .into_iter()
-        .map(|(key, (peak, allocated))| share(Some(key), *peak, allocated))
+        .map(|(key, (peak, allocated))| share(Some(key), peak, allocated))
         .collect();
-    let mut peak = 0.0;
+    let mut peak = AtPeak::default();
     let mut allocated = Figures::default();
-    for (_, (bytes, figures)) in rest {
-        peak += bytes;
+    for (_, (at_peak, figures)) in rest {
+        peak.add(at_peak);
         allocated.add(figures);
     }
-    out.push(share(None, peak, &allocated));
+    out.push(share(None, &peak, &allocated));
     out
 }
 

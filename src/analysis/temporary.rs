@@ -33,6 +33,7 @@ use rustc_hash::FxHashMap;
 use crate::model::Category;
 
 use super::event::DeviceId;
+use super::sites::PeakSample;
 
 /// What a block live at the peak was, kept while the block it became lives on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +46,9 @@ pub(crate) struct Carried {
     pub(crate) owner: u32,
     /// When that owner entered, to tell it from a later instance in the same slot.
     pub(crate) owner_entered: u64,
+    /// The call sites' record of the block at the peak, when it was sampled: told when the
+    /// block turns out temporary.
+    pub(crate) sample: Option<PeakSample>,
 }
 
 /// Temporary bytes at the latest peak, on the peak's device.
@@ -121,6 +125,7 @@ mod tests {
             category: Category::Optimizer,
             owner: 3,
             owner_entered: 7,
+            sample: None,
         }
     }
 

@@ -9,10 +9,11 @@
 //! [`SiteShare`](crate::profile::SiteShare) of each [`CallSite`] is one sample on that site's
 //! stack, labelled with its `category`, its `span` (the span path, when it was made inside a
 //! span) and its `op` (when an op was recorded), so `-tagfocus=category=optimizer` or
-//! `-tagfocus=span=step/forward` selects the memory of one category or span. A site's objects
-//! live at the peak are known per site only; its shares get them in proportion to their bytes
-//! at the peak (whole numbers adding up to the site's). Whatever a site's figures hold beyond
-//! its shares is one more sample with no labels, and the sites past
+//! `-tagfocus=span=step/forward` selects the memory of one category or span. Each share's
+//! values are its own estimates, objects live at the peak included
+//! ([`SiteShare::peak_count`](crate::profile::SiteShare::peak_count)). Whatever a site's figures
+//! hold beyond its shares (rounding, or a profile written before shares counted their blocks)
+//! is one more sample with no labels, and the sites past
 //! [`MAX_CALL_SITES`](crate::profile::MAX_CALL_SITES) are one sample
 //! at a location of their own, so every view adds up to the profile's totals.
 //!
@@ -204,35 +205,6 @@ fn location_groups(frames: &[Frame]) -> Vec<&[Frame]> {
     groups
 }
 
-/// `total` split into whole numbers in proportion to `weights`, adding up to `total` (largest
-/// remainders first; an even split when every weight is zero).
-fn apportion(total: u64, weights: &[u64]) -> Vec<u64> {
-    if weights.is_empty() {
-        return Vec::new();
-    }
-    let sum: u128 = weights.iter().map(|&w| u128::from(w)).sum();
-    let (sum, weights): (u128, Vec<u128>) = if sum == 0 {
-        (weights.len() as u128, vec![1; weights.len()])
-    } else {
-        (sum, weights.iter().map(|&w| u128::from(w)).collect())
-    };
-    let exact: Vec<(u128, u128)> = weights
-        .iter()
-        .map(|&w| {
-            let scaled = u128::from(total) * w;
-            (scaled / sum, scaled % sum)
-        })
-        .collect();
-    let mut parts: Vec<u64> = exact.iter().map(|&(whole, _)| whole as u64).collect();
-    let left = total - parts.iter().sum::<u64>();
-    let mut order: Vec<usize> = (0..parts.len()).collect();
-    order.sort_by(|&a, &b| exact[b].1.cmp(&exact[a].1).then(a.cmp(&b)));
-    for &i in order.iter().take(left as usize) {
-        parts[i] += 1;
-    }
-    parts
-}
-
 /// A figure as a pprof value (they are signed).
 fn value(figure: u64) -> i64 {
     i64::try_from(figure).unwrap_or(i64::MAX)
@@ -251,18 +223,16 @@ fn build(profile: &Profile) -> proto::Profile {
     let mut samples = Vec::new();
     for site in &profile.sites {
         let stack = b.stack(site);
-        let weights: Vec<u64> = site.shares.iter().map(|s| s.peak_bytes).collect();
-        let counts = apportion(site.peak_count, &weights);
         let mut left = [
             site.peak_bytes,
             site.peak_count,
             site.alloc_bytes,
             site.alloc_count,
         ];
-        for (share, peak_count) in site.shares.iter().zip(counts) {
+        for share in &site.shares {
             let figures = [
                 share.peak_bytes,
-                peak_count,
+                share.peak_count,
                 share.alloc_bytes,
                 share.alloc_count,
             ];
@@ -444,6 +414,15 @@ mod tests {
             total(&p, 0, |l| l.contains(&("category", "optimizer"))),
             optimizer as i64
         );
+        let optimizer_blocks: u64 = shares()
+            .filter(|s| s.category == Category::Optimizer)
+            .map(|s| s.peak_count)
+            .sum();
+        assert!(optimizer_blocks > 0);
+        assert_eq!(
+            total(&p, 1, |l| l.contains(&("category", "optimizer"))),
+            optimizer_blocks as i64
+        );
         let forward: u64 = shares()
             .filter(|s| {
                 s.span
@@ -530,6 +509,7 @@ mod tests {
                 SiteShare {
                     category: Category::Activation,
                     peak_bytes: 600,
+                    peak_count: 2,
                     alloc_bytes: 3000,
                     alloc_count: 30,
                     ..SiteShare::default()
@@ -537,6 +517,7 @@ mod tests {
                 SiteShare {
                     category: Category::Gradient,
                     peak_bytes: 300,
+                    peak_count: 7,
                     alloc_bytes: 1000,
                     alloc_count: 10,
                     ..SiteShare::default()
@@ -547,13 +528,14 @@ mod tests {
         profile.sampling.unlisted_peak_bytes = 7;
         let p = decode(&render(&profile));
         let values: Vec<&[i64]> = p.sample.iter().map(|s| s.value.as_slice()).collect();
-        // Counts at the peak split 600:300 of 10 (6.67, 3.33 → 7, 3), the rest unlabelled.
+        // Each share's blocks at the peak are its own (not in proportion to its bytes, which
+        // would give 7 and 3); the rest is unlabelled.
         assert_eq!(
             values,
             [
-                &[600, 7, 3000, 30][..],
-                &[300, 3, 1000, 10],
-                &[100, 0, 1000, 10],
+                &[600, 2, 3000, 30][..],
+                &[300, 7, 1000, 10],
+                &[100, 1, 1000, 10],
                 &[7, 0, 0, 0]
             ]
         );
@@ -562,18 +544,6 @@ mod tests {
         assert_eq!(unlisted.mapping_id, 0);
         let function = &p.function[unlisted.line[0].function_id as usize - 1];
         assert_eq!(text(&p, function.name), UNLISTED_SITES);
-    }
-
-    #[test]
-    fn apportioning_adds_up_and_follows_the_weights() {
-        assert_eq!(apportion(10, &[600, 300]), [7, 3]);
-        assert_eq!(apportion(3, &[0, 0, 0]), [1, 1, 1]);
-        assert_eq!(apportion(0, &[5, 5]), [0, 0]);
-        assert_eq!(
-            apportion(u64::MAX, &[u64::MAX, 1]).iter().sum::<u64>(),
-            u64::MAX
-        );
-        assert!(apportion(5, &[]).is_empty());
     }
 
     #[test]

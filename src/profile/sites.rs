@@ -79,8 +79,13 @@ pub struct SiteShare {
     pub category: Category,
     /// Estimated bytes live at the peak.
     pub peak_bytes: u64,
+    /// Estimated allocations live at the peak (blocks, each weighted like its bytes).
+    #[serde(default)]
+    pub peak_count: u64,
     /// The part of [`SiteShare::peak_bytes`] that was temporary: freed before the span that
-    /// allocated it exited (see `Summary::peak_temporary_by_category`).
+    /// allocated it exited, on the peak's device, by the rule of
+    /// [`Summary::peak_temporary_by_category`](crate::profile::Summary::peak_temporary_by_category)
+    /// (an estimate, weighted like [`SiteShare::peak_bytes`]).
     #[serde(default)]
     pub peak_temporary_bytes: u64,
     /// Estimated bytes allocated over the run.

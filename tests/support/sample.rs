@@ -1169,6 +1169,7 @@ fn call_sites(rows: &mut [PeakRow], spans: &[SpanMetrics]) -> (Vec<CallSite>, Si
             op: row.op.clone(),
             category: row.category,
             peak_bytes: peak,
+            peak_count: count,
             peak_temporary_bytes: 0,
             alloc_bytes: peak * runs,
             alloc_count: count * runs,
@@ -1180,6 +1181,7 @@ fn call_sites(rows: &mut [PeakRow], spans: &[SpanMetrics]) -> (Vec<CallSite>, Si
         {
             Some(existing) => {
                 existing.peak_bytes += share.peak_bytes;
+                existing.peak_count += share.peak_count;
                 existing.alloc_bytes += share.alloc_bytes;
                 existing.alloc_count += share.alloc_count;
             }
@@ -1203,6 +1205,7 @@ fn call_sites(rows: &mut [PeakRow], spans: &[SpanMetrics]) -> (Vec<CallSite>, Si
                 op: Some("matmul".to_string()),
                 category: Category::Activation,
                 peak_bytes: 0,
+                peak_count: 0,
                 peak_temporary_bytes: 0,
                 alloc_bytes: bytes * ITERATIONS,
                 alloc_count: 2 * ITERATIONS,
@@ -1230,6 +1233,7 @@ fn call_sites(rows: &mut [PeakRow], spans: &[SpanMetrics]) -> (Vec<CallSite>, Si
                 op: Some("mul".to_string()),
                 category: Category::Optimizer,
                 peak_bytes: 0,
+                peak_count: 0,
                 peak_temporary_bytes: 0,
                 alloc_bytes: update * ITERATIONS,
                 alloc_count: 36 * ITERATIONS,

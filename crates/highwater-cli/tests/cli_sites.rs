@@ -129,6 +129,33 @@ fn one_site_shows_every_frame_and_json_keeps_the_profiles_fields() {
 }
 
 #[test]
+fn the_temporary_part_and_the_blocks_at_the_peak_are_in_the_text_and_the_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut profile = sample_profile();
+    let site = &mut profile.sites[0];
+    let share = &mut site.shares[0];
+    let temporary = share.peak_bytes / 3;
+    share.peak_temporary_bytes = temporary;
+    let (blocks, id) = (share.peak_count, site.id);
+    assert!(temporary > 0 && blocks > 0);
+    let path = write(dir.path(), "p.json", &profile);
+
+    let text = stdout(&highwater(&["sites", &path, "--site", &id.to_string()]));
+    assert!(
+        text.contains(&format!(
+            "    temporary: {} of it",
+            highwater::units::format_bytes(temporary)
+        )),
+        "{text}"
+    );
+    let json: Value =
+        serde_json::from_str(&stdout(&highwater(&["sites", &path, "--json", "-n", "1"]))).unwrap();
+    let first = &json["sites"][0]["shares"][0];
+    assert_eq!(first["peak_temporary_bytes"], temporary);
+    assert_eq!(first["peak_count"], blocks);
+}
+
+#[test]
 fn top_rows_name_their_sites() {
     let dir = tempfile::tempdir().unwrap();
     let profile = sample_profile();

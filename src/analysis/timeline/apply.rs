@@ -101,12 +101,10 @@ impl Timeline {
                 self.device(device);
                 match self.live.free(device, addr, ts) {
                     Freed::Ended(entry) => {
-                        if device == DeviceId::CPU {
-                            self.sites.ended(addr);
-                        }
+                        let sample = self.sampled_ended(device, addr);
                         self.device(device).frees += 1;
                         self.counts.frees += 1;
-                        self.split_ended(device, addr, &entry);
+                        self.split_ended(device, addr, &entry, sample);
                         self.end(device, &entry);
                         self.changed(device, ts, seq);
                     }
@@ -130,8 +128,8 @@ impl Timeline {
                 let (old_key, freed) = self.end_realloced(event.thread, old_addr, released);
                 let growth = match freed {
                     Freed::Ended(entry) => {
-                        self.sites.ended(old_key);
-                        carried = self.split_changed(device, old_key, &entry);
+                        let sample = self.sites.ended(old_key);
+                        carried = self.split_changed(device, old_key, &entry, sample);
                         self.end(device, &entry);
                         new_size.saturating_sub(entry.size)
                     }
@@ -168,10 +166,12 @@ impl Timeline {
             } => {
                 self.device(device);
                 if let Some(before) = self.live.set_category(device, addr, category) {
-                    if device == DeviceId::CPU {
-                        self.sites.recategorised(addr, category);
-                    }
-                    if let Some(carried) = self.split_changed(device, addr, &before) {
+                    let sample = if device == DeviceId::CPU {
+                        self.sites.recategorised(addr, category)
+                    } else {
+                        None
+                    };
+                    if let Some(carried) = self.split_changed(device, addr, &before, sample) {
                         self.temporaries.carry(device, addr, carried);
                     }
                     let state = self.device(device);
@@ -348,11 +348,9 @@ impl Timeline {
         // after the map insert would wait for the insert's store (often a cache miss).
         self.device(device).add(category, size);
         if let Some(old) = self.live.insert(device, addr, entry) {
-            if device == DeviceId::CPU {
-                self.sites.ended(addr);
-            }
+            let sample = self.sampled_ended(device, addr);
             self.counts.reorder_repairs += 1;
-            self.split_ended(device, addr, &old);
+            self.split_ended(device, addr, &old, sample);
             self.end(device, &old);
         }
         self.spans.on_alloc(owner, size, counted, is_alloc);

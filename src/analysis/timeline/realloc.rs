@@ -113,8 +113,8 @@ impl Timeline {
 
     /// Settles a block ended outside any event's own accounting.
     fn end_displaced(&mut self, device: DeviceId, key: u64, entry: &LiveEntry, ts: u64) {
-        self.sites.ended(key);
-        self.split_ended(device, key, entry);
+        let sample = self.sites.ended(key);
+        self.split_ended(device, key, entry, sample);
         self.end(device, entry);
         self.changed(device, ts, self.seq);
     }
