@@ -162,6 +162,18 @@ fn tagfocus_selects_a_category_or_a_span_to_the_byte() {
         let focus = format!("-tagfocus=category={category}");
         let top = pprof(&go, dir.path(), &file, &["-top", &focus]);
         assert_eq!(shown_total(&top), bytes as i64, "{focus}\n{top}");
+        // Each share's blocks at the peak are its own estimate, not a part of its site's.
+        let blocks: u64 = shares()
+            .filter(|s| s.category == category)
+            .map(|s| s.peak_count)
+            .sum();
+        let objects = pprof(
+            &go,
+            dir.path(),
+            &file,
+            &["-top", "-sample_index=inuse_objects", &focus],
+        );
+        assert_eq!(shown_total(&objects), blocks as i64, "{focus}\n{objects}");
     }
     let span = "step/forward/layer3/attn";
     let bytes: u64 = shares()
