@@ -465,7 +465,7 @@ fn print_rows<'a>(rows: impl Iterator<Item = &'a PeakRow>) {
 const PLACES_PER_PART: usize = 2;
 
 /// Where the code allocated `category`'s state and its temporaries at the peak, from the
-/// profile's call sites (estimates: sampled stacks).
+/// profile's call sites (estimates from sampled stacks, hence the `~`).
 fn print_sites(profile: &Profile, category: Category) {
     if profile.sites.is_empty() {
         println!("  (no call sites: sampling was off, HIGHWATER_SAMPLE_BYTES=0)");
@@ -478,23 +478,35 @@ fn print_sites(profile: &Profile, category: Category) {
             println!("  {label:<24} no sampled call site");
         }
         for (i, place) in places.iter().take(PLACES_PER_PART).enumerate() {
-            let at = place.at.as_ref().map_or("-".to_string(), ToString::to_string);
-            let ids: Vec<String> = place.sites.iter().map(|id| format!("#{id}")).collect();
+            let at = place
+                .at
+                .as_ref()
+                .map_or("-".to_string(), ToString::to_string);
+            let mut ids: Vec<String> = place
+                .sites
+                .iter()
+                .take(3)
+                .map(|id| format!("#{id}"))
+                .collect();
+            if place.sites.len() > ids.len() {
+                ids.push(format!("+{}", place.sites.len() - ids.len()));
+            }
             println!(
-                "  {:<24} {:>9}  {at}  (site{} {})",
+                "  {:<24} {:>10}  {at}  (site{} {})",
                 if i == 0 { label.as_str() } else { "" },
-                format_bytes(place.bytes),
-                if ids.len() == 1 { "" } else { "s" },
+                format!("~{}", format_bytes(place.bytes)),
+                if place.sites.len() == 1 { "" } else { "s" },
                 ids.join(" ")
             );
         }
         if places.len() > PLACES_PER_PART {
             let rest: u64 = places[PLACES_PER_PART..].iter().map(|p| p.bytes).sum();
+            let more = places.len() - PLACES_PER_PART;
             println!(
-                "  {:<24} {:>9}  elsewhere, {} more places (highwater sites --category {category})",
+                "  {:<24} {:>10}  elsewhere, {more} more place{} (highwater sites --category {category})",
                 "",
-                format_bytes(rest),
-                places.len() - PLACES_PER_PART
+                format!("~{}", format_bytes(rest)),
+                if more == 1 { "" } else { "s" },
             );
         }
     }

@@ -167,7 +167,7 @@ fn parameters_optimizer_state_activations_and_gradients_at_the_peak() {
     // `Var::set` (what AdamW's update calls) copies into the existing storage: the variables
     // never moved, and exactly their storage is parameter at the peak, from `build_model`.
     assert!(storage_kept, "a variable's storage was replaced");
-    let params = at_peak(&profile, Category::Parameter);
+    let params = at_peak(profile, Category::Parameter);
     assert_eq!(params, var_bytes, "parameters: {context}");
     assert_eq!(rows(Category::Parameter, "build_model"), var_bytes);
 
@@ -179,7 +179,7 @@ fn parameters_optimizer_state_activations_and_gradients_at_the_peak() {
         "optimizer state: {context}"
     );
     // The peak falls inside the update, so the update's temporaries are optimizer bytes too.
-    assert!(at_peak(&profile, Category::Optimizer) >= state);
+    assert!(at_peak(profile, Category::Optimizer) >= state);
 
     // State vs temporary: what the update allocates it frees before its span exits, so the
     // optimizer bytes at the peak that outlived their span are exactly the moments (and that
@@ -194,11 +194,11 @@ fn parameters_optimizer_state_activations_and_gradients_at_the_peak() {
     };
     for (category, bytes) in &profile.summary.peak_temporary_by_category {
         assert!(
-            *bytes <= at_peak(&profile, *category),
+            *bytes <= at_peak(profile, *category),
             "{category}: {context}"
         );
     }
-    let optimizer_state = at_peak(&profile, Category::Optimizer) - temporary(Category::Optimizer);
+    let optimizer_state = at_peak(profile, Category::Optimizer) - temporary(Category::Optimizer);
     assert!(
         optimizer_state >= 2 * var_bytes && optimizer_state <= 2 * var_bytes + 4096,
         "optimizer state {optimizer_state}, temporaries {}: {context}",
@@ -220,7 +220,7 @@ fn parameters_optimizer_state_activations_and_gradients_at_the_peak() {
     let gradients = rows(Category::Gradient, "train_step/backward");
     assert!(activations > 0, "activations: {context}");
     assert!(gradients >= var_bytes, "gradients: {context}");
-    assert_eq!(at_peak(&profile, Category::Gradient), gradients);
+    assert_eq!(at_peak(profile, Category::Gradient), gradients);
 
     // The forward's matmul outputs are named with their shape and dtype.
     let matmul = profile
@@ -272,8 +272,8 @@ fn the_optimizer_state_and_the_update_temporaries_each_have_a_named_call_site() 
     let summary = &profile.summary;
     let optimizer = summary.peak_by_category[&Category::Optimizer];
     let temporary = summary.peak_temporary_by_category[&Category::Optimizer];
-    let state_sites = sites_holding(&profile, Category::Optimizer, Part::State);
-    let temporary_sites = sites_holding(&profile, Category::Optimizer, Part::Temporary);
+    let state_sites = sites_holding(profile, Category::Optimizer, Part::State);
+    let temporary_sites = sites_holding(profile, Category::Optimizer, Part::Temporary);
     let context = format!(
         "optimizer {optimizer} at the peak, {temporary} temporary; sampling {:?}\n{:#?}",
         profile.sampling,
@@ -300,7 +300,9 @@ fn the_optimizer_state_and_the_update_temporaries_each_have_a_named_call_site() 
     };
     for part in [Part::State, Part::Temporary] {
         let places = places_holding(profile, Category::Optimizer, part);
-        let top = places.first().unwrap_or_else(|| panic!("{part:?}: {context}"));
+        let top = places
+            .first()
+            .unwrap_or_else(|| panic!("{part:?}: {context}"));
         assert!(top.sites.contains(&state.id) || top.sites.contains(&update.id));
         let at = top.at.as_ref().expect("a site with frames");
         let function = &at.allocated_in.function;

@@ -87,11 +87,13 @@ impl std::fmt::Display for Named {
 }
 
 /// Where a site allocated: the innermost frame left once the allocation machinery is trimmed
-/// (as `highwater sites` shows it first), and the first frame of the program's own code below
-/// it, when that is another one.
+/// (as `highwater sites` shows it first), the first frame of the program's own code below it
+/// when that is another one, and the library function that frame called, when that is not the
+/// innermost one either.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Where {
     pub allocated_in: Named,
+    pub through: Option<Named>,
     pub called_from: Option<Named>,
 }
 
@@ -99,9 +101,10 @@ pub struct Where {
 /// Cargo registry's or a git checkout's) nor the toolchain's, in a function that is not
 /// highwater's (whose op wrapper sits between a model and candle).
 fn is_programs(frame: &Frame) -> bool {
-    let own_file = frame.file.as_deref().is_some_and(|file| {
-        stacks::short_file(file) == file && !stacks::is_std_file(file)
-    });
+    let own_file = frame
+        .file
+        .as_deref()
+        .is_some_and(|file| stacks::short_file(file) == file && !stacks::is_std_file(file));
     let highwaters = frame
         .function
         .as_deref()
@@ -113,21 +116,24 @@ fn is_programs(frame: &Frame) -> bool {
 pub fn where_allocated(site: &CallSite) -> Option<Where> {
     let frames = stacks::interesting(&site.frames).frames;
     let first = frames.first()?;
-    let called_from = frames
-        .iter()
-        .skip(1)
-        .find(|frame| is_programs(frame))
-        .filter(|_| !is_programs(first))
-        .map(Named::of);
+    let caller = frames.iter().position(is_programs).filter(|&at| at > 0);
+    let through = caller
+        .filter(|&at| at > 1)
+        .map(|at| &frames[at - 1])
+        .filter(|frame| !stacks::is_std_frame(frame));
     Some(Where {
         allocated_in: Named::of(first),
-        called_from,
+        through: through.map(Named::of),
+        called_from: caller.map(|at| Named::of(&frames[at])),
     })
 }
 
 impl std::fmt::Display for Where {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}", self.allocated_in)?;
+        if let Some(through) = &self.through {
+            write!(f, " in {through}")?;
+        }
         if let Some(caller) = &self.called_from {
             write!(f, ", called from {caller}")?;
         }

@@ -199,7 +199,14 @@ mod tests {
                 let mut shares: Vec<_> = site
                     .shares
                     .iter()
-                    .map(|s| (s.category, s.peak_bytes, s.peak_temporary_bytes, s.peak_count))
+                    .map(|s| {
+                        (
+                            s.category,
+                            s.peak_bytes,
+                            s.peak_temporary_bytes,
+                            s.peak_count,
+                        )
+                    })
                     .collect();
                 shares.sort();
                 (site.frames[0].pc, shares)
