@@ -601,3 +601,62 @@ impl TicketProtocol for TicketWithoutFence {
 fn a_ticket_without_a_fence_can_miss_the_stop() {
     refused_stop_model::<TicketWithoutFence>(true);
 }
+
+/// Two threads are refused at once, each recording into its own ring; the collector (this
+/// thread) answers whatever tickets it sees with a checkpoint of everything drained so far,
+/// until both are answered. Each thread is answered by a checkpoint that holds its own refusal,
+/// whether one checkpoint answers both or a later one answers the second ticket.
+#[test]
+fn two_refusals_are_each_answered_by_a_checkpoint_that_holds_them() {
+    bounded(|| {
+        // Leaked, as in `waiting_model`.
+        let rings: &'static [Fixture; 2] = Box::leak(Box::new([Fixture::new(1), Fixture::new(1)]));
+        let gate: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(true)));
+        let policy: &'static Policy = Box::leak(Box::new(Policy::new(true)));
+        let tickets: &'static Tickets = Box::leak(Box::new(Tickets::starting_at(0)));
+        // Bit `i` set: the checkpoint on disk holds thread `i`'s refusal.
+        let on_disk: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
+        let refused: Vec<_> = (0..2)
+            .map(|i| {
+                thread::spawn(move || {
+                    let waited = tickets.wait_after::<SoundTicket>(
+                        || {
+                            // SAFETY: this thread is ring `i`'s only producer.
+                            let pushed = unsafe {
+                                rings[i]
+                                    .ring
+                                    .push(&gate, [RawKind::Oom], &dropping(), || oom_event())
+                            };
+                            pushed == Pushed::Recorded
+                        },
+                        policy,
+                    );
+                    (waited, on_disk.load(Ordering::Acquire) & (1 << i) != 0)
+                })
+            })
+            .collect();
+        let mut answered = 0;
+        let mut held = 0;
+        while answered != 2 {
+            let bell = policy.bell.word().load(Ordering::Acquire);
+            let asked = tickets.asked();
+            if asked != answered {
+                for (i, fixture) in rings.iter().enumerate() {
+                    if !drain(&fixture.ring).is_empty() {
+                        held |= 1 << i;
+                    }
+                }
+                on_disk.store(held, Ordering::Release);
+                tickets.written(asked);
+                answered = asked;
+                continue;
+            }
+            policy.bell.wait(bell, None);
+        }
+        for thread in refused {
+            let (waited, holds_mine) = thread.join().unwrap();
+            assert_eq!(waited, Waited::Answered);
+            assert!(holds_mine, "a thread was answered without its refusal");
+        }
+    });
+}
