@@ -101,7 +101,7 @@ impl Arena {
         // An arena has the index of the fits it was built for; asked for another, it answers
         // with the one it has rather than scanning.
         match (fit, &self.by_addr) {
-            (_, Some(tree)) => tree.first_fit(size).map(|(_, _, i)| i),
+            (_, Some(tree)) => tree.first_fit(size),
             (Fit::Worst, None) => self
                 .blocks
                 .largest()
@@ -127,16 +127,15 @@ impl Arena {
             return None;
         }
         let i = self.find_block(size, fit)?;
-        let block = *self.blocks.get(i);
         let (used, rest) = self.blocks.take(i, size, end);
         if let Some(tree) = &mut self.by_addr {
             match rest {
                 Some(rest) => {
                     let r = self.blocks.get(rest);
-                    tree.update(block.addr, r.addr, r.size, rest);
+                    tree.update(i, r.addr, r.size, rest);
                 }
                 None => {
-                    tree.remove(block.addr);
+                    tree.remove(i);
                 }
             }
         }
@@ -162,13 +161,11 @@ impl Arena {
             self.blocks.give_back(i);
             return Some(size);
         };
-        let addr = |n: u32| self.blocks.get(n).addr;
-        let (prev, next) = (
-            self.blocks.free_prev(i).map(addr),
-            self.blocks.free_next(i).map(addr),
-        );
+        let (prev, next) = (self.blocks.free_prev(i), self.blocks.free_next(i));
         let merged = self.blocks.give_back(i);
         let m = *self.blocks.get(merged);
+        // The tree names blocks by handle: the merged block keeps the previous neighbour's
+        // handle, or the freed block's if that was not free.
         match (prev, next) {
             (Some(p), Some(n)) => {
                 tree.remove(n);
@@ -232,6 +229,7 @@ impl Arena {
             self.free_list().iter().map(|b| b.1).max().unwrap_or(0)
         );
         if let Some(tree) = &self.by_addr {
+            tree.check();
             assert_eq!(tree.entries(), self.free_list());
             for (offset, size, i) in tree.entries_with_blocks() {
                 let b = self.blocks.get(i);
