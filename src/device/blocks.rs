@@ -123,7 +123,10 @@ impl Blocks {
     /// The smallest free block of at least `size` bytes, lowest address among equals.
     pub(crate) fn best_fit(&self, size: u64) -> Option<u32> {
         debug_assert!(self.indexed);
-        self.by_size.range(size_key(size, 0)..).next().map(|(_, &i)| i)
+        self.by_size
+            .range(size_key(size, 0)..)
+            .next()
+            .map(|(_, &i)| i)
     }
 
     /// The largest free block, highest address among equals.
