@@ -14,6 +14,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use super::sites::{Sampler, UNSAMPLED};
 use super::table::{AddressTable, Inserted};
 use super::{Measurement, SpanFigures};
 use crate::capture;
@@ -249,12 +250,13 @@ impl Node {
     }
 }
 
-/// A live block born inside, with its size and span node.
+/// A live block born inside, with its size, span node and call-site tag.
 #[derive(Debug, Clone, Copy)]
 struct Recent {
     addr: usize,
     size: u64,
     node: u16,
+    site: u16,
 }
 
 impl Recent {
@@ -262,7 +264,18 @@ impl Recent {
         addr: 0,
         size: 0,
         node: ROOT,
+        site: UNSAMPLED,
     };
+}
+
+/// A table entry's value: the block's span node and its call-site tag.
+fn packed(node: u16, site: u16) -> usize {
+    usize::from(node) | usize::from(site) << 16
+}
+
+/// The (node, site tag) of a table entry's value.
+fn unpacked(value: usize) -> (usize, u16) {
+    (value & 0xFFFF, (value >> 16) as u16)
 }
 
 /// One measurement's running figures. Lives in the frame of `measure`; reached by the hook
@@ -276,6 +289,8 @@ pub(crate) struct Meter {
     /// freed before the thread allocates again (a scratch buffer, a formatted string) never
     /// touches the table. `addr == 0`: none.
     recent: Recent,
+    /// Bytes left before the next call-site sample (see [`Sampler`]).
+    sample_left: u64,
     live: u64,
     peak: u64,
     /// How many times `peak` rose. A node whose `epoch` is behind has not changed since the
@@ -300,6 +315,8 @@ pub(crate) struct Meter {
     id: u64,
     /// [`MISSED`] when the meter started.
     missed_at_start: u64,
+    /// Call-site samples and their stacks.
+    sampler: Sampler,
     /// Open spans' nodes; `depth` may exceed `MAX_DEPTH`, then the deepest ones are not kept.
     depth: usize,
     stack: [u16; MAX_DEPTH],
@@ -308,7 +325,10 @@ pub(crate) struct Meter {
 
 impl Meter {
     pub(crate) fn new() -> Meter {
+        let (sampler, sample_left) = Sampler::new();
         Meter {
+            sampler,
+            sample_left,
             id: NEXT_METER.fetch_add(1, Ordering::Relaxed),
             parent: std::ptr::null_mut(),
             table: AddressTable::new(),
@@ -372,11 +392,16 @@ impl Meter {
     /// A block born inside: live, maybe a new peak; it becomes [`Meter::recent`] and the
     /// previous recent block moves into the table.
     #[inline(always)]
-    fn born(&mut self, addr: usize, size: u64, node: u16) {
+    fn born(&mut self, addr: usize, size: u64, node: u16, site: u16) {
         if self.recent.addr != 0 {
             self.keep_recent();
         }
-        self.recent = Recent { addr, size, node };
+        self.recent = Recent {
+            addr,
+            size,
+            node,
+            site,
+        };
         if self.splits_by_span() {
             self.node_live(usize::from(node), true, size);
         }
@@ -393,7 +418,10 @@ impl Meter {
     #[inline(never)]
     fn keep_recent(&mut self) {
         let block = self.recent;
-        match self.table.insert(block.addr, usize::from(block.node)) {
+        match self
+            .table
+            .insert(block.addr, packed(block.node, block.site))
+        {
             Inserted::New => {}
             Inserted::Replaced => self.overwritten += 1,
             Inserted::Full => self.untrack(block),
@@ -407,28 +435,47 @@ impl Meter {
         if self.splits_by_span() {
             self.node_live(usize::from(block.node), false, block.size);
         }
+        if block.site != UNSAMPLED {
+            self.sampler.ended(block.site, block.size, self.peak_epoch);
+        }
     }
 
     /// A block ends; `true` if it was born inside.
     #[inline(always)]
     fn ended(&mut self, addr: usize, size: u64) -> bool {
-        let node = if addr == self.recent.addr {
+        let (node, site) = if addr == self.recent.addr {
             self.recent.addr = 0;
-            usize::from(self.recent.node)
+            (usize::from(self.recent.node), self.recent.site)
         } else {
             match self.remove_kept(addr) {
-                Some(node) => node,
+                Some(value) => unpacked(value),
                 None => {
                     self.untracked_frees += 1;
                     return false;
                 }
             }
         };
+        if site != UNSAMPLED {
+            self.sampler.ended(site, size, self.peak_epoch);
+        }
         if self.splits_by_span() {
             self.node_live(node, false, size);
         }
         self.live = self.live.saturating_sub(size);
         true
+    }
+
+    /// The call-site tag of a block of `size` bytes born now, adding `growth` to its site's
+    /// allocated bytes if it is sampled: the fast path is a comparison and a subtraction.
+    #[inline(always)]
+    fn site_of(&mut self, size: u64, growth: u64) -> u16 {
+        if size < self.sample_left {
+            self.sample_left -= size;
+            UNSAMPLED
+        } else {
+            self.sampler
+                .allocated(size, growth, self.peak_epoch, &mut self.sample_left)
+        }
     }
 
     /// Takes `addr` out of the table; out of line, as [`Meter::keep_recent`].
@@ -448,7 +495,8 @@ impl Meter {
             figures.allocations += 1;
             figures.allocated_bytes += size;
         }
-        self.born(addr, size, node);
+        let site = self.site_of(size, size);
+        self.born(addr, size, node, site);
     }
 
     #[inline(always)]
@@ -475,7 +523,8 @@ impl Meter {
         if self.splits_by_span() {
             self.node_mut(usize::from(node)).allocated_bytes += growth;
         }
-        self.born(new_addr, new_size, node);
+        let site = self.site_of(new_size, growth);
+        self.born(new_addr, new_size, node, site);
     }
 
     /// The root node as it stands while no other node exists: everything is the root's, so
@@ -603,6 +652,8 @@ impl Meter {
             missed_events: missed,
             net_bytes: self.net,
             spans,
+            sites: self.sampler.finish(self.peak_epoch),
+            site_sample_bytes: super::sites::SAMPLE_BYTES,
         }
     }
 
