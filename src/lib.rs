@@ -110,7 +110,7 @@ pub use error::Error;
 #[cfg(not(loom))]
 pub use measure::{
     measure, Budget, BudgetExceeded, IterationReport, LeakCheck, LeakDetected, Measurement,
-    SpanFigures,
+    SiteFigures, SpanFigures,
 };
 pub use model::{Category, ParseLabelError, SpanLabel, Step};
 pub use profile::{CaptureMode, Profile};

@@ -1,6 +1,6 @@
 //! Measuring makes no allocation through the global allocator from inside the hook, also
-//! when the address table grows (many live blocks), spans are new, measurements nest and a
-//! session records at the same time.
+//! when the address table grows (many live blocks), spans are new, call sites are sampled (stacks
+//! walked and interned), measurements nest and a session records at the same time.
 //!
 //! The global allocator is a detector wrapped around highwater's `Alloc`: a call that enters
 //! it while the same thread is already inside it is an allocation made by the hook.
@@ -53,6 +53,11 @@ fn measuring_never_allocates_through_the_global_allocator() {
     );
     assert!(m.is_complete());
     assert!(m.spans.len() > 100, "{} span paths", m.spans.len());
+    let samples: u64 = m.sites.iter().map(|site| site.samples).sum();
+    assert!(
+        samples > 5,
+        "stacks were walked inside the hook: {samples} samples"
+    );
 
     let session = Session::builder().write_profile(false).start().unwrap();
     let (held, during) = highwater::measure(many_live_blocks);

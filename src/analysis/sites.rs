@@ -500,7 +500,10 @@ fn bare(pc: u64) -> Frame {
 /// The leading run is the frames that are highwater's or the allocator's, or the standard
 /// library's (a thread-local access inlined into the hook); it is trimmed up to its last frame
 /// of highwater or the allocator, so `RawVec` and the caller's frames stay.
-fn trimmed_frames<'a>(pcs: &[u64], frames_at: &'a FxHashMap<u64, Vec<Frame>>) -> Vec<&'a Frame> {
+pub(crate) fn trimmed_frames<'a>(
+    pcs: &[u64],
+    frames_at: &'a FxHashMap<u64, Vec<Frame>>,
+) -> Vec<&'a Frame> {
     let all: Vec<&Frame> = pcs
         .iter()
         .flat_map(|pc| frames_at.get(pc).map(Vec::as_slice).unwrap_or_default())

@@ -2,11 +2,14 @@
 
 use std::fmt;
 
+use super::sites::{name_sites, NamedSite};
 use super::{Measurement, SpanFigures};
 use crate::units::format_bytes;
 
 /// Span rows a failure message shows; the rest are summed in one line, so it fits a screen.
 const CONTRIBUTOR_ROWS: usize = 8;
+/// Call-site rows a failure message shows, the rest summed in one line.
+const SITE_ROWS: usize = 5;
 
 /// Limits on a [`Measurement`]; every limit is inclusive (a figure equal to it passes).
 ///
@@ -105,6 +108,7 @@ impl Budget {
         }
         Err(BudgetExceeded {
             broken,
+            sites: name_sites(&measurement.sites),
             measurement: Box::new(measurement.clone()),
         })
     }
@@ -150,10 +154,13 @@ struct Broken {
 }
 
 /// A [`Budget`] that a [`Measurement`] broke. `Display` shows each broken limit with the
-/// figure and the budget, then the largest contributors by span, in one screenful.
+/// figure and the budget, then the largest contributors by span and by call site (function,
+/// file and line, resolved when the budget failed), in one screenful.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BudgetExceeded {
     broken: Vec<Broken>,
+    /// The measurement's call sites, named.
+    sites: Vec<NamedSite>,
     measurement: Box<Measurement>,
 }
 
@@ -195,18 +202,32 @@ impl fmt::Display for BudgetExceeded {
                 .broken
                 .iter()
                 .all(|broken| broken.figure == Figure::Leaked);
-        let (title, figure): (&str, fn(&SpanFigures) -> u64) = if leak_only {
-            ("still live at the end", |row| row.leaked_bytes)
-        } else if self
+        let peak = self
             .broken
             .iter()
-            .any(|broken| broken.figure == Figure::Peak)
+            .any(|broken| broken.figure == Figure::Peak);
+        let (title, figure, site_figure): (&str, fn(&SpanFigures) -> u64, SiteFigure) = if leak_only
         {
-            ("live at the peak", |row| row.live_at_peak_bytes)
+            (
+                "still live at the end",
+                |row| row.leaked_bytes,
+                |row| row.leaked_bytes,
+            )
+        } else if peak {
+            (
+                "live at the peak",
+                |row| row.live_at_peak_bytes,
+                |row| row.live_at_peak_bytes,
+            )
         } else {
-            ("allocated", |row| row.allocated_bytes)
+            (
+                "allocated",
+                |row| row.allocated_bytes,
+                |row| row.allocated_bytes,
+            )
         };
         contributors(f, title, figure, &m.spans)?;
+        site_contributors(f, title, site_figure, &self.sites, m.site_sample_bytes)?;
         write!(
             f,
             "measured: peak {}, {} allocated in {} allocations and {} reallocations, leaked {} \
@@ -249,6 +270,57 @@ pub(crate) fn contributors(
         let rest = &rows[CONTRIBUTOR_ROWS..];
         let sum: u64 = rest.iter().map(|row| figure(row)).sum();
         writeln!(f, "  {:>12}  {} more spans", format_bytes(sum), rest.len())?;
+    }
+    Ok(())
+}
+
+/// Which estimate of a named site a message ranks by.
+pub(crate) type SiteFigure = fn(&NamedSite) -> u64;
+
+/// The largest call sites by `figure`, at most [`SITE_ROWS`] and a line for the rest.
+pub(crate) fn site_contributors(
+    f: &mut fmt::Formatter<'_>,
+    title: &str,
+    figure: SiteFigure,
+    sites: &[NamedSite],
+    sample_bytes: u64,
+) -> fmt::Result {
+    let mut rows: Vec<&NamedSite> = sites.iter().filter(|row| figure(row) > 0).collect();
+    rows.sort_by(|a, b| figure(b).cmp(&figure(a)).then(a.name.cmp(&b.name)));
+    let sampled = format!(
+        "estimated, one sample per {} allocated",
+        format_bytes(sample_bytes)
+    );
+    if rows.is_empty() {
+        return writeln!(
+            f,
+            "largest contributors by call site ({title}; {sampled}): none sampled"
+        );
+    }
+    writeln!(f, "largest contributors by call site ({title}; {sampled}):")?;
+    for row in rows.iter().take(SITE_ROWS) {
+        let samples = if row.samples == 1 {
+            "sample"
+        } else {
+            "samples"
+        };
+        writeln!(
+            f,
+            "  {:>12}  {} ({} {samples})",
+            format!("~{}", format_bytes(figure(row))),
+            row.name,
+            row.samples
+        )?;
+    }
+    if rows.len() > SITE_ROWS {
+        let rest = &rows[SITE_ROWS..];
+        let sum: u64 = rest.iter().map(|row| figure(row)).sum();
+        writeln!(
+            f,
+            "  {:>12}  {} more sites",
+            format!("~{}", format_bytes(sum)),
+            rest.len()
+        )?;
     }
     Ok(())
 }
@@ -325,6 +397,8 @@ mod tests {
             untracked_blocks: 0,
             missed_events: 0,
             net_bytes: leaked as i64,
+            sites: Vec::new(),
+            site_sample_bytes: crate::measure::sites::SAMPLE_BYTES,
             spans: spans
                 .iter()
                 .map(|&(path, at_peak, leaked)| SpanFigures {
@@ -372,7 +446,12 @@ mod tests {
             lines[4],
             "       1.0 MiB  (outside any span) (2 allocations)"
         );
-        assert!(lines[5].starts_with("measured: peak 3.0 MiB"), "{message}");
+        assert_eq!(
+            lines[5],
+            "largest contributors by call site (live at the peak; estimated, one sample per \
+             64.0 KiB allocated): none sampled"
+        );
+        assert!(lines[6].starts_with("measured: peak 3.0 MiB"), "{message}");
     }
 
     #[test]
@@ -384,7 +463,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(message.contains("  leaked 48 bytes > budget 0 bytes (over by 48 bytes)"));
-        assert!(message.contains("largest contributors by span (still live at the end):\n          48 B  step/cache (2 allocations)\nmeasured:"), "{message}");
+        assert!(message.contains("largest contributors by span (still live at the end):\n          48 B  step/cache (2 allocations)\nlargest contributors by call site (still live at the end;"), "{message}");
     }
 
     #[test]
@@ -395,12 +474,30 @@ mod tests {
             .enumerate()
             .map(|(i, name)| (name.as_str(), 1000 + i as u64, 0))
             .collect();
-        let message = Budget::new()
+        let mut exceeded = Budget::new()
             .max_peak_bytes(1)
             .check(&measurement(100_000, 0, &spans))
-            .unwrap_err()
-            .to_string();
-        assert!(message.lines().count() <= 14, "{message}");
+            .unwrap_err();
+        exceeded.sites = (0..30)
+            .map(|i| NamedSite {
+                name: format!("crate::site{i:02} at src/lib.rs:{i}"),
+                samples: 2,
+                allocated_bytes: 3000,
+                live_at_peak_bytes: 2000 + i,
+                leaked_bytes: 0,
+            })
+            .collect();
+        let message = exceeded.to_string();
+        assert!(message.lines().count() <= 24, "{message}");
+        assert!(
+            message.contains("~2.0 KiB  crate::site29 at src/lib.rs:29 (2 samples)\n"),
+            "largest site first: {message}"
+        );
+        let rest: u64 = (0..25).map(|i| 2000 + i).sum();
+        assert!(
+            message.contains(&format!("~{}  25 more sites\n", format_bytes(rest))),
+            "{message}"
+        );
         assert!(message.contains("span39"), "largest first: {message}");
         let rest: u64 = (0..32).map(|i| 1000 + i).sum();
         assert!(

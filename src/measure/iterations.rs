@@ -2,7 +2,8 @@
 
 use std::fmt;
 
-use super::budget::{bytes, contributors};
+use super::budget::{bytes, contributors, site_contributors};
+use super::sites::{name_sites, NamedSite};
 use super::{measure, meter, Measurement};
 
 /// Runs a closure `warmups` times unmeasured, then `iterations` times measured, and checks
@@ -151,14 +152,18 @@ impl IterationReport {
         }
         Err(LeakDetected {
             report: Box::new(self.clone()),
+            sites: name_sites(&self.measurement.sites),
         })
     }
 }
 
-/// The heap grew across iterations more than a [`LeakCheck`] allows.
+/// The heap grew across iterations more than a [`LeakCheck`] allows. `Display` shows the
+/// growth, the allowance, the growth curve and what is still live by span and by call site.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeakDetected {
     report: Box<IterationReport>,
+    /// The measured iterations' call sites, named.
+    sites: Vec<NamedSite>,
 }
 
 impl LeakDetected {
@@ -205,6 +210,13 @@ impl fmt::Display for LeakDetected {
             "born in the measured iterations, still live",
             |row| row.leaked_bytes,
             &r.measurement.spans,
+        )?;
+        site_contributors(
+            f,
+            "still live",
+            |row| row.leaked_bytes,
+            &self.sites,
+            r.measurement.site_sample_bytes,
         )?;
         write!(
             f,

@@ -14,6 +14,7 @@
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use super::sites::{Sampler, UNSAMPLED};
 use super::table::{AddressTable, Inserted};
 use super::{Measurement, SpanFigures};
 use crate::capture;
@@ -36,51 +37,112 @@ const MAX_DEPTH: usize = 64;
 const ROOT: u16 = 0;
 
 thread_local! {
-    /// The innermost meter, or null when this thread is not measuring.
-    static METER: Cell<*mut Meter> = const { Cell::new(std::ptr::null_mut()) };
-    /// [`PAUSED`] and [`BUSY`].
-    static FLAGS: Cell<u8> = const { Cell::new(0) };
+    /// The innermost meter's address (0 when this thread is not measuring), with [`PAUSED`]
+    /// and [`BUSY`] in its low bits: one thread-local read tells the hook whether to count,
+    /// one write before and one after an update mark it busy.
+    static STATE: Cell<usize> = const { Cell::new(0) };
     /// Events not applied because they arrived during an update, over the thread's life.
     static MISSED: Cell<u64> = const { Cell::new(0) };
 }
 
 /// Set while highwater's measurement code itself runs (building a result): not measured.
-const PAUSED: u8 = 1;
+const PAUSED: usize = 1;
 /// Set while a meter update runs: an event arriving then is re-entry.
-const BUSY: u8 = 2;
+const BUSY: usize = 2;
+/// The flag bits of [`STATE`]; a meter's address never has them set.
+const FLAGS: usize = PAUSED | BUSY;
 
-const _: () = assert!(!std::mem::needs_drop::<Cell<*mut Meter>>());
+const _: () = assert!(!std::mem::needs_drop::<Cell<usize>>());
+const _: () = assert!(std::mem::align_of::<Meter>() > FLAGS);
+
+/// This thread's state word; [`PAUSED`] once its thread-locals are gone.
+#[inline(always)]
+fn state() -> usize {
+    STATE.try_with(Cell::get).unwrap_or(PAUSED)
+}
+
+#[inline(always)]
+fn set_state(word: usize) {
+    let _ = STATE.try_with(|cell| cell.set(word));
+}
 
 #[inline(always)]
 fn meter_now() -> *mut Meter {
-    METER.try_with(Cell::get).unwrap_or(std::ptr::null_mut())
+    (state() & !FLAGS) as *mut Meter
 }
 
 #[inline(always)]
-fn flags() -> u8 {
-    FLAGS.try_with(Cell::get).unwrap_or(PAUSED)
+fn flags() -> usize {
+    state() & FLAGS
 }
 
+/// Sets the flag bits, keeping the meter.
 #[inline(always)]
-fn set_flags(flags: u8) {
-    let _ = FLAGS.try_with(|cell| cell.set(flags));
+fn set_flags(flags: usize) {
+    set_state(state() & !FLAGS | flags);
 }
 
 fn missed() -> u64 {
     MISSED.try_with(Cell::get).unwrap_or(0)
 }
 
-/// Applies `update` to every meter of this thread's chain, innermost first, unless the thread
+/// One allocator event, as every meter of a chain applies it.
+///
+/// A trait with an always-inlined method rather than a closure: LLVM kept a closure called in
+/// the chain loop out of line, a call with six saved registers per event (about a fifth of
+/// what a measured pair cost).
+trait Event: Copy {
+    fn apply(self, meter: &mut Meter);
+}
+
+#[derive(Clone, Copy)]
+struct Allocated {
+    addr: usize,
+    size: u64,
+}
+
+impl Event for Allocated {
+    #[inline(always)]
+    fn apply(self, meter: &mut Meter) {
+        meter.alloc(self.addr, self.size);
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Freed {
+    addr: usize,
+    size: u64,
+}
+
+impl Event for Freed {
+    #[inline(always)]
+    fn apply(self, meter: &mut Meter) {
+        meter.free(self.addr, self.size);
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Reallocated {
+    old_addr: usize,
+    old_size: u64,
+    new_addr: usize,
+    new_size: u64,
+}
+
+impl Event for Reallocated {
+    #[inline(always)]
+    fn apply(self, meter: &mut Meter) {
+        meter.realloc(self.old_addr, self.old_size, self.new_addr, self.new_size);
+    }
+}
+
+/// Applies `event` to every meter of this thread's chain, innermost first, unless the thread
 /// is not measuring, highwater runs on it, or this is re-entry.
 #[inline(always)]
-fn each_meter(update: impl Fn(&mut Meter)) {
-    let mut meter = meter_now();
-    if meter.is_null() {
-        return;
-    }
-    let flags = flags();
-    if flags != 0 {
-        if flags & BUSY != 0 {
+fn each_meter(event: impl Event) {
+    let word = state();
+    if word & FLAGS != 0 || word == 0 {
+        if word & BUSY != 0 {
             let _ = MISSED.try_with(|cell| cell.set(cell.get() + 1));
         }
         return;
@@ -90,17 +152,28 @@ fn each_meter(update: impl Fn(&mut Meter)) {
     if capture::recording() && capture::highwater_running_here() {
         return;
     }
-    set_flags(BUSY);
+    set_state(word | BUSY);
+    // SAFETY: every meter of the chain is alive: `Activation` removes a meter from the chain
+    // before its frame ends, and a meter's parent outlives it (nesting is scoped). `BUSY`
+    // makes this the only reference to it on this thread, and no other thread ever reaches it
+    // (it is reachable only through this thread's thread-local).
+    let innermost = unsafe { &mut *(word as *mut Meter) };
+    event.apply(innermost);
+    if !innermost.parent.is_null() {
+        enclosing_meters(innermost.parent, event);
+    }
+    set_state(word);
+}
+
+/// Applies `event` to `meter` and the meters enclosing it (nested measurements: out of line).
+#[inline(never)]
+fn enclosing_meters(mut meter: *mut Meter, event: impl Event) {
     while !meter.is_null() {
-        // SAFETY: every meter of the chain is alive: `Activation` removes a meter from the
-        // chain before its frame ends, and a meter's parent outlives it (nesting is scoped).
-        // `BUSY` makes this the only reference to it on this thread, and no other thread ever
-        // reaches it (it is reachable only through this thread's thread-local).
+        // SAFETY: as in `each_meter`, whose `BUSY` still holds.
         let this = unsafe { &mut *meter };
-        update(this);
+        event.apply(this);
         meter = this.parent;
     }
-    set_flags(0);
 }
 
 /// Counts a heap allocation that the inner allocator just made.
@@ -129,17 +202,22 @@ pub(crate) fn on_realloc(old_addr: usize, old_size: usize, new_addr: usize, new_
 
 #[inline(always)]
 fn alloc_measured(addr: usize, size: u64) {
-    each_meter(|meter| meter.alloc(addr, size));
+    each_meter(Allocated { addr, size });
 }
 
 #[inline(always)]
 fn free_measured(addr: usize, size: u64) {
-    each_meter(|meter| meter.free(addr, size));
+    each_meter(Freed { addr, size });
 }
 
 #[inline(always)]
 fn realloc_measured(old_addr: usize, old_size: u64, new_addr: usize, new_size: u64) {
-    each_meter(|meter| meter.realloc(old_addr, old_size, new_addr, new_size));
+    each_meter(Reallocated {
+        old_addr,
+        old_size,
+        new_addr,
+        new_size,
+    });
 }
 
 /// Which meters a span entered: those with an id up to this one (`0`: none).
@@ -203,13 +281,13 @@ pub(crate) fn net_bytes_now() -> Option<i64> {
         return None;
     }
     // SAFETY: see `each_meter`; this runs outside the hook, on the meter's own thread.
-    Some(unsafe { (*meter).net })
+    Some(unsafe { (*meter).net() })
 }
 
 /// Runs `f` with measurement paused on this thread (highwater's own bookkeeping).
 pub(crate) fn paused<R>(f: impl FnOnce() -> R) -> R {
     /// Puts the flags back, even if `f` unwinds.
-    struct Resume(u8);
+    struct Resume(usize);
     impl Drop for Resume {
         fn drop(&mut self) {
             set_flags(self.0);
@@ -249,12 +327,13 @@ impl Node {
     }
 }
 
-/// A live block born inside, with its size and span node.
+/// A live block born inside, with its size, span node and call-site tag.
 #[derive(Debug, Clone, Copy)]
 struct Recent {
     addr: usize,
     size: u64,
     node: u16,
+    site: u16,
 }
 
 impl Recent {
@@ -262,7 +341,18 @@ impl Recent {
         addr: 0,
         size: 0,
         node: ROOT,
+        site: UNSAMPLED,
     };
+}
+
+/// A table entry's value: the block's span node and its call-site tag.
+fn packed(node: u16, site: u16) -> usize {
+    usize::from(node) | usize::from(site) << 16
+}
+
+/// The (node, site tag) of a table entry's value.
+fn unpacked(value: usize) -> (usize, u16) {
+    (value & 0xFFFF, (value >> 16) as u16)
 }
 
 /// One measurement's running figures. Lives in the frame of `measure`; reached by the hook
@@ -276,16 +366,16 @@ pub(crate) struct Meter {
     /// freed before the thread allocates again (a scratch buffer, a formatted string) never
     /// touches the table. `addr == 0`: none.
     recent: Recent,
+    /// Bytes left before the next call-site sample (see [`Sampler`]).
+    sample_left: u64,
     live: u64,
     peak: u64,
     /// How many times `peak` rose. A node whose `epoch` is behind has not changed since the
     /// latest rise, so its live bytes then are its live bytes now: live-at-peak by span costs
     /// O(1) per event, with no snapshot.
     peak_epoch: u64,
-    net: i64,
     allocated_bytes: u64,
     allocations: u64,
-    frees: u64,
     node_count: usize,
     /// The innermost followed span's node (`stack[depth - 1]`, or the root).
     node: u16,
@@ -293,13 +383,24 @@ pub(crate) struct Meter {
     table: AddressTable,
     reallocations: u64,
     untracked_frees: u64,
+    /// Bytes of those frees (and reallocs' old blocks): the thread's heap shrank by them, the
+    /// measurement's live bytes did not. With [`Meter::untracked_bytes`] they make
+    /// [`Meter::net`] from `live`, so the hot path keeps no net counter of its own.
+    untracked_freed: u64,
     untracked_blocks: u64,
+    /// Bytes of the blocks [`Meter::untrack`] took out of `live`.
+    untracked_bytes: u64,
+    /// Reallocs whose old block was born inside: with the blocks live at the end they make
+    /// the count of frees, so the hot path keeps no free counter either.
+    reallocs_of_inside: u64,
     /// Blocks born inside whose table entry a later block at the same address took (the first
     /// was freed by another thread, unseen): still live in the figures, and in `leaked_blocks`.
     overwritten: u64,
     id: u64,
     /// [`MISSED`] when the meter started.
     missed_at_start: u64,
+    /// Call-site samples and their stacks.
+    sampler: Sampler,
     /// Open spans' nodes; `depth` may exceed `MAX_DEPTH`, then the deepest ones are not kept.
     depth: usize,
     stack: [u16; MAX_DEPTH],
@@ -308,7 +409,10 @@ pub(crate) struct Meter {
 
 impl Meter {
     pub(crate) fn new() -> Meter {
+        let (sampler, sample_left) = Sampler::new();
         Meter {
+            sampler,
+            sample_left,
             id: NEXT_METER.fetch_add(1, Ordering::Relaxed),
             parent: std::ptr::null_mut(),
             table: AddressTable::new(),
@@ -317,12 +421,13 @@ impl Meter {
             live: 0,
             peak: 0,
             peak_epoch: 0,
-            net: 0,
             allocated_bytes: 0,
             allocations: 0,
             reallocations: 0,
-            frees: 0,
             untracked_frees: 0,
+            untracked_freed: 0,
+            untracked_bytes: 0,
+            reallocs_of_inside: 0,
             untracked_blocks: 0,
             missed_at_start: missed(),
             nodes: [Node::new(ROOT, "", 0); MAX_NODES],
@@ -372,11 +477,16 @@ impl Meter {
     /// A block born inside: live, maybe a new peak; it becomes [`Meter::recent`] and the
     /// previous recent block moves into the table.
     #[inline(always)]
-    fn born(&mut self, addr: usize, size: u64, node: u16) {
+    fn born(&mut self, addr: usize, size: u64, node: u16, site: u16) {
         if self.recent.addr != 0 {
             self.keep_recent();
         }
-        self.recent = Recent { addr, size, node };
+        self.recent = Recent {
+            addr,
+            size,
+            node,
+            site,
+        };
         if self.splits_by_span() {
             self.node_live(usize::from(node), true, size);
         }
@@ -393,7 +503,10 @@ impl Meter {
     #[inline(never)]
     fn keep_recent(&mut self) {
         let block = self.recent;
-        match self.table.insert(block.addr, usize::from(block.node)) {
+        match self
+            .table
+            .insert(block.addr, packed(block.node, block.site))
+        {
             Inserted::New => {}
             Inserted::Replaced => self.overwritten += 1,
             Inserted::Full => self.untrack(block),
@@ -403,32 +516,54 @@ impl Meter {
     #[cold]
     fn untrack(&mut self, block: Recent) {
         self.untracked_blocks += 1;
+        self.untracked_bytes += block.size;
         self.live = self.live.saturating_sub(block.size);
         if self.splits_by_span() {
             self.node_live(usize::from(block.node), false, block.size);
+        }
+        if block.site != UNSAMPLED {
+            self.sampler.ended(block.site, block.size, self.peak_epoch);
         }
     }
 
     /// A block ends; `true` if it was born inside.
     #[inline(always)]
     fn ended(&mut self, addr: usize, size: u64) -> bool {
-        let node = if addr == self.recent.addr {
+        let (node, site) = if addr == self.recent.addr {
             self.recent.addr = 0;
-            usize::from(self.recent.node)
+            (usize::from(self.recent.node), self.recent.site)
         } else {
             match self.remove_kept(addr) {
-                Some(node) => node,
+                Some(value) => unpacked(value),
                 None => {
                     self.untracked_frees += 1;
+                    self.untracked_freed += size;
                     return false;
                 }
             }
         };
+        if site != UNSAMPLED {
+            self.sampler.ended(site, size, self.peak_epoch);
+        }
         if self.splits_by_span() {
             self.node_live(node, false, size);
         }
-        self.live = self.live.saturating_sub(size);
+        // Only a block born inside ends here, with the size it was born with.
+        self.live = self.live.wrapping_sub(size);
         true
+    }
+
+    /// The call-site tag of a block of `size` bytes born now, adding `growth` to its site's
+    /// allocated bytes if it is sampled: the fast path is a comparison and a subtraction.
+    #[inline(always)]
+    fn site_of(&mut self, size: u64, growth: u64) -> u16 {
+        if size < self.sample_left {
+            self.sample_left -= size;
+            UNSAMPLED
+        } else {
+            self.sampler
+                .allocated(size, growth, self.peak_epoch, &mut self.sample_left)
+        }
     }
 
     /// Takes `addr` out of the table; out of line, as [`Meter::keep_recent`].
@@ -442,21 +577,18 @@ impl Meter {
         let node = self.node_now();
         self.allocations += 1;
         self.allocated_bytes += size;
-        self.net += size as i64;
         if self.splits_by_span() {
             let figures = self.node_mut(usize::from(node));
             figures.allocations += 1;
             figures.allocated_bytes += size;
         }
-        self.born(addr, size, node);
+        let site = self.site_of(size, size);
+        self.born(addr, size, node, site);
     }
 
     #[inline(always)]
     fn free(&mut self, addr: usize, size: u64) {
-        self.net -= size as i64;
-        if self.ended(addr, size) {
-            self.frees += 1;
-        }
+        self.ended(addr, size);
     }
 
     /// As the profile counts it: the old block ends, the new one is born; bytes allocated grow
@@ -465,8 +597,8 @@ impl Meter {
     fn realloc(&mut self, old_addr: usize, old_size: u64, new_addr: usize, new_size: u64) {
         let node = self.node_now();
         self.reallocations += 1;
-        self.net += new_size as i64 - old_size as i64;
         let growth = if self.ended(old_addr, old_size) {
+            self.reallocs_of_inside += 1;
             new_size.saturating_sub(old_size)
         } else {
             new_size
@@ -475,7 +607,21 @@ impl Meter {
         if self.splits_by_span() {
             self.node_mut(usize::from(node)).allocated_bytes += growth;
         }
-        self.born(new_addr, new_size, node);
+        let site = self.site_of(new_size, growth);
+        self.born(new_addr, new_size, node, site);
+    }
+
+    /// The thread's heap change net of every free it made: what is live of the blocks born
+    /// inside, plus what left the figures untracked, minus the frees of older blocks.
+    fn net(&self) -> i64 {
+        (self.live as i64)
+            .wrapping_add(self.untracked_bytes as i64)
+            .wrapping_sub(self.untracked_freed as i64)
+    }
+
+    /// Blocks born inside and still counted live.
+    fn live_blocks(&self) -> u64 {
+        self.table.len() as u64 + u64::from(self.recent.addr != 0) + self.overwritten
     }
 
     /// The root node as it stands while no other node exists: everything is the root's, so
@@ -593,16 +739,20 @@ impl Meter {
             allocated_bytes: self.allocated_bytes,
             allocations: self.allocations,
             leaked_bytes: self.live,
-            leaked_blocks: self.table.len() as u64
-                + u64::from(self.recent.addr != 0)
-                + self.overwritten,
+            leaked_blocks: self.live_blocks(),
             reallocations: self.reallocations,
-            frees: self.frees,
+            // Every block born inside ended by a free, by a realloc, or is still live or was
+            // untracked.
+            frees: (self.allocations + self.reallocations).saturating_sub(
+                self.live_blocks() + self.untracked_blocks + self.reallocs_of_inside,
+            ),
             untracked_frees: self.untracked_frees,
             untracked_blocks: self.untracked_blocks,
             missed_events: missed,
-            net_bytes: self.net,
+            net_bytes: self.net(),
             spans,
+            sites: self.sampler.finish(self.peak_epoch),
+            site_sample_bytes: super::sites::SAMPLE_BYTES,
         }
     }
 
@@ -635,7 +785,7 @@ impl Activation {
     pub(crate) unsafe fn start(meter: *mut Meter) -> Activation {
         // SAFETY: the caller hands us a valid meter that nothing else references yet.
         unsafe { (*meter).parent = meter_now() };
-        let _ = METER.try_with(|cell| cell.set(meter));
+        set_state(meter as usize | flags());
         MEASURING.fetch_add(1, Ordering::Relaxed);
         Activation { meter }
     }
@@ -645,7 +795,7 @@ impl Drop for Activation {
     fn drop(&mut self) {
         // SAFETY: the meter is still valid (contract of `start`); reading its parent.
         let parent = unsafe { (*self.meter).parent };
-        let _ = METER.try_with(|cell| cell.set(parent));
+        set_state(parent as usize | flags());
         MEASURING.fetch_sub(1, Ordering::Relaxed);
     }
 }

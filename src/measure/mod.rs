@@ -39,10 +39,20 @@
 //! [`profile!`](crate::profile!) spans opened inside the closure split the figures by span path
 //! ([`Measurement::spans`]): bytes allocated, bytes live at the measurement's peak and bytes
 //! leaked, per path. Budget failures print the largest of them.
+//!
+//! # Call sites
+//!
+//! Which code allocated is estimated from stacks sampled by bytes, as a session samples them
+//! (one sample per 64 KiB allocated on average, every block of 256 KiB or more), with the same
+//! seed in every measurement so that the estimates, like the exact figures, are the same on
+//! every run ([`Measurement::sites`]). Only a sampled allocation walks the stack; symbols are
+//! resolved only when a budget fails, whose message then names the largest sites by function,
+//! file and line.
 
 mod budget;
 mod iterations;
 pub(crate) mod meter;
+mod sites;
 mod table;
 
 use std::cell::UnsafeCell;
@@ -93,6 +103,14 @@ pub struct Measurement {
     /// measurement follows 127 distinct paths and 64 levels of nesting; a span beyond either
     /// is counted in the path that encloses it.
     pub spans: Vec<SpanFigures>,
+    /// Estimated figures by call stack, from allocations sampled by bytes (one per
+    /// [`site_sample_bytes`](Self::site_sample_bytes) on average, every block of 4 times that
+    /// or more), largest at the peak first. Unlike every other figure these are estimates, but
+    /// they come out the same on every run of the same closure. Budget failures name the
+    /// largest sites by function, file and line.
+    pub sites: Vec<SiteFigures>,
+    /// The mean bytes between call-site samples.
+    pub site_sample_bytes: u64,
 }
 
 impl Measurement {
@@ -129,6 +147,28 @@ impl SpanFigures {
             &self.path
         }
     }
+}
+
+/// One sampled call stack's share of a [`Measurement`], estimated: each sampled block of `s`
+/// bytes stands for `s / p` bytes, `p` the chance that a block of its size is sampled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SiteFigures {
+    /// Return addresses, innermost first, as walked inside the allocator: highwater's and the
+    /// allocator's frames come first; the frames outside [`measure`] are left out, so the same
+    /// closure has the same stacks wherever it is measured from. Empty for the row that sums
+    /// the samples of stacks past the 64 a measurement keeps.
+    pub stack: Vec<u64>,
+    /// The walk stopped early (depth limit, or a frame without a frame pointer).
+    pub truncated: bool,
+    /// Sampled blocks behind the estimates.
+    pub samples: u64,
+    /// Estimated bytes allocated here.
+    pub allocated_bytes: u64,
+    /// Estimated bytes of this site's blocks live at the measurement's peak.
+    pub live_at_peak_bytes: u64,
+    /// Estimated bytes of this site's blocks still live at the end.
+    pub leaked_bytes: u64,
 }
 
 /// Runs `f` and returns its value with an exact [`Measurement`] of the heap blocks the calling

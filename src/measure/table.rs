@@ -10,7 +10,8 @@
 
 use std::ptr::NonNull;
 
-/// One slot: a block's address (`0`: empty) and the span node it was born in.
+/// One slot: a block's address (`0`: empty) and its value (the meter packs the span node it
+/// was born in and its call-site tag).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 struct Slot {
