@@ -341,6 +341,9 @@ impl Sites {
             if stack.truncated {
                 report.sampling.truncated_stacks += stack.allocated.samples;
             }
+            if stack.pcs.is_empty() {
+                report.sampling.empty_stacks += stack.allocated.samples;
+            }
             report.sampling.max_depth = report.sampling.max_depth.max(stack.pcs.len() as u32);
         }
         for (&(stack, key), &bytes) in &share_at_peak {

@@ -141,6 +141,17 @@ pub enum Warning {
         /// When the first refusal happened, ns since the session started.
         at_ns: u64,
     },
+    /// Most call-site samples have no stack at all: the frame-pointer walk found nothing to
+    /// follow from the allocator hook, as when the program (and highwater built inside it) is
+    /// compiled without frame pointers. The sites still hold their bytes, but cannot say
+    /// where they were allocated.
+    EmptyStacks {
+        /// Samples whose walk recorded no frame
+        /// ([`SiteSampling::empty_stacks`](super::SiteSampling::empty_stacks)).
+        empty: u64,
+        /// All samples ([`SiteSampling::samples`](super::SiteSampling::samples)).
+        samples: u64,
+    },
     /// A warning from a profile written before warnings were typed: its sentence, as written.
     Note {
         /// The sentence.
@@ -163,6 +174,7 @@ impl Warning {
             Warning::NamesFolded { .. } => "names_folded",
             Warning::Checkpoint => "checkpoint",
             Warning::OutOfMemory { .. } => "out_of_memory",
+            Warning::EmptyStacks { .. } => "empty_stacks",
             Warning::Note { .. } => "note",
         }
     }
@@ -280,6 +292,13 @@ impl fmt::Display for Warning {
                 crate::units::format_bytes(*requested_bytes),
                 crate::units::format_duration_ns(*at_ns)
             ),
+            Warning::EmptyStacks { empty, samples } => write!(
+                f,
+                "{empty} of {samples} call-site samples have an empty stack: the program was \
+                 most likely built without frame pointers, so the sites hold their bytes but \
+                 not where they were allocated; build with \
+                 RUSTFLAGS=\"-C force-frame-pointers=yes\""
+            ),
             Warning::Note { text } => f.write_str(text),
         }
     }
@@ -373,6 +392,10 @@ mod tests {
                 device: "cuda:0".into(),
                 requested_bytes: 3 << 30,
                 at_ns: 2_000_000_000,
+            },
+            Warning::EmptyStacks {
+                empty: 10_463,
+                samples: 10_463,
             },
             Warning::Note {
                 text: "an old sentence".into(),
