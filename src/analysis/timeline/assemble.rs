@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use crate::model::{Category, SpanLabel};
 use crate::profile::{
     IterationResidual, LiveAllocation, PeakRow, Profile, SiteSampling, SpanEvent, SpanMetrics,
-    Summary, Warning, FOLDED_SPANS, FRAME_POINTERS_UNWINDER, MAX_SPAN_DEPTH, MAX_SPAN_NODES, SCHEMA,
+    Summary, Warning, FOLDED_SPANS, FRAME_POINTERS_UNWINDER, MAX_SPAN_DEPTH, MAX_SPAN_NODES,
+    SCHEMA,
 };
 
 use rustc_hash::FxHashMap;
