@@ -121,7 +121,7 @@ fn per_site_estimates_fall_within_their_stated_error_across_seeds() {
         assert_eq!(profile.sampling.mean_bytes, r);
         assert_eq!(profile.sampling.unwinder, "frame-pointers");
         assert!(profile.sampling.samples > 0);
-        assert_eq!(profile.sampling.empty_stacks, 0);
+        assert_eq!(profile.sampling.stacks_without_hook, 0);
         for (index, &(function, (count, size))) in sites_known.iter().enumerate() {
             let truth = (count * size) as f64;
             let sigma = theory_error(count, size, r);

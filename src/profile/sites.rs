@@ -27,11 +27,12 @@ pub struct SiteSampling {
     pub samples: u64,
     /// Samples whose stack was cut at the depth limit or at a frame the walk could not follow.
     pub truncated_stacks: u64,
-    /// Samples whose walk recorded no frame at all: what a program built without frame
-    /// pointers gives (see [`Warning::EmptyStacks`](super::Warning::EmptyStacks)). `0` in
-    /// profiles written before this was counted.
+    /// Samples whose stack does not start in highwater's allocator hook: empty, or starting at
+    /// a named frame of other code. What a program built without frame pointers gives (see
+    /// [`Warning::StacksWithoutHook`](super::Warning::StacksWithoutHook)). `0` in profiles
+    /// written before this was counted.
     #[serde(default)]
-    pub empty_stacks: u64,
+    pub stacks_without_hook: u64,
     /// Deepest stack kept, in frames.
     pub max_depth: u32,
     /// Distinct stacks seen, listed or not.

@@ -141,14 +141,15 @@ pub enum Warning {
         /// When the first refusal happened, ns since the session started.
         at_ns: u64,
     },
-    /// Most call-site samples have no stack at all: the frame-pointer walk found nothing to
-    /// follow from the allocator hook, as when the program (and highwater built inside it) is
-    /// compiled without frame pointers. The sites still hold their bytes, but cannot say
-    /// where they were allocated.
-    EmptyStacks {
-        /// Samples whose walk recorded no frame
-        /// ([`SiteSampling::empty_stacks`](super::SiteSampling::empty_stacks)).
-        empty: u64,
+    /// Most call-site samples have a stack that does not start in highwater's allocator hook,
+    /// as every frame-pointer walk does when the hook keeps frame pointers: the program (and
+    /// highwater built inside it) was compiled without them. Release builds then give empty
+    /// stacks, debug builds a frame or two of outer code; the sites still hold their bytes,
+    /// but cannot say where they were allocated.
+    StacksWithoutHook {
+        /// Such samples
+        /// ([`SiteSampling::stacks_without_hook`](super::SiteSampling::stacks_without_hook)).
+        without_hook: u64,
         /// All samples ([`SiteSampling::samples`](super::SiteSampling::samples)).
         samples: u64,
     },
@@ -174,7 +175,7 @@ impl Warning {
             Warning::NamesFolded { .. } => "names_folded",
             Warning::Checkpoint => "checkpoint",
             Warning::OutOfMemory { .. } => "out_of_memory",
-            Warning::EmptyStacks { .. } => "empty_stacks",
+            Warning::StacksWithoutHook { .. } => "stacks_without_hook",
             Warning::Note { .. } => "note",
         }
     }
@@ -292,9 +293,13 @@ impl fmt::Display for Warning {
                 crate::units::format_bytes(*requested_bytes),
                 crate::units::format_duration_ns(*at_ns)
             ),
-            Warning::EmptyStacks { empty, samples } => write!(
+            Warning::StacksWithoutHook {
+                without_hook,
+                samples,
+            } => write!(
                 f,
-                "{empty} of {samples} call-site samples have an empty stack: the program was \
+                "{without_hook} of {samples} call-site samples have a stack that does not start \
+                 at highwater's allocator hook (empty, or in unrelated code): the program was \
                  most likely built without frame pointers, so the sites hold their bytes but \
                  not where they were allocated; build with \
                  RUSTFLAGS=\"-C force-frame-pointers=yes\""
@@ -393,8 +398,8 @@ mod tests {
                 requested_bytes: 3 << 30,
                 at_ns: 2_000_000_000,
             },
-            Warning::EmptyStacks {
-                empty: 10_463,
+            Warning::StacksWithoutHook {
+                without_hook: 10_463,
                 samples: 10_463,
             },
             Warning::Note {

@@ -19,17 +19,17 @@ use super::super::spans::FOLDED_SPAN;
 use super::leak::leak_warning;
 use super::{ByCategory, Timeline};
 
-/// Says so when most samples have no stack. A frame-pointer walk from a hook built with frame
-/// pointers always records the hook's own frames, so an empty stack means the walk had no
-/// frame to start from; in a build without them every stack comes out empty. Only for that
-/// walk: where there is no unwinder (`"none"`), empty stacks are expected and the advice
-/// would not help.
-fn empty_stacks_warning(sampling: &SiteSampling) -> Option<Warning> {
+/// Says so when most samples have a stack that does not start in the hook. A frame-pointer
+/// walk from a hook built with frame pointers always starts with the hook's own frames; in a
+/// build without them it starts from whatever the register held, and every stack comes out
+/// empty or elsewhere. Only for that walk: where there is no unwinder (`"none"`), empty
+/// stacks are expected and the advice would not help.
+fn stacks_without_hook_warning(sampling: &SiteSampling) -> Option<Warning> {
     (sampling.unwinder == FRAME_POINTERS_UNWINDER
-        && sampling.empty_stacks > 0
-        && sampling.empty_stacks * 2 > sampling.samples)
-        .then_some(Warning::EmptyStacks {
-            empty: sampling.empty_stacks,
+        && sampling.stacks_without_hook > 0
+        && sampling.stacks_without_hook * 2 > sampling.samples)
+        .then_some(Warning::StacksWithoutHook {
+            without_hook: sampling.stacks_without_hook,
             samples: sampling.samples,
         })
 }
@@ -80,7 +80,7 @@ impl Timeline {
             });
         }
         let sites = self.sites.report(|op| self.op_parts(op).0);
-        warnings.extend(empty_stacks_warning(&sites.sampling));
+        warnings.extend(stacks_without_hook_warning(&sites.sampling));
         Profile {
             schema: SCHEMA.to_string(),
             meta: Default::default(),
@@ -438,24 +438,24 @@ mod tests {
         timeline.profile(10 * (stacks.len() as u64 + 1))
     }
 
-    fn empty_stacks(profile: &Profile) -> Vec<&Warning> {
+    fn stacks_without_hook(profile: &Profile) -> Vec<&Warning> {
         profile
             .warnings
             .iter()
-            .filter(|w| matches!(w, Warning::EmptyStacks { .. }))
+            .filter(|w| matches!(w, Warning::StacksWithoutHook { .. }))
             .collect()
     }
 
     /// Issue 12: a build without frame pointers gave sites with bytes and no stack, silently.
     #[test]
-    fn samples_that_all_have_empty_stacks_get_the_warning() {
+    fn samples_whose_stacks_are_all_empty_get_the_warning() {
         let profile = sampled_profile(FRAME_POINTERS_UNWINDER, &[&[], &[], &[]]);
         assert_eq!(profile.sampling.samples, 3);
-        assert_eq!(profile.sampling.empty_stacks, 3);
+        assert_eq!(profile.sampling.stacks_without_hook, 3);
         assert_eq!(
-            empty_stacks(&profile),
-            [&Warning::EmptyStacks {
-                empty: 3,
+            stacks_without_hook(&profile),
+            [&Warning::StacksWithoutHook {
+                without_hook: 3,
                 samples: 3
             }]
         );
@@ -467,19 +467,27 @@ mod tests {
     #[test]
     fn samples_with_stacks_get_no_warning() {
         let profile = sampled_profile(FRAME_POINTERS_UNWINDER, &[&[1, 2], &[3], &[1, 2]]);
-        assert_eq!(profile.sampling.empty_stacks, 0);
+        assert_eq!(profile.sampling.stacks_without_hook, 0);
         assert!(profile.warnings.is_empty(), "{:?}", profile.warnings);
         // A stray empty stack among walked ones is not the missing-frame-pointer build.
         let profile = sampled_profile(FRAME_POINTERS_UNWINDER, &[&[1, 2], &[], &[3]]);
-        assert_eq!(profile.sampling.empty_stacks, 1);
-        assert!(empty_stacks(&profile).is_empty(), "{:?}", profile.warnings);
+        assert_eq!(profile.sampling.stacks_without_hook, 1);
+        assert!(
+            stacks_without_hook(&profile).is_empty(),
+            "{:?}",
+            profile.warnings
+        );
     }
 
     /// Without an unwinder every stack is empty by design: frame pointers would not help.
     #[test]
     fn without_an_unwinder_empty_stacks_are_expected() {
         let profile = sampled_profile("none", &[&[], &[]]);
-        assert_eq!(profile.sampling.empty_stacks, 2);
-        assert!(empty_stacks(&profile).is_empty(), "{:?}", profile.warnings);
+        assert_eq!(profile.sampling.stacks_without_hook, 2);
+        assert!(
+            stacks_without_hook(&profile).is_empty(),
+            "{:?}",
+            profile.warnings
+        );
     }
 }
