@@ -592,19 +592,19 @@ fn record_pool_refusal(shortfalls: &[crate::device::Shortfall]) {
     if !capture::recording() {
         return;
     }
-    let mut recorded = false;
-    for shortfall in shortfalls {
-        let device = capture::names::device(&shortfall.name);
-        recorded |= capture::record_oom(
-            device,
-            OomSource::Pool,
-            shortfall.requested,
-            Some(shortfall.largest_free),
-        );
-    }
-    if recorded {
-        capture::oom::wait_for_checkpoint(capture::collector_serves);
-    }
+    capture::oom::refused(|| {
+        let mut recorded = false;
+        for shortfall in shortfalls {
+            let device = capture::names::device(&shortfall.name);
+            recorded |= capture::record_oom(
+                device,
+                OomSource::Pool,
+                shortfall.requested,
+                Some(shortfall.largest_free),
+            );
+        }
+        recorded
+    });
 }
 
 fn finish_running(running: Running) -> Result<Profile, Error> {

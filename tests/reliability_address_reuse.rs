@@ -35,6 +35,10 @@ unsafe impl Sync for SharedPool {}
 /// Blocks handed to a thread other than the one that freed them.
 static HANDOFFS: AtomicU64 = AtomicU64::new(0);
 
+/// Set once the workers may stop after their `ROUNDS`: at once without snapshots, after
+/// `SNAPSHOTS` of them with, so that the snapshots overlap the workload however slow it runs.
+static MAY_STOP: AtomicBool = AtomicBool::new(false);
+
 impl SharedPool {
     /// The layout `Counting` asks for when the program asks for a `BUFFER`-byte buffer.
     fn pooled(layout: Layout) -> bool {
@@ -115,6 +119,8 @@ static GLOBAL: Watched<Alloc<Counting<SharedPool>>> = Watched(Alloc::new(Countin
 const THREADS: usize = 4;
 /// Buffers each thread passes on.
 const ROUNDS: usize = 40_000;
+/// Snapshots the test thread takes while the workers run.
+const SNAPSHOTS: usize = 20;
 
 /// Four threads in a ring each allocate a buffer, pass it to the next thread, and free the one
 /// they received, 40,000 times; the shared pool hands freed buffers straight to other threads.
@@ -158,6 +164,7 @@ fn pass_buffers_around(snapshots: bool) {
             let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
                 .map(|_| std::sync::mpsc::sync_channel::<Vec<u8>>(64))
                 .unzip();
+            MAY_STOP.store(!snapshots, Ordering::SeqCst);
             let mut senders: Vec<_> = senders.into_iter().map(Some).collect();
             senders.rotate_left(1);
             let workers: Vec<_> = receivers
@@ -173,14 +180,19 @@ fn pass_buffers_around(snapshots: bool) {
                             buffer
                         };
                         send.send(buffer(0)).unwrap();
-                        for round in 1..ROUNDS {
+                        let mut round = 1;
+                        while round < ROUNDS || !MAY_STOP.load(Ordering::SeqCst) {
                             // Receive first, allocate second, free last: the block this
                             // thread gets is the one some thread freed most recently, often
-                            // while this one waited.
-                            let received = receive.recv().unwrap();
+                            // while this one waited. A neighbour that stopped first has
+                            // dropped its sender: this one stops too.
+                            let Ok(received) = receive.recv() else {
+                                break;
+                            };
                             send.send(buffer(round)).unwrap();
                             black_box(&received);
                             drop(received);
+                            round += 1;
                         }
                         drop(send);
                         // Drain what is still in flight.
@@ -199,9 +211,12 @@ fn pass_buffers_around(snapshots: bool) {
                         "snapshot {taken} needed ordering repairs"
                     );
                     taken += 1;
+                    if taken == SNAPSHOTS {
+                        MAY_STOP.store(true, Ordering::SeqCst);
+                    }
                     std::thread::sleep(std::time::Duration::from_millis(1));
                 }
-                assert!(taken > 5, "only {taken} snapshots were taken");
+                assert!(taken >= SNAPSHOTS, "only {taken} snapshots were taken");
             }
             for worker in workers {
                 worker.join().unwrap();

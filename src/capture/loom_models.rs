@@ -1,5 +1,5 @@
-//! Model checks of the ring, the waiting protocol, the stop protocol and the registry
-//! (`RUSTFLAGS="--cfg loom"`).
+//! Model checks of the ring, the waiting protocol, the stop protocol, the registry and the
+//! out-of-memory tickets (`RUSTFLAGS="--cfg loom"`).
 //!
 //! Each model runs the real code under every interleaving loom explores; each protocol has a
 //! deliberately broken variant that loom must catch (`#[should_panic]`), so a model that stops
@@ -10,11 +10,13 @@ use loom::sync::Arc;
 use loom::thread;
 
 use super::gate::{close_gate, GateProtocol, Sound};
+use super::oom::{Collector, SoundTicket, TicketProtocol, Tickets, Waited};
 use super::raw::{RawEvent, RawKind};
 use super::registry::{Registry, Slot, SlotState};
 use super::ring::{ParkProtocol, Pushed, Ring, SoundPark, WhenFull};
-use super::sync::{AtomicBool, AtomicU64, Ordering, SlotCell};
+use super::sync::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering, SlotCell};
 use super::wake::WaitWord;
+use loom::sync::atomic::AtomicUsize;
 
 /// The session's answers to a producer with a full ring, as a model sets them, and the
 /// collector's doorbell.
@@ -439,5 +441,222 @@ fn a_collector_that_stops_serving_releases_waiters() {
         fixture.ring.release_parked();
         assert_eq!(producer.join().unwrap(), Pushed::Dropped);
         assert_eq!(fixture.ring.dropped()[RawKind::Alloc as usize], 1);
+    });
+}
+
+impl Collector for Policy {
+    fn serves(&self) -> bool {
+        self.serving.load(Ordering::Acquire)
+    }
+    fn ring(&self) {
+        self.ring_bell();
+    }
+}
+
+/// A refused thread records its refusal (an OOM event in its ring) and waits for its
+/// checkpoint while the collector sleeps on its bell; the collector answers the first ticket it
+/// sees with a checkpoint of everything it drains then. The thread is answered, and the
+/// checkpoint that answered it holds its refusal; nobody sleeps for ever (the collector's
+/// interval timer is left out, so a ticket it could miss would deadlock). The tickets start at
+/// `u32::MAX`, so the ticket taken wraps to 0.
+fn refusal_model<P: TicketProtocol + 'static>() {
+    bounded(|| {
+        const START: u32 = u32::MAX;
+        // Leaked, as in `waiting_model`.
+        let fixture: &'static Fixture = Box::leak(Box::new(Fixture::new(2)));
+        let gate: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(true)));
+        let policy: &'static Policy = Box::leak(Box::new(Policy::new(true)));
+        let tickets: &'static Tickets = Box::leak(Box::new(Tickets::starting_at(START)));
+        // Refusals in the checkpoint on disk (`usize::MAX`: none written yet).
+        let on_disk: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(usize::MAX)));
+        let refused = thread::spawn(move || {
+            let waited = tickets.wait_after::<P>(
+                || {
+                    // SAFETY: this thread is the ring's only producer.
+                    let pushed = unsafe {
+                        fixture
+                            .ring
+                            .push(&gate, [RawKind::Oom], &dropping(), || oom_event())
+                    };
+                    pushed == Pushed::Recorded
+                },
+                policy,
+            );
+            (waited, on_disk.load(Ordering::Acquire))
+        });
+        let collector = thread::spawn(move || {
+            // Read before the gate opened in the real collector: earlier tickets are not its.
+            let mut answered = START;
+            loop {
+                let bell = policy.bell.word().load(Ordering::Acquire);
+                let asked = tickets.asked();
+                if asked != answered {
+                    // The checkpoint: everything published by now, merged and "written".
+                    let refusals = drain(&fixture.ring)
+                        .iter()
+                        .filter(|e| e.kind == RawKind::Oom as u8)
+                        .count();
+                    on_disk.store(refusals, Ordering::Release);
+                    tickets.written(asked);
+                    answered = asked;
+                }
+                if answered != START {
+                    return;
+                }
+                policy.bell.wait(bell, None);
+            }
+        });
+        let (waited, checkpointed) = refused.join().unwrap();
+        collector.join().unwrap();
+        assert_eq!(waited, Waited::Answered);
+        assert_eq!(
+            checkpointed, 1,
+            "the checkpoint that answered the refusal does not hold it"
+        );
+    });
+}
+
+fn oom_event() -> [RawEvent; 1] {
+    [RawEvent {
+        ticks: 1,
+        kind: RawKind::Oom as u8,
+        ..RawEvent::default()
+    }]
+}
+
+#[test]
+fn a_refusal_is_answered_by_a_checkpoint_that_holds_it() {
+    refusal_model::<SoundTicket>();
+}
+
+/// Takes the ticket before the refusal is published: a collector that sees the ticket can
+/// drain before the event is there and answer with a checkpoint that lacks it.
+struct TicketBeforeRecord;
+
+impl TicketProtocol for TicketBeforeRecord {
+    fn take(asked: &AtomicU32, record: impl FnOnce() -> bool) -> Option<u32> {
+        let ticket = asked.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+        fence(Ordering::SeqCst);
+        record().then_some(ticket)
+    }
+}
+
+#[test]
+#[should_panic(expected = "does not hold it")]
+fn a_ticket_taken_before_the_refusal_is_answered_without_it() {
+    refusal_model::<TicketBeforeRecord>();
+}
+
+/// The collector stops serving (the session stopped; `collector_stopped`, then the collector's
+/// `release_waiters`) while a refused thread waits for its checkpoint, which nobody will write.
+/// The thread's wait ends without its timeout: released, or it saw that nobody serves. With
+/// `release` false the stopper forgets the release.
+fn refused_stop_model<P: TicketProtocol + 'static>(release: bool) {
+    bounded(move || {
+        // Leaked, as in `waiting_model`.
+        let policy: &'static Policy = Box::leak(Box::new(Policy::new(true)));
+        let tickets: &'static Tickets = Box::leak(Box::new(Tickets::starting_at(0)));
+        let refused = thread::spawn(move || tickets.wait_after::<P>(|| true, policy));
+        policy.serving.store(false, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if release {
+            tickets.release_waiters();
+        }
+        let waited = refused.join().unwrap();
+        assert!(
+            matches!(waited, Waited::Answered | Waited::Unserved),
+            "{waited:?}"
+        );
+    });
+}
+
+#[test]
+fn a_stop_releases_a_refused_thread() {
+    refused_stop_model::<SoundTicket>(true);
+}
+
+#[test]
+#[should_panic(expected = "deadlock")]
+fn a_stop_that_does_not_release_can_leave_a_refused_thread_asleep() {
+    refused_stop_model::<SoundTicket>(false);
+}
+
+/// Takes the ticket and reads whether the collector serves without a fence between (loom, like
+/// the C++ model, does not order an SC access before a later acquire load of another atomic):
+/// the store-buffering outcome lets the thread read "serving" while the stopper reads no
+/// ticket, and the release covers nothing.
+struct TicketWithoutFence;
+
+impl TicketProtocol for TicketWithoutFence {
+    fn take(asked: &AtomicU32, record: impl FnOnce() -> bool) -> Option<u32> {
+        if !record() {
+            return None;
+        }
+        Some(asked.fetch_add(1, Ordering::SeqCst).wrapping_add(1))
+    }
+}
+
+#[test]
+#[should_panic(expected = "deadlock")]
+fn a_ticket_without_a_fence_can_miss_the_stop() {
+    refused_stop_model::<TicketWithoutFence>(true);
+}
+
+/// Two threads are refused at once, each recording into its own ring; the collector (this
+/// thread) answers whatever tickets it sees with a checkpoint of everything drained so far,
+/// until both are answered. Each thread is answered by a checkpoint that holds its own refusal,
+/// whether one checkpoint answers both or a later one answers the second ticket.
+#[test]
+fn two_refusals_are_each_answered_by_a_checkpoint_that_holds_them() {
+    bounded(|| {
+        // Leaked, as in `waiting_model`.
+        let rings: &'static [Fixture; 2] = Box::leak(Box::new([Fixture::new(1), Fixture::new(1)]));
+        let gate: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(true)));
+        let policy: &'static Policy = Box::leak(Box::new(Policy::new(true)));
+        let tickets: &'static Tickets = Box::leak(Box::new(Tickets::starting_at(0)));
+        // Bit `i` set: the checkpoint on disk holds thread `i`'s refusal.
+        let on_disk: &'static AtomicUsize = Box::leak(Box::new(AtomicUsize::new(0)));
+        let refused: Vec<_> = (0..2)
+            .map(|i| {
+                thread::spawn(move || {
+                    let waited = tickets.wait_after::<SoundTicket>(
+                        || {
+                            // SAFETY: this thread is ring `i`'s only producer.
+                            let pushed = unsafe {
+                                rings[i]
+                                    .ring
+                                    .push(&gate, [RawKind::Oom], &dropping(), || oom_event())
+                            };
+                            pushed == Pushed::Recorded
+                        },
+                        policy,
+                    );
+                    (waited, on_disk.load(Ordering::Acquire) & (1 << i) != 0)
+                })
+            })
+            .collect();
+        let mut answered = 0;
+        let mut held = 0;
+        while answered != 2 {
+            let bell = policy.bell.word().load(Ordering::Acquire);
+            let asked = tickets.asked();
+            if asked != answered {
+                for (i, fixture) in rings.iter().enumerate() {
+                    if !drain(&fixture.ring).is_empty() {
+                        held |= 1 << i;
+                    }
+                }
+                on_disk.store(held, Ordering::Release);
+                tickets.written(asked);
+                answered = asked;
+                continue;
+            }
+            policy.bell.wait(bell, None);
+        }
+        for thread in refused {
+            let (waited, holds_mine) = thread.join().unwrap();
+            assert_eq!(waited, Waited::Answered);
+            assert!(holds_mine, "a thread was answered without its refusal");
+        }
     });
 }

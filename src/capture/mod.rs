@@ -23,7 +23,6 @@ mod hook;
 pub(crate) mod lifecycle;
 #[cfg(not(loom))]
 pub(crate) mod names;
-#[cfg(not(loom))]
 pub(crate) mod oom;
 mod sample;
 #[cfg(not(loom))]

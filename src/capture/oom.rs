@@ -3,8 +3,8 @@
 //!
 //! Rust aborts the process when a global allocation returns null (`handle_alloc_error`), and a
 //! training step that a device pool refuses usually ends the run too, so this is the last moment
-//! a profile can be saved. The failing thread writes nothing itself: it has recorded its refusal
-//! in its ring like any event, and here it only takes a ticket, rings the collector and sleeps on
+//! a profile can be saved. The failing thread writes nothing itself: it records its refusal in
+//! its ring like any event, and here it only takes a ticket, rings the collector and sleeps on
 //! a futex word. The collector merges what was recorded (the refusal included), builds the
 //! profile and hands it to its writer, which marks the ticket done once the file is in place.
 //!
@@ -12,12 +12,15 @@
 //! when the checkpoint is written, when the collector stops serving (the session stopped, or
 //! this is a forked child: [`release_waiters`]) or after [`OOM_CHECKPOINT_WAIT`], whichever
 //! comes first.
+//!
+//! The protocol is [`Tickets`], generic over the std-or-loom primitives of `sync` so that the
+//! loom models in `loom_models` check this code unchanged; the process's one set of tickets and
+//! the entry points the allocator, the device pools and the collector call are at the bottom.
 
 use std::time::{Duration, Instant};
 
 use super::sync::{fence, AtomicU32, Ordering};
-use super::wake::{self, WaitWord};
-use crate::profile::OomSource;
+use super::wake::WaitWord;
 
 /// Longest a refused thread waits for its checkpoint: long enough to write a profile on a busy
 /// machine, short enough that a dying process still dies promptly.
@@ -26,78 +29,214 @@ pub(crate) const OOM_CHECKPOINT_WAIT: Duration = Duration::from_secs(5);
 /// Longest single sleep of a waiter: it looks at the collector again this often.
 const RECHECK: Duration = Duration::from_millis(10);
 
-/// Tickets handed out: each refusal that waits takes the next one.
-static ASKED: AtomicU32 = AtomicU32::new(0);
+/// What a refused thread needs from the collector while it waits.
+pub(crate) trait Collector {
+    /// Whether a collector will still answer tickets: `false` once it stopped, and in a forked
+    /// child. Asked after the ticket is taken and after every wake.
+    fn serves(&self) -> bool;
+    /// Asks the collector to look at the tickets now instead of sleeping out its interval.
+    fn ring(&self);
+}
 
-/// The highest ticket whose checkpoint is written (or will not be); waiters sleep on it.
-static WRITTEN: WaitWord = WaitWord::new(0);
+/// How a refused thread records its refusal and takes its ticket. The order of the steps is
+/// the protocol the loom models check; [`SoundTicket`] is the one the hooks use.
+pub(crate) trait TicketProtocol {
+    /// Runs `record` (which returns whether the refusal is now published in the thread's ring)
+    /// and, if it recorded, takes the next ticket from `asked` and returns it.
+    fn take(asked: &AtomicU32, record: impl FnOnce() -> bool) -> Option<u32>;
+}
+
+/// Publishes the refusal, then takes the ticket, then fences before the waiter reads whether
+/// the collector serves:
+/// - a collector that reads the ticket (SeqCst, so acquiring it) also sees the event it was
+///   taken after, so the checkpoint it then merges holds the refusal;
+/// - the fence pairs with the stopper's "stop serving, fence, release every ticket taken"
+///   (a store-buffering pair): either the stopper's release covers this ticket, or this thread
+///   sees that nobody serves. Without it the waiter can miss both and sleep until its deadline.
+#[derive(Debug)]
+pub(crate) struct SoundTicket;
+
+impl TicketProtocol for SoundTicket {
+    fn take(asked: &AtomicU32, record: impl FnOnce() -> bool) -> Option<u32> {
+        if !record() {
+            return None;
+        }
+        let ticket = asked.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
+        fence(Ordering::SeqCst);
+        Some(ticket)
+    }
+}
+
+/// How a refused thread's wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waited {
+    /// The refusal is not in a ring (no ring, the gate closed): no checkpoint can hold it, so
+    /// the thread did not wait.
+    NotRecorded,
+    /// Its ticket was marked done: the checkpoint holding the refusal is on disk, or its write
+    /// failed, or none will be written (released at stop).
+    Answered,
+    /// The collector stopped serving before the ticket was marked done.
+    Unserved,
+    /// [`OOM_CHECKPOINT_WAIT`] passed first.
+    TimedOut,
+}
+
+/// The tickets of refused threads and the word they sleep on.
+#[derive(Debug)]
+pub(crate) struct Tickets {
+    /// The newest ticket handed out. Incremented by refused threads (SeqCst, after their refusal
+    /// is published, see [`SoundTicket`]); read by the collector and by the stopper.
+    asked: AtomicU32,
+    /// The newest ticket marked done (every older one is done too; tickets wrap around). Only
+    /// moves forward: the writer and the stopper advance it (AcqRel) and then wake its
+    /// sleepers; refused threads read it (Acquire) and sleep on it.
+    written: WaitWord,
+}
 
 /// Whether ticket `ticket` is covered once `written` is done (tickets wrap around).
 fn covers(written: u32, ticket: u32) -> bool {
     written.wrapping_sub(ticket) as i32 >= 0
 }
 
-/// The heap allocator returned null for `size` bytes: records the refusal and, when it is in
-/// the ring, waits for a checkpoint that includes it. Called from the allocator.
-#[cold]
-pub(crate) fn heap_refused(size: usize) {
-    if super::record_oom(0, OomSource::Heap, size as u64, None) {
-        wait_for_checkpoint(super::collector_serves);
+impl Tickets {
+    /// No waiter, and every ticket up to `ticket` done: the next ticket is `ticket + 1`.
+    #[cfg(not(loom))]
+    pub(crate) const fn starting_at(ticket: u32) -> Tickets {
+        Tickets {
+            asked: AtomicU32::new(ticket),
+            written: WaitWord::new(ticket),
+        }
+    }
+
+    /// No waiter, and every ticket up to `ticket` done: the next ticket is `ticket + 1`.
+    #[cfg(loom)]
+    pub(crate) fn starting_at(ticket: u32) -> Tickets {
+        Tickets {
+            asked: AtomicU32::new(ticket),
+            written: WaitWord::new(ticket),
+        }
+    }
+
+    /// Records a refusal with `record` (which returns whether it is now in the thread's ring)
+    /// and, if it is, asks `collector` for a checkpoint that includes it and waits for it, at
+    /// most [`OOM_CHECKPOINT_WAIT`].
+    ///
+    /// Call it outside any push (the thread's ring not busy), so that nothing the collector
+    /// waits for while it merges waits on this thread.
+    pub(crate) fn wait_after<P: TicketProtocol>(
+        &self,
+        record: impl FnOnce() -> bool,
+        collector: &impl Collector,
+    ) -> Waited {
+        let Some(ticket) = P::take(&self.asked, record) else {
+            return Waited::NotRecorded;
+        };
+        collector.ring();
+        let deadline = Instant::now() + OOM_CHECKPOINT_WAIT;
+        loop {
+            let written = self.written.word().load(Ordering::Acquire);
+            if covers(written, ticket) {
+                return Waited::Answered;
+            }
+            if !collector.serves() {
+                return Waited::Unserved;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Waited::TimedOut;
+            }
+            // The word's check-then-sleep: a `written` after the load above is not slept
+            // through. (Under loom the sleep is untimed, so the models prove no wait needs
+            // its bound to end.)
+            self.written
+                .wait(written, Some((deadline - now).min(RECHECK)));
+        }
+    }
+
+    /// The newest ticket handed out, for the collector: a refusal with this ticket or an older
+    /// one is already in its ring.
+    pub(crate) fn asked(&self) -> u32 {
+        self.asked.load(Ordering::SeqCst)
+    }
+
+    /// Marks every ticket up to `ticket` as done and wakes their threads: their checkpoint is
+    /// on disk, or failed, or will not be written.
+    pub(crate) fn written(&self, ticket: u32) {
+        let word = self.written.word();
+        let mut done = word.load(Ordering::Acquire);
+        // Only forward: a late writer must not take back what a release already gave.
+        while !covers(done, ticket) {
+            match word.compare_exchange_weak(done, ticket, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(now) => done = now,
+            }
+        }
+        self.written.wake_all();
+    }
+
+    /// Releases every waiter: nobody will write their checkpoint. Call it after the collector
+    /// stopped serving and a SeqCst fence (the other half of [`SoundTicket`]'s pair), so a
+    /// ticket taken too late to be released here sees that nobody serves.
+    pub(crate) fn release_waiters(&self) {
+        self.written(self.asked());
     }
 }
 
-/// Asks for a checkpoint that includes the refusal this thread just recorded and waits for it,
-/// at most [`OOM_CHECKPOINT_WAIT`]. `serving` says whether a collector will still answer.
-///
-/// Call it only after the refusal's event is in the thread's ring (published) and outside any
-/// push, so that the collector can merge it and nothing it waits for waits on this thread.
-pub(crate) fn wait_for_checkpoint(serving: impl Fn() -> bool) {
-    // Ticket after the event was published: a collector that sees the ticket sees the event.
-    let ticket = ASKED.fetch_add(1, Ordering::SeqCst).wrapping_add(1);
-    // Take the ticket, then read `serving`: the other half of the stopper's pair (it stops
-    // serving, then releases every ticket taken), so a ticket taken too late to be released
-    // sees that nobody serves.
-    fence(Ordering::SeqCst);
-    wake::ring_collector();
-    let deadline = Instant::now() + OOM_CHECKPOINT_WAIT;
-    loop {
-        let written = WRITTEN.word().load(Ordering::Acquire);
-        if covers(written, ticket) || !serving() {
-            return;
+#[cfg(not(loom))]
+mod process {
+    use super::{Collector, SoundTicket, Tickets};
+    use crate::capture::wake;
+    use crate::profile::OomSource;
+
+    /// The process's tickets.
+    static TICKETS: Tickets = Tickets::starting_at(0);
+
+    /// This process's collector, as the hook sees it.
+    struct SessionCollector;
+
+    impl Collector for SessionCollector {
+        fn serves(&self) -> bool {
+            crate::capture::collector_serves()
         }
-        let now = Instant::now();
-        if now >= deadline {
-            return;
+        fn ring(&self) {
+            wake::ring_collector();
         }
-        WRITTEN.wait(written, Some((deadline - now).min(RECHECK)));
+    }
+
+    /// The heap allocator returned null for `size` bytes: records the refusal and, when it is
+    /// in the ring, waits for a checkpoint that includes it. Called from the allocator.
+    #[cold]
+    pub(crate) fn heap_refused(size: usize) {
+        refused(|| crate::capture::record_oom(0, OomSource::Heap, size as u64, None));
+    }
+
+    /// Records a refusal with `record` (which returns whether it is in this thread's ring) and,
+    /// if it is, waits for a checkpoint that includes it, at most
+    /// [`OOM_CHECKPOINT_WAIT`](super::OOM_CHECKPOINT_WAIT). Call it outside any push.
+    #[cold]
+    pub(crate) fn refused(record: impl FnOnce() -> bool) {
+        TICKETS.wait_after::<SoundTicket>(record, &SessionCollector);
+    }
+
+    /// See [`Tickets::asked`].
+    pub(crate) fn asked() -> u32 {
+        TICKETS.asked()
+    }
+
+    /// See [`Tickets::written`].
+    pub(crate) fn written(ticket: u32) {
+        TICKETS.written(ticket);
+    }
+
+    /// See [`Tickets::release_waiters`]: the collector calls it once it stopped serving.
+    pub(crate) fn release_waiters() {
+        TICKETS.release_waiters();
     }
 }
 
-/// The newest ticket handed out, for the collector: a refusal with this ticket or an older one
-/// is already in its ring.
-pub(crate) fn asked() -> u32 {
-    ASKED.load(Ordering::SeqCst)
-}
-
-/// Marks every ticket up to `ticket` as done and wakes their threads: their checkpoint is on
-/// disk, or failed, or will not be written.
-pub(crate) fn written(ticket: u32) {
-    let word = WRITTEN.word();
-    let mut done = word.load(Ordering::Acquire);
-    // Only forward: a late writer must not take back what a release already gave.
-    while !covers(done, ticket) {
-        match word.compare_exchange_weak(done, ticket, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => break,
-            Err(now) => done = now,
-        }
-    }
-    WRITTEN.wake_all();
-}
-
-/// Releases every waiter: nobody will write their checkpoint (the collector stopped).
-pub(crate) fn release_waiters() {
-    written(asked());
-}
+#[cfg(not(loom))]
+pub(crate) use process::*;
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,9 @@
 //! either by `(size, offset)` in the list, which gives best fit (the first entry at or after
 //! `(n, 0)`) and worst fit (the last entry) in O(log n), or, for first fit, by the
 //! [`FreeTree`]. Allocated blocks are found from their offset through one hash map, which is
-//! all a release needs to validate its block. Free and allocated blocks together tile the arena.
+//! all a release needs to validate its block; an owner that keeps each block's handle instead
+//! (the what-if replay) frees by handle and the arena keeps no map for it. Free and allocated
+//! blocks together tile the arena.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -56,8 +58,9 @@ pub(crate) struct Arena {
     capacity: u64,
     /// Every block; the free ones indexed by size unless the arena is for first fit.
     blocks: Blocks,
-    /// Allocated blocks: offset to block.
-    allocated: OffsetMap,
+    /// Allocated blocks: offset to block, for an owner that frees by offset; `None` for one that
+    /// keeps the handles [`Arena::place`] returns and frees by them ([`Arena::by_handle`]).
+    allocated: Option<OffsetMap>,
     /// Free blocks by offset with subtree max size, for first fit (then the list keeps no
     /// size index).
     by_addr: Option<FreeTree>,
@@ -66,10 +69,22 @@ pub(crate) struct Arena {
 impl Arena {
     /// An arena of `capacity` bytes in one free block; `first_fit` maintains the address index.
     pub(crate) fn new(capacity: u64, first_fit: bool) -> Self {
+        Self::with_offsets(capacity, first_fit, true)
+    }
+
+    /// As [`Arena::new`], for an owner that frees every block by the handle [`Arena::place`]
+    /// gave it ([`Arena::release`]): no offset map is kept, so [`Arena::free`] finds nothing.
+    /// A what-if replay holds its blocks' handles anyway and saves a hash insert and remove per
+    /// block.
+    pub(crate) fn by_handle(capacity: u64, first_fit: bool) -> Self {
+        Self::with_offsets(capacity, first_fit, false)
+    }
+
+    fn with_offsets(capacity: u64, first_fit: bool, offsets: bool) -> Self {
         let mut arena = Self {
             capacity,
             blocks: Blocks::new(!first_fit),
-            allocated: OffsetMap::default(),
+            allocated: offsets.then(OffsetMap::default),
             by_addr: first_fit.then(FreeTree::new),
         };
         if capacity > 0 {
@@ -101,7 +116,7 @@ impl Arena {
         // An arena has the index of the fits it was built for; asked for another, it answers
         // with the one it has rather than scanning.
         match (fit, &self.by_addr) {
-            (_, Some(tree)) => tree.first_fit(size).map(|(_, _, i)| i),
+            (_, Some(tree)) => tree.first_fit(size),
             (Fit::Worst, None) => self
                 .blocks
                 .largest()
@@ -123,31 +138,38 @@ impl Arena {
     /// Finds a block by `fit`, then carves `size` bytes from `end` of it; returns the
     /// allocation's offset. Changes nothing on failure.
     pub(crate) fn alloc(&mut self, size: u64, fit: Fit, end: End) -> Option<u64> {
+        self.place(size, fit, end).map(|(at, _)| at)
+    }
+
+    /// As [`Arena::alloc`], also returning the block's handle for [`Arena::release`].
+    pub(crate) fn place(&mut self, size: u64, fit: Fit, end: End) -> Option<(u64, u32)> {
         if size == 0 {
             return None;
         }
         let i = self.find_block(size, fit)?;
-        let block = *self.blocks.get(i);
         let (used, rest) = self.blocks.take(i, size, end);
         if let Some(tree) = &mut self.by_addr {
             match rest {
                 Some(rest) => {
                     let r = self.blocks.get(rest);
-                    tree.update(block.addr, r.addr, r.size, rest);
+                    tree.update(i, r.addr, r.size, rest);
                 }
                 None => {
-                    tree.remove(block.addr);
+                    tree.remove(i);
                 }
             }
         }
         let at = self.blocks.get(used).addr;
-        self.allocated.insert(at, used);
-        Some(at)
+        if let Some(map) = &mut self.allocated {
+            map.insert(at, used);
+        }
+        Some((at, used))
     }
 
     /// Size of the allocated block at `offset`, if there is one.
     pub(crate) fn allocated_size(&self, offset: u64) -> Option<u64> {
         self.allocated
+            .as_ref()?
             .get(&offset)
             .map(|&i| self.blocks.get(i).size)
     }
@@ -156,19 +178,32 @@ impl Arena {
     ///
     /// Returns its size, or `None` (changing nothing) if no allocated block starts there.
     pub(crate) fn free(&mut self, offset: u64) -> Option<u64> {
-        let i = self.allocated.remove(&offset)?;
+        let i = self.allocated.as_mut()?.remove(&offset)?;
+        Some(self.give_back(i))
+    }
+
+    /// Frees the allocated block with handle `handle` (from [`Arena::place`]), merging it with
+    /// free neighbours; returns its size.
+    pub(crate) fn release(&mut self, handle: u32) -> u64 {
+        debug_assert!(!self.blocks.get(handle).free, "released a free block");
+        if let Some(map) = &mut self.allocated {
+            map.remove(&self.blocks.get(handle).addr);
+        }
+        self.give_back(handle)
+    }
+
+    /// Frees the allocated block `i`, already out of the offset map; returns its size.
+    fn give_back(&mut self, i: u32) -> u64 {
         let size = self.blocks.get(i).size;
         let Some(tree) = &mut self.by_addr else {
             self.blocks.give_back(i);
-            return Some(size);
+            return size;
         };
-        let addr = |n: u32| self.blocks.get(n).addr;
-        let (prev, next) = (
-            self.blocks.free_prev(i).map(addr),
-            self.blocks.free_next(i).map(addr),
-        );
+        let (prev, next) = (self.blocks.free_prev(i), self.blocks.free_next(i));
         let merged = self.blocks.give_back(i);
         let m = *self.blocks.get(merged);
+        // The tree names blocks by handle: the merged block keeps the previous neighbour's
+        // handle, or the freed block's if that was not free.
         match (prev, next) {
             (Some(p), Some(n)) => {
                 tree.remove(n);
@@ -179,7 +214,7 @@ impl Arena {
             }
             (None, None) => tree.insert(m.addr, m.size, merged),
         }
-        Some(size)
+        size
     }
 
     /// Free blocks in address order.
@@ -197,9 +232,10 @@ impl Arena {
     /// Allocated blocks in address order.
     fn allocated_list(&self) -> Vec<(u64, u64)> {
         let mut list: Vec<(u64, u64)> = self
-            .allocated
-            .iter()
-            .map(|(&o, &i)| (o, self.blocks.get(i).size))
+            .blocks
+            .all()
+            .filter(|b| !b.free)
+            .map(|b| (b.addr, b.size))
             .collect();
         list.sort_unstable();
         list
@@ -226,12 +262,24 @@ impl Arena {
             .filter(|b| !b.2)
             .map(|&(o, s, _)| (o, s))
             .collect();
-        assert_eq!(used, self.allocated_list());
+        if let Some(map) = &self.allocated {
+            let mut mapped: Vec<(u64, u64)> = map
+                .iter()
+                .map(|(&o, &i)| {
+                    let b = self.blocks.get(i);
+                    assert_eq!((b.addr, b.free), (o, false), "offset map entry {o}");
+                    (o, b.size)
+                })
+                .collect();
+            mapped.sort_unstable();
+            assert_eq!(used, mapped);
+        }
         assert_eq!(
             self.largest_free(),
             self.free_list().iter().map(|b| b.1).max().unwrap_or(0)
         );
         if let Some(tree) = &self.by_addr {
+            tree.check();
             assert_eq!(tree.entries(), self.free_list());
             for (offset, size, i) in tree.entries_with_blocks() {
                 let b = self.blocks.get(i);

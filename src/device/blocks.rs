@@ -26,6 +26,11 @@ pub(crate) struct Block {
     next: u32,
 }
 
+/// `(size, addr)` as one integer with the same order: size in the high half.
+fn size_key(size: u64, addr: u64) -> u128 {
+    (u128::from(size) << 64) | u128::from(addr)
+}
+
 /// Which end of a free block an allocation takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum End {
@@ -40,8 +45,9 @@ pub(crate) enum End {
 pub(crate) struct Blocks {
     slots: Vec<Block>,
     vacant: Vec<u32>,
-    /// Free blocks by `(size, address)`, when `indexed`.
-    by_size: BTreeMap<(u64, u64), u32>,
+    /// Free blocks by `(size, address)` (as one [`size_key`], which compares faster than a
+    /// pair), when `indexed`.
+    by_size: BTreeMap<u128, u32>,
     indexed: bool,
     free_count: u64,
     free_bytes: u64,
@@ -117,7 +123,10 @@ impl Blocks {
     /// The smallest free block of at least `size` bytes, lowest address among equals.
     pub(crate) fn best_fit(&self, size: u64) -> Option<u32> {
         debug_assert!(self.indexed);
-        self.by_size.range((size, 0)..).next().map(|(_, &i)| i)
+        self.by_size
+            .range(size_key(size, 0)..)
+            .next()
+            .map(|(_, &i)| i)
     }
 
     /// The largest free block, highest address among equals.
@@ -128,7 +137,7 @@ impl Blocks {
 
     /// Free blocks of at least `size` bytes, smallest first.
     pub(crate) fn free_from(&self, size: u64) -> impl DoubleEndedIterator<Item = u32> + '_ {
-        self.by_size.range((size, 0)..).map(|(_, &i)| i)
+        self.by_size.range(size_key(size, 0)..).map(|(_, &i)| i)
     }
 
     /// Takes `size` bytes from `end` of the free block `i` for an allocation; returns the
@@ -231,7 +240,7 @@ impl Blocks {
         self.free_count += 1;
         self.free_bytes += b.size;
         if self.indexed {
-            self.by_size.insert((b.size, b.addr), i);
+            self.by_size.insert(size_key(b.size, b.addr), i);
         }
     }
 
@@ -241,7 +250,7 @@ impl Blocks {
         self.free_count -= 1;
         self.free_bytes -= b.size;
         if self.indexed {
-            self.by_size.remove(&(b.size, b.addr));
+            self.by_size.remove(&size_key(b.size, b.addr));
         }
     }
 
@@ -274,7 +283,7 @@ impl Blocks {
                 count += 1;
                 bytes += b.size;
                 if self.indexed {
-                    assert_eq!(self.by_size.get(&(b.size, b.addr)), Some(&i));
+                    assert_eq!(self.by_size.get(&size_key(b.size, b.addr)), Some(&i));
                 }
             }
         }

@@ -4,9 +4,15 @@
 //! keyed by offset cannot answer that without walking it, so this is a treap keyed by offset in
 //! which every node also stores the largest free size in its subtree. The search descends left
 //! whenever the left subtree holds a large enough block, so it visits one root-to-leaf path:
-//! O(log n) expected, like insertion and removal.
+//! O(log n) expected.
+//!
+//! The owner names each free block by its handle (its index in the owner's block list), and the
+//! tree finds a handle's node directly, so changing or removing a block never searches by offset:
+//! nodes link to their parent, and a change recomputes the subtree maxima upwards only until one
+//! of them stays the same (those above it cannot change then). Most changes (a split's remainder
+//! shrinking, a freed block growing into its neighbour) stop after a node or two.
 
-/// Marks an absent child.
+/// Marks an absent node (child, parent, or a handle with no node).
 const NIL: u32 = u32::MAX;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,17 +21,19 @@ struct Node {
     offset: u64,
     /// Size of the free block.
     size: u64,
-    /// The owner's handle for the block (its index in the owner's block list).
-    block: u32,
     /// Largest `size` in the subtree rooted here; kept current by `pull`.
     max: u64,
-    /// Heap priority: parents have higher priority than children.
-    priority: u64,
+    /// The owner's handle for the block.
+    block: u32,
+    /// Heap priority: parents have at least their children's priority.
+    priority: u32,
     left: u32,
     right: u32,
+    parent: u32,
 }
 
-/// A treap of free blocks keyed by offset, augmented with subtree maximum sizes.
+/// A treap of free blocks keyed by offset, augmented with subtree maximum sizes, addressed by
+/// the owner's block handles.
 ///
 /// Equality compares the blocks held, not the tree's shape, which depends on history.
 #[derive(Debug, Clone)]
@@ -34,10 +42,10 @@ pub(crate) struct FreeTree {
     nodes: Vec<Node>,
     vacant: Vec<u32>,
     root: u32,
+    /// The node of each handle in the tree (indexed by handle; `NIL` or stale for others).
+    node_of: Vec<u32>,
     /// splitmix64 state for priorities (deterministic, so pools are reproducible).
     seed: u64,
-    /// Scratch for [`FreeTree::update`]'s search path, kept so updates do not allocate.
-    path: Vec<u32>,
 }
 
 impl FreeTree {
@@ -46,13 +54,13 @@ impl FreeTree {
             nodes: Vec::new(),
             vacant: Vec::new(),
             root: NIL,
+            node_of: Vec::new(),
             seed: 0x9e37_79b9_7f4a_7c15,
-            path: Vec::new(),
         }
     }
 
-    /// The lowest-offset free block holding at least `size` bytes, as `(offset, size, block)`.
-    pub(crate) fn first_fit(&self, size: u64) -> Option<(u64, u64, u32)> {
+    /// The lowest-offset free block holding at least `size` bytes: its handle.
+    pub(crate) fn first_fit(&self, size: u64) -> Option<u32> {
         let mut t = self.root;
         if t == NIL || self.nodes[t as usize].max < size {
             return None;
@@ -62,7 +70,7 @@ impl FreeTree {
             if node.left != NIL && self.nodes[node.left as usize].max >= size {
                 t = node.left;
             } else if node.size >= size {
-                return Some((node.offset, node.size, node.block));
+                return Some(node.block);
             } else {
                 // The subtree's max is >= size and neither the left side nor this node has it.
                 t = node.right;
@@ -82,20 +90,20 @@ impl FreeTree {
         }
     }
 
-    /// Adds a free block with its owner's handle; `offset` must not be present.
+    /// Adds the free block `block` at `offset`; neither the handle nor the offset may be present.
     pub(crate) fn insert(&mut self, offset: u64, size: u64, block: u32) {
         self.seed = self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let priority = mix(self.seed);
         let node = Node {
             offset,
             size,
-            block,
             max: size,
-            priority,
+            block,
+            priority: (mix(self.seed) >> 32) as u32,
             left: NIL,
             right: NIL,
+            parent: NIL,
         };
-        let index = match self.vacant.pop() {
+        let n = match self.vacant.pop() {
             Some(i) => {
                 self.nodes[i as usize] = node;
                 i
@@ -105,116 +113,90 @@ impl FreeTree {
                 (self.nodes.len() - 1) as u32
             }
         };
-        self.root = self.insert_at(self.root, index);
+        self.set_node_of(block, n);
+        if self.root == NIL {
+            self.root = n;
+            return;
+        }
+        // Down to a leaf by key; every node passed gets the new block in its subtree.
+        let mut t = self.root;
+        loop {
+            let at = &mut self.nodes[t as usize];
+            at.max = at.max.max(size);
+            let child = if offset < at.offset {
+                &mut at.left
+            } else {
+                &mut at.right
+            };
+            if *child == NIL {
+                *child = n;
+                break;
+            }
+            t = *child;
+        }
+        self.nodes[n as usize].parent = t;
+        // Up while the new node outranks its parent; each rotation keeps both maxima current.
+        while let Some(p) = self.parent(n) {
+            if self.nodes[n as usize].priority <= self.nodes[p as usize].priority {
+                break;
+            }
+            self.rotate_up(n);
+        }
     }
 
-    /// Inserts node `n` under `t` by key, rotating it up while its priority beats its parent's;
-    /// returns the subtree's new root.
-    fn insert_at(&mut self, t: u32, n: u32) -> u32 {
-        if t == NIL {
-            return n;
-        }
-        if self.nodes[n as usize].offset < self.nodes[t as usize].offset {
-            let l = self.insert_at(self.nodes[t as usize].left, n);
-            self.nodes[t as usize].left = l;
-            if self.nodes[l as usize].priority > self.nodes[t as usize].priority {
-                // Rotate right: `l` takes `t`'s place and `t` becomes its right child.
-                self.nodes[t as usize].left = self.nodes[l as usize].right;
-                self.pull(t);
-                self.nodes[l as usize].right = t;
-                self.pull(l);
-                return l;
-            }
-        } else {
-            let r = self.insert_at(self.nodes[t as usize].right, n);
-            self.nodes[t as usize].right = r;
-            if self.nodes[r as usize].priority > self.nodes[t as usize].priority {
-                // Rotate left: `r` takes `t`'s place and `t` becomes its left child.
-                self.nodes[t as usize].right = self.nodes[r as usize].left;
-                self.pull(t);
-                self.nodes[r as usize].left = t;
-                self.pull(r);
-                return r;
-            }
-        }
-        self.pull(t);
-        t
-    }
-
-    /// Removes the free block at `offset`; returns whether it was present.
-    pub(crate) fn remove(&mut self, offset: u64) -> bool {
-        let (root, found) = self.remove_at(self.root, offset);
-        self.root = root;
-        found
-    }
-
-    /// Removes `key` from the subtree at `t`; returns the subtree's new root and whether the key
-    /// was there.
-    fn remove_at(&mut self, t: u32, key: u64) -> (u32, bool) {
-        if t == NIL {
-            return (NIL, false);
-        }
-        let node = &self.nodes[t as usize];
-        if key < node.offset {
-            let (l, found) = self.remove_at(node.left, key);
-            self.nodes[t as usize].left = l;
-            if found {
-                self.pull(t);
-            }
-            (t, found)
-        } else if key > node.offset {
-            let (r, found) = self.remove_at(node.right, key);
-            self.nodes[t as usize].right = r;
-            if found {
-                self.pull(t);
-            }
-            (t, found)
-        } else {
+    /// Removes the free block `block`; returns whether it was present.
+    pub(crate) fn remove(&mut self, block: u32) -> bool {
+        let Some(n) = self.node(block) else {
+            return false;
+        };
+        // Down until it has at most one child, lifting the higher-priority child each time.
+        loop {
+            let node = &self.nodes[n as usize];
             let (l, r) = (node.left, node.right);
-            self.vacant.push(t);
-            (self.merge(l, r), true)
+            if l == NIL || r == NIL {
+                break;
+            }
+            let lift = if self.nodes[l as usize].priority > self.nodes[r as usize].priority {
+                l
+            } else {
+                r
+            };
+            self.rotate_up(lift);
         }
+        let node = &self.nodes[n as usize];
+        // `min` picks the one child there is (NIL is u32::MAX), or NIL for a leaf.
+        let (parent, child) = (node.parent, node.left.min(node.right));
+        if child != NIL {
+            self.nodes[child as usize].parent = parent;
+        }
+        self.replace_child(parent, n, child);
+        self.node_of[block as usize] = NIL;
+        self.vacant.push(n);
+        self.pull_up(parent);
+        true
     }
 
-    /// Moves the block at `offset` to `new_offset` with `new_size` and handle `block`, in place;
-    /// returns whether it was present. No other block may lie between `offset` and
-    /// `new_offset`, so the tree's order is unchanged and only the maxima along the path are
-    /// recomputed.
+    /// Gives the free block `block` a new offset, size and handle, in place; returns whether it
+    /// was present. No other block may lie between the old and the new offset, so the tree's
+    /// order is unchanged and only the maxima above the node are recomputed.
     pub(crate) fn update(
         &mut self,
-        offset: u64,
+        block: u32,
         new_offset: u64,
         new_size: u64,
-        block: u32,
+        new_block: u32,
     ) -> bool {
-        // Iterative: the descent is one search path, and the maxima on it are recomputed from
-        // the node up only until one does not change (those above it cannot change then).
-        let mut path = std::mem::take(&mut self.path);
-        path.clear();
-        let mut t = self.root;
-        while t != NIL {
-            path.push(t);
-            let node = &self.nodes[t as usize];
-            t = match offset.cmp(&node.offset) {
-                std::cmp::Ordering::Less => node.left,
-                std::cmp::Ordering::Greater => node.right,
-                std::cmp::Ordering::Equal => break,
-            };
+        let Some(n) = self.node(block) else {
+            return false;
+        };
+        let node = &mut self.nodes[n as usize];
+        (node.offset, node.size, node.block) = (new_offset, new_size, new_block);
+        if new_block != block {
+            self.node_of[block as usize] = NIL;
+            self.set_node_of(new_block, n);
         }
-        let found = t != NIL;
-        if found {
-            let node = &mut self.nodes[t as usize];
-            (node.offset, node.size, node.block) = (new_offset, new_size, block);
-            for &n in path.iter().rev() {
-                let before = self.nodes[n as usize].max;
-                self.pull(n);
-                if self.nodes[n as usize].max == before {
-                    break;
-                }
-            }
-        }
-        self.path = path;
-        found
+        self.pull_up(n);
+        true
     }
 
     /// In-order `(offset, size)` pairs.
@@ -244,6 +226,112 @@ impl FreeTree {
         out
     }
 
+    /// Checks links, key order, heap order, maxima and handles; for tests.
+    #[cfg(test)]
+    pub(crate) fn check(&self) {
+        /// Checks the subtree at `t` with keys in `[lo, hi)`; returns its node count.
+        fn walk(tree: &FreeTree, t: u32, parent: u32, lo: u64, hi: u64) -> usize {
+            if t == NIL {
+                return 0;
+            }
+            let node = &tree.nodes[t as usize];
+            assert_eq!(node.parent, parent, "parent link of node {t}");
+            assert!(
+                lo <= node.offset && node.offset < hi,
+                "key order at {}",
+                node.offset
+            );
+            assert_eq!(tree.node(node.block), Some(t), "handle {}", node.block);
+            let mut max = node.size;
+            for child in [node.left, node.right] {
+                if child != NIL {
+                    let c = &tree.nodes[child as usize];
+                    assert!(c.priority <= node.priority, "heap order at {}", node.offset);
+                    max = max.max(c.max);
+                }
+            }
+            assert_eq!(node.max, max, "subtree max at {}", node.offset);
+            1 + walk(tree, node.left, t, lo, node.offset)
+                + walk(tree, node.right, t, node.offset + 1, hi)
+        }
+        let count = walk(self, self.root, NIL, 0, u64::MAX);
+        assert_eq!(count + self.vacant.len(), self.nodes.len());
+        let handles = self.node_of.iter().filter(|&&n| n != NIL).count();
+        assert_eq!(handles, count, "every handle with a node is in the tree");
+    }
+
+    /// The node of handle `block`, if it is in the tree.
+    fn node(&self, block: u32) -> Option<u32> {
+        self.node_of
+            .get(block as usize)
+            .copied()
+            .filter(|&n| n != NIL)
+    }
+
+    fn set_node_of(&mut self, block: u32, n: u32) {
+        let i = block as usize;
+        if i >= self.node_of.len() {
+            self.node_of.resize(i + 1, NIL);
+        }
+        self.node_of[i] = n;
+    }
+
+    fn parent(&self, n: u32) -> Option<u32> {
+        let p = self.nodes[n as usize].parent;
+        (p != NIL).then_some(p)
+    }
+
+    /// Makes `new` the child of `parent` that `old` was (the root when `parent` is `NIL`).
+    fn replace_child(&mut self, parent: u32, old: u32, new: u32) {
+        if parent == NIL {
+            self.root = new;
+        } else if self.nodes[parent as usize].left == old {
+            self.nodes[parent as usize].left = new;
+        } else {
+            self.nodes[parent as usize].right = new;
+        }
+    }
+
+    /// Rotates `n` above its parent, keeping key order; recomputes both nodes' maxima (the
+    /// pair's subtree holds the same blocks, so nothing above changes).
+    fn rotate_up(&mut self, n: u32) {
+        let p = self.nodes[n as usize].parent;
+        let g = self.nodes[p as usize].parent;
+        if self.nodes[p as usize].left == n {
+            let moved = self.nodes[n as usize].right;
+            self.nodes[p as usize].left = moved;
+            if moved != NIL {
+                self.nodes[moved as usize].parent = p;
+            }
+            self.nodes[n as usize].right = p;
+        } else {
+            let moved = self.nodes[n as usize].left;
+            self.nodes[p as usize].right = moved;
+            if moved != NIL {
+                self.nodes[moved as usize].parent = p;
+            }
+            self.nodes[n as usize].left = p;
+        }
+        self.nodes[p as usize].parent = n;
+        self.nodes[n as usize].parent = g;
+        self.replace_child(g, p, n);
+        self.pull(p);
+        self.pull(n);
+    }
+
+    /// Recomputes maxima from `t` towards the root until one is unchanged.
+    fn pull_up(&mut self, mut t: u32) {
+        while t != NIL {
+            let before = self.nodes[t as usize].max;
+            self.pull(t);
+            let node = &self.nodes[t as usize];
+            if node.max == before {
+                break;
+            }
+            t = node.parent;
+        }
+    }
+
     fn pull(&mut self, t: u32) {
         let node = &self.nodes[t as usize];
         let mut max = node.size;
@@ -254,27 +342,6 @@ impl FreeTree {
             max = max.max(self.nodes[node.right as usize].max);
         }
         self.nodes[t as usize].max = max;
-    }
-
-    /// Joins two treaps where every offset in `a` is below every offset in `b`.
-    fn merge(&mut self, a: u32, b: u32) -> u32 {
-        if a == NIL {
-            return b;
-        }
-        if b == NIL {
-            return a;
-        }
-        if self.nodes[a as usize].priority > self.nodes[b as usize].priority {
-            let r = self.merge(self.nodes[a as usize].right, b);
-            self.nodes[a as usize].right = r;
-            self.pull(a);
-            a
-        } else {
-            let l = self.merge(a, self.nodes[b as usize].left);
-            self.nodes[b as usize].left = l;
-            self.pull(b);
-            b
-        }
     }
 }
 
@@ -297,25 +364,54 @@ fn mix(mut z: u64) -> u64 {
 mod tests {
     use super::*;
 
+    /// First fit's answer as `(offset, size)`, looked up through the handle, which the tests
+    /// below make equal to the offset divided by 16.
+    fn fit(t: &FreeTree, size: u64) -> Option<(u64, u64)> {
+        let block = t.first_fit(size)?;
+        t.entries_with_blocks()
+            .into_iter()
+            .find(|e| e.2 == block)
+            .map(|(o, s, _)| (o, s))
+    }
+
     #[test]
     fn first_fit_finds_lowest_address_large_enough() {
         let mut t = FreeTree::new();
         for (off, size) in [(0, 100), (1000, 500), (2000, 300), (3000, 800), (4000, 500)] {
-            t.insert(off, size, off as u32);
+            t.insert(off, size, (off / 16) as u32);
         }
-        assert_eq!(t.first_fit(50).map(|b| b.0), Some(0));
-        assert_eq!(t.first_fit(200).map(|b| b.0), Some(1000));
-        assert_eq!(t.first_fit(600).map(|b| b.0), Some(3000));
+        t.check();
+        assert_eq!(fit(&t, 50).map(|b| b.0), Some(0));
+        assert_eq!(fit(&t, 200).map(|b| b.0), Some(1000));
+        assert_eq!(fit(&t, 600).map(|b| b.0), Some(3000));
         assert_eq!(t.first_fit(801), None);
-        assert_eq!(t.first_fit(600), Some((3000, 800, 3000)));
-        assert!(t.remove(1000));
-        assert!(!t.remove(1000));
-        assert_eq!(t.first_fit(200).map(|b| b.0), Some(2000));
-        assert_eq!(t.first_fit(400).map(|b| b.0), Some(3000));
+        assert_eq!(t.first_fit(600), Some(3000 / 16));
+        assert!(t.remove(1000 / 16));
+        assert!(!t.remove(1000 / 16));
+        t.check();
+        assert_eq!(fit(&t, 200).map(|b| b.0), Some(2000));
+        assert_eq!(fit(&t, 400).map(|b| b.0), Some(3000));
         assert_eq!(
             t.entries(),
             vec![(0, 100), (2000, 300), (3000, 800), (4000, 500)]
         );
+    }
+
+    #[test]
+    fn update_moves_a_block_to_a_new_handle_and_keeps_the_maxima() {
+        let mut t = FreeTree::new();
+        for (off, size) in [(0, 100), (1000, 500), (2000, 300)] {
+            t.insert(off, size, (off / 16) as u32);
+        }
+        // The 500-byte block shrinks from its low end and takes handle 7: the largest is 300.
+        assert!(t.update(1000 / 16, 1200, 300, 7));
+        t.check();
+        assert_eq!(t.max_size(), 300);
+        assert_eq!(t.first_fit(250), Some(7));
+        assert!(!t.update(1000 / 16, 1200, 300, 8), "the old handle is gone");
+        assert!(t.remove(7));
+        assert_eq!(t.entries(), vec![(0, 100), (2000, 300)]);
+        t.check();
     }
 
     #[test]
@@ -326,25 +422,30 @@ mod tests {
         for i in 0..2000u64 {
             x = mix(x.wrapping_add(i));
             let off = (x % 10_000) * 16;
+            let block = (off / 16) as u32;
             if let std::collections::btree_map::Entry::Vacant(e) = model.entry(off) {
                 let size = 1 + (x >> 20) % 1000;
                 e.insert(size);
-                t.insert(off, size, i as u32);
+                t.insert(off, size, block);
             } else if x.is_multiple_of(3) {
                 model.remove(&off);
-                assert!(t.remove(off));
+                assert!(t.remove(block));
             } else {
                 let size = 1 + (x >> 24) % 1000;
                 model.insert(off, size);
-                assert!(t.update(off, off, size, 0));
+                assert!(t.update(block, off, size, block));
+            }
+            if i % 64 == 0 {
+                t.check();
             }
             let want = 1 + (x >> 40) % 1000;
             let expect = model
                 .iter()
                 .find(|(_, &s)| s >= want)
                 .map(|(&o, &s)| (o, s));
-            assert_eq!(t.first_fit(want).map(|(o, s, _)| (o, s)), expect);
+            assert_eq!(fit(&t, want), expect);
             assert_eq!(t.max_size(), model.values().copied().max().unwrap_or(0));
         }
+        t.check();
     }
 }

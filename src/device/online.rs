@@ -1,7 +1,7 @@
 //! Replaying a [`Trace`] through an online allocator: one that sees each request only when it
 //! comes, as every real allocator does.
 
-use super::pool::Pool;
+use super::pool::{Handle, Pool};
 use super::trace::{Event, Trace};
 use super::Strategy;
 
@@ -63,15 +63,17 @@ pub(crate) fn drive(trace: &Trace, allocator: &mut dyn Online) -> Outcome {
 /// what it "reserves" is the bytes of its live blocks after rounding.
 #[derive(Debug)]
 pub(crate) struct FixedPool {
+    /// Freed by handle: the replay knows each slot's block, so the pool need not look it up.
     pool: Pool,
-    held: Vec<(u64, u64)>,
+    /// Each live slot's block and the bytes it asked for.
+    held: Vec<(Handle, u64)>,
 }
 
 impl FixedPool {
     pub(crate) fn new(strategy: Strategy, capacity: u64, slots: usize) -> Self {
         Self {
-            pool: Pool::new(capacity, strategy),
-            held: vec![(0, 0); slots],
+            pool: Pool::by_handle(capacity, strategy),
+            held: vec![(Handle::default(), 0); slots],
         }
     }
 }
@@ -83,9 +85,9 @@ impl Online for FixedPool {
         };
         // No `fits` check first: a placement that fails changes nothing, and the pool's model
         // test holds `alloc` to succeed exactly when `fits` says it would.
-        match self.pool.alloc(rounded, size) {
-            Some(offset) => {
-                self.held[slot as usize] = (offset, size);
+        match self.pool.place(rounded, size) {
+            Some((_, handle)) => {
+                self.held[slot as usize] = (handle, size);
                 true
             }
             None => false,
@@ -93,8 +95,8 @@ impl Online for FixedPool {
     }
 
     fn free(&mut self, slot: u32) {
-        let (offset, size) = self.held[slot as usize];
-        self.pool.free(offset, size);
+        let (handle, size) = self.held[slot as usize];
+        self.pool.free_placed(handle, size);
     }
 
     fn reserved(&self) -> u64 {

@@ -82,6 +82,11 @@ pub(crate) struct Counters {
     pub(crate) failures: u64,
 }
 
+/// How the owner of a pool built by [`Pool::by_handle`] names a block it was given: the
+/// arena's block index for the arena strategies, the offset for the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Handle(u64);
+
 /// A device pool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Pool {
@@ -93,11 +98,22 @@ pub(crate) struct Pool {
 impl Pool {
     /// A pool of `limit` bytes, rounded down to a multiple of 256.
     pub(crate) fn new(limit: u64, strategy: Strategy) -> Self {
+        Self::with_arena(limit, strategy, Arena::new)
+    }
+
+    /// As [`Pool::new`], for an owner that frees every block by the [`Handle`] that
+    /// [`Pool::place`] returned ([`Pool::free_placed`]), never by offset: the arena strategies
+    /// then keep no offset map. Placements are the same as [`Pool::new`]'s.
+    pub(crate) fn by_handle(limit: u64, strategy: Strategy) -> Self {
+        Self::with_arena(limit, strategy, Arena::by_handle)
+    }
+
+    fn with_arena(limit: u64, strategy: Strategy, arena: fn(u64, bool) -> Arena) -> Self {
         let capacity = limit & !(GRANULE - 1);
         let engine = match strategy {
-            Strategy::FirstFit => Engine::Arena(Arena::new(capacity, true), Fit::First),
-            Strategy::BestFit => Engine::Arena(Arena::new(capacity, false), Fit::Best),
-            Strategy::WorstFit => Engine::Arena(Arena::new(capacity, false), Fit::Worst),
+            Strategy::FirstFit => Engine::Arena(arena(capacity, true), Fit::First),
+            Strategy::BestFit => Engine::Arena(arena(capacity, false), Fit::Best),
+            Strategy::WorstFit => Engine::Arena(arena(capacity, false), Fit::Worst),
             Strategy::BuddySystem => Engine::Buddy(Buddy::new(capacity)),
             Strategy::PoolBased => Engine::Slabs(Slabs::new(capacity)),
             Strategy::Adaptive => Engine::Adaptive(
@@ -139,24 +155,31 @@ impl Pool {
 
     /// Places `rounded` bytes for a request of `requested`; changes nothing on failure.
     pub(crate) fn alloc(&mut self, rounded: u64, requested: u64) -> Option<u64> {
-        let offset = match &mut self.engine {
-            Engine::Arena(a, fit) => a.alloc(rounded, *fit, End::Low),
+        self.place(rounded, requested).map(|(offset, _)| offset)
+    }
+
+    /// As [`Pool::alloc`], also returning the block's [`Handle`] for [`Pool::free_placed`].
+    pub(crate) fn place(&mut self, rounded: u64, requested: u64) -> Option<(u64, Handle)> {
+        let (offset, handle) = match &mut self.engine {
+            Engine::Arena(a, fit) => a
+                .place(rounded, *fit, End::Low)
+                .map(|(at, block)| (at, u64::from(block))),
             Engine::Adaptive(s, median) => {
                 let at = s.alloc(rounded);
                 if at.is_some() && median.observe(requested) {
                     s.set_small_max(median.value());
                 }
-                at
+                at.map(|at| (at, at))
             }
-            Engine::Buddy(b) => b.alloc(rounded.trailing_zeros()),
-            Engine::Slabs(s) => s.alloc(rounded),
+            Engine::Buddy(b) => b.alloc(rounded.trailing_zeros()).map(|at| (at, at)),
+            Engine::Slabs(s) => s.alloc(rounded).map(|at| (at, at)),
         }?;
         let c = &mut self.counters;
         c.in_use += rounded;
         c.requested += requested;
         c.peak = c.peak.max(c.in_use);
         c.reservations += 1;
-        Some(offset)
+        Some((offset, Handle(handle)))
     }
 
     /// Size of the allocation at `offset`, if there is one (buddy pools are not asked).
@@ -176,10 +199,25 @@ impl Pool {
             Engine::Buddy(b) => b.free(offset),
             Engine::Slabs(s) | Engine::Adaptive(s, _) => s.free(offset),
         }?;
+        Some(self.count_free(size, requested))
+    }
+
+    /// Frees the allocation [`Pool::place`] returned `handle` for, made for `requested` bytes;
+    /// returns the bytes it held. The handle must name a block still allocated.
+    pub(crate) fn free_placed(&mut self, handle: Handle, requested: u64) -> Option<u64> {
+        let size = match &mut self.engine {
+            Engine::Arena(a, _) => Some(a.release(handle.0 as u32)),
+            Engine::Buddy(b) => b.free(handle.0),
+            Engine::Slabs(s) | Engine::Adaptive(s, _) => s.free(handle.0),
+        }?;
+        Some(self.count_free(size, requested))
+    }
+
+    fn count_free(&mut self, size: u64, requested: u64) -> u64 {
         let c = &mut self.counters;
         c.in_use = c.in_use.saturating_sub(size);
         c.requested = c.requested.saturating_sub(requested);
-        Some(size)
+        size
     }
 
     pub(crate) fn free_bytes(&self) -> u64 {
@@ -422,6 +460,46 @@ mod tests {
                 prop_assert_eq!(pool.free_bytes(), CAPACITY);
                 prop_assert_eq!(pool.largest_free(), fresh.largest_free());
                 prop_assert_eq!(pool.free_blocks(), fresh.free_blocks());
+            }
+
+            #[test]
+            fn a_pool_freed_by_handle_places_exactly_as_one_freed_by_offset(
+                which in 0..6usize,
+                ops in prop::collection::vec(op(), 1..400),
+            ) {
+                let strategy = Placement::ALL[which];
+                let mut by_offset = Pool::new(CAPACITY, strategy);
+                let mut by_handle = Pool::by_handle(CAPACITY, strategy);
+                let mut live = Vec::new(); // offset, handle, requested
+                for (alloc, size, index) in ops {
+                    if alloc || live.is_empty() {
+                        let rounded = by_offset.round(size).unwrap();
+                        prop_assert_eq!(by_handle.round(size), Some(rounded));
+                        let want = by_offset.alloc(rounded, size);
+                        let got = by_handle.place(rounded, size);
+                        prop_assert_eq!(got.map(|(offset, _)| offset), want);
+                        if let Some((offset, handle)) = got {
+                            live.push((offset, handle, size));
+                        }
+                    } else {
+                        let (offset, handle, requested) = live.swap_remove(index.index(live.len()));
+                        let want = by_offset.free(offset, requested);
+                        prop_assert!(want.is_some());
+                        prop_assert_eq!(by_handle.free_placed(handle, requested), want);
+                    }
+                    prop_assert_eq!(by_handle.counters, by_offset.counters);
+                    prop_assert_eq!(by_handle.free_bytes(), by_offset.free_bytes());
+                    prop_assert_eq!(by_handle.largest_free(), by_offset.largest_free());
+                    prop_assert_eq!(by_handle.free_blocks(), by_offset.free_blocks());
+                    if let (Engine::Arena(a, _), Engine::Arena(b, _)) = (&by_handle.engine, &by_offset.engine) {
+                        a.check();
+                        prop_assert_eq!(a, b);
+                        // Nothing to find by offset: the handle is the only way back.
+                        if let Some(&(offset, _, _)) = live.first() {
+                            prop_assert_eq!(a.allocated_size(offset), None);
+                        }
+                    }
+                }
             }
         }
     }

@@ -6,7 +6,8 @@
 //! one hand-made checkpoint, says so with a marker file and waits for the parent's go-ahead
 //! before the next, so each screen can be checked against the checkpoint it should show;
 //! `training_child` records a real session (this binary's global allocator is highwater's)
-//! that checkpoints every 200 ms while its live memory grows.
+//! that checkpoints every 200 ms while its live memory grows; `oom_child` records one whose
+//! device pool refuses an admission and whose heap allocator refuses an allocation.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,7 +16,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 #[path = "../../../tests/support/sample.rs"]
 mod sample;
 
-use highwater::units::format_bytes;
+use highwater::device::{DeviceIndex, DeviceKind, PoolManager, Strategy};
+use highwater::profile::{OomEvent, OomSource};
+use highwater::units::{format_bytes, format_duration_ns};
 use highwater::{Category, Profile, Session, Step};
 use sample::sample_profile;
 
@@ -23,6 +26,10 @@ use sample::sample_profile;
 static ALLOC: highwater::Alloc = highwater::Alloc::system();
 
 const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// A heap request no allocator can grant (an exbibyte, more than any address space) and that
+/// Rust still passes to the allocator (it is below `isize::MAX`).
+const HEAP_REFUSED: usize = 1 << 60;
 /// Longest a screen or a marker is waited for; the view refreshes every 100 ms.
 const PATIENCE: Duration = Duration::from_secs(20);
 const PROFILE_VAR: &str = "HIGHWATER_WATCH_TEST_PROFILE";
@@ -113,6 +120,51 @@ fn training_child() {
     session.finish().unwrap();
 }
 
+/// Not a test of its own: a recorded run whose TPU pool refuses a 40 GiB admission (one step),
+/// then whose heap allocator refuses [`HEAP_REFUSED`] bytes (the next step), each once the
+/// parent has checked the screen before it (markers `refuse`, `next`); it finishes when the
+/// parent creates `stop`.
+#[test]
+#[ignore = "the child process of the watch tests"]
+fn oom_child() {
+    let profile = PathBuf::from(std::env::var(PROFILE_VAR).expect("run by the watch tests"));
+    let control = PathBuf::from(std::env::var(CONTROL_VAR).expect("run by the watch tests"));
+    let session = Session::builder()
+        .output(&profile)
+        .checkpoint_every(Duration::from_millis(200))
+        .start()
+        .unwrap();
+    let pools = PoolManager::builder()
+        .kind(DeviceKind::TpuV4)
+        .devices(1)
+        .strategy(Strategy::BestFit)
+        .build();
+    let weights = {
+        let _init = highwater::profile!("init", Category::Parameter);
+        pools.reserve(&[(DeviceIndex(0), 4 * GIB)]).unwrap()
+    };
+    let host = std::hint::black_box(vec![1u8; 2 * MIB as usize]);
+    wait_for_file(&control.join("refuse"));
+    {
+        let _step = highwater::profile!("train_step", Step::Forward);
+        let refused = pools.reserve(&[(DeviceIndex(0), 40 * GIB)]);
+        assert!(refused.is_err(), "{refused:?}");
+    }
+    std::fs::write(control.join("pool-refused"), "").unwrap();
+    wait_for_file(&control.join("next"));
+    {
+        let _step = highwater::profile!("train_step", Step::Backward);
+        let mut buffer: Vec<u8> = Vec::new();
+        let refused = buffer.try_reserve_exact(HEAP_REFUSED);
+        assert!(refused.is_err(), "1 EiB was granted");
+    }
+    std::fs::write(control.join("heap-refused"), "").unwrap();
+    wait_for_file(&control.join("stop"));
+    pools.release(weights).unwrap();
+    drop(host);
+    session.finish().unwrap();
+}
+
 /// A tmux server of the test's own (its own socket), running `highwater watch`, and the child
 /// writing the profile; both are ended when dropped.
 struct Run {
@@ -197,6 +249,19 @@ impl Run {
 
     fn marker(&self, name: &str) -> PathBuf {
         self.control.join(name)
+    }
+
+    /// Waits for the child to create marker `name`, failing at once if it ends first.
+    fn wait_for_marker(&mut self, name: &str) {
+        let marker = self.marker(name);
+        let start = Instant::now();
+        while !marker.exists() {
+            if let Some(status) = self.child().try_wait().unwrap() {
+                panic!("the child ended ({status}) before {name}");
+            }
+            assert!(start.elapsed() < PATIENCE, "{name} never appeared");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Checks each checkpoint's figures on the screen, in turn.
@@ -356,5 +421,113 @@ fn follows_a_recording_session_to_its_final_profile() {
         screen.contains(&format_bytes(step.peak_bytes)),
         "the span's peak as the final profile has it:\n{screen}"
     );
+    run.quit();
+}
+
+/// The text of the screen's out-of-memory box, its wrapped rows joined into one line.
+fn oom_box(screen: &str) -> String {
+    screen
+        .lines()
+        .skip_while(|line| !line.contains("out of memory:"))
+        .skip(1)
+        .take_while(|line| !line.trim_start().starts_with('└'))
+        .map(|line| line.trim().trim_matches('│').trim())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// What the box must say of `oom`: when, who refused how much on which device, what was live
+/// there then, and a pool's largest free block.
+fn oom_facts(oom: &OomEvent) -> Vec<String> {
+    let source = match oom.source {
+        OomSource::Heap => "the heap allocator",
+        OomSource::Pool => "the device pool",
+    };
+    let mut facts = vec![
+        format!(
+            "at {}: {source} refused {} on {}",
+            format_duration_ns(oom.timestamp_ns),
+            format_bytes(oom.requested_bytes),
+            oom.device
+        ),
+        format!("in {}", oom.span_path),
+        format!(
+            "live then: {} on {}",
+            format_bytes(oom.live_bytes),
+            oom.device
+        ),
+    ];
+    if let Some(largest) = oom.largest_free_bytes {
+        facts.push(format!("largest free block {}", format_bytes(largest)));
+    }
+    facts
+}
+
+/// Waits for the screen to show `status` and the box to count `oom_events`, and checks that
+/// the box says what each of them says.
+fn wait_for_oom_box(run: &Run, status: &str, oom_events: &[OomEvent]) {
+    let count = oom_events.len();
+    let title = format!(
+        "out of memory: {count} allocation{} refused",
+        if count == 1 { "" } else { "s" }
+    );
+    let screen = run.wait_for_screen(&[status.to_string(), title]);
+    let text = oom_box(&screen);
+    for oom in oom_events {
+        for fact in oom_facts(oom) {
+            assert!(text.contains(&fact), "the box lacks {fact:?}:\n{screen}");
+        }
+    }
+}
+
+#[test]
+fn shows_each_refused_allocation_as_the_profile_records_it() {
+    let mut run = Run::start("oom", "oom_child");
+    let screen = run.wait_for_screen(&["status: running".to_string()]);
+    assert!(
+        !screen.contains("out of memory"),
+        "before any refusal:\n{screen}"
+    );
+    std::fs::write(run.marker("refuse"), "").unwrap();
+
+    // The pool refused: the checkpoint written before `reserve` returned has it.
+    run.wait_for_marker("pool-refused");
+    let first = Profile::load(&run.profile).unwrap();
+    assert!(first.meta.partial);
+    assert_eq!(first.summary.oom_count, 1);
+    let pool = &first.oom_events[0];
+    assert_eq!(
+        (pool.source, pool.device.as_str(), pool.requested_bytes),
+        (OomSource::Pool, "tpu:0", 40 * GIB)
+    );
+    assert_eq!(pool.largest_free_bytes, Some(28 * GIB));
+    wait_for_oom_box(&run, "status: running", &first.oom_events);
+
+    // Then the heap allocator.
+    std::fs::write(run.marker("next"), "").unwrap();
+    run.wait_for_marker("heap-refused");
+    let second = Profile::load(&run.profile).unwrap();
+    assert_eq!(second.summary.oom_count, 2);
+    assert_eq!(
+        second.oom_events[0], *pool,
+        "the first refusal stays as it was"
+    );
+    let heap = &second.oom_events[1];
+    assert_eq!(
+        (heap.source, heap.device.as_str(), heap.requested_bytes),
+        (OomSource::Heap, "cpu", HEAP_REFUSED as u64)
+    );
+    wait_for_oom_box(&run, "status: running", &second.oom_events);
+
+    // The final profile has the same two, and the finished run's screen still shows them.
+    std::fs::write(run.marker("stop"), "").unwrap();
+    assert!(
+        run.child().wait().unwrap().success(),
+        "the OOM child failed"
+    );
+    let last = Profile::load(&run.profile).unwrap();
+    assert!(!last.meta.partial);
+    assert_eq!(last.oom_events, second.oom_events);
+    wait_for_oom_box(&run, "status: finished", &last.oom_events);
     run.quit();
 }
