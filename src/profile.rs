@@ -19,6 +19,7 @@ mod sites;
 mod tree;
 mod warning;
 
+pub(crate) use sites::FRAME_POINTERS_UNWINDER;
 pub use sites::{CallSite, Frame, SiteSampling, SiteShare, MAX_CALL_SITES, MAX_SITE_SHARES};
 pub use tree::{span_tree, TreeRow};
 pub use warning::Warning;

@@ -394,6 +394,9 @@ impl Sites {
             if stack.truncated {
                 report.sampling.truncated_stacks += stack.allocated.samples;
             }
+            if !starts_at_the_hook(&stack.pcs, &frames_at) {
+                report.sampling.stacks_without_hook += stack.allocated.samples;
+            }
             report.sampling.max_depth = report.sampling.max_depth.max(stack.pcs.len() as u32);
         }
         for (&(stack, key), peak) in &share_at_peak {
@@ -521,6 +524,20 @@ pub(crate) fn trimmed_frames<'a>(
         all.drain(..trimmed);
     }
     all
+}
+
+/// Whether a walked stack starts in highwater's hook, as every frame-pointer walk does when the
+/// hook has frame pointers. `false` for an empty stack or one whose innermost frame is named
+/// and someone else's (the walk started from a frame-pointer register the hook never set);
+/// `true` when the frame has no name to tell (no symbols).
+fn starts_at_the_hook(pcs: &[u64], frames_at: &FxHashMap<u64, Vec<Frame>>) -> bool {
+    let Some(innermost) = pcs.first() else {
+        return false;
+    };
+    frames_at
+        .get(innermost)
+        .and_then(|frames| frames.last())
+        .is_none_or(|frame| frame.function.is_none() || is_allocator_frame(frame))
 }
 
 /// Where highwater's own sources were when it was built: inlined frames are named by their
@@ -705,6 +722,36 @@ mod tests {
                 })
                 .collect()
         }
+    }
+
+    /// Issue 12: without frame pointers the walk starts from a register the hook never set:
+    /// stacks come out empty (release builds) or start elsewhere (debug builds, where the
+    /// register still holds an outer frame).
+    #[test]
+    fn stacks_that_do_not_start_at_the_hook_are_counted() {
+        let mut sites = Sites::default();
+        sites.set_sampling(1, "frame-pointers");
+        sites.set_resolver(Box::new(Table(vec![
+            (1, &["highwater::capture::hook::walk_for_sample"]),
+            (2, &["user::make"]),
+            (3, &["std::rt::lang_start"]),
+        ])));
+        let hooked = sites.intern_stack(&[1, 2, 3], false);
+        let elsewhere = sites.intern_stack(&[2, 3], false);
+        let empty = sites.intern_stack(&[], true);
+        let unnamed = sites.intern_stack(&[9, 3], false);
+        for (addr, stack) in [
+            (1, hooked),
+            (2, elsewhere),
+            (3, empty),
+            (4, empty),
+            (5, unnamed),
+        ] {
+            sites.sampled(addr, 8, KEY, stack, addr);
+        }
+        let sampling = sites.report(|_| None).sampling;
+        assert_eq!(sampling.samples, 5);
+        assert_eq!(sampling.stacks_without_hook, 3);
     }
 
     const KEY: ShareKey = ShareKey {

@@ -487,32 +487,19 @@ fn sample_due_slow(thread: &PerThread, size: u64) -> bool {
     if rng == 0 {
         rng = sample::seed(thread as *const PerThread as usize, clock::ticks());
     }
-    let mean = sample::mean_bytes();
     let epoch = GATE_EPOCH.load(Ordering::Relaxed);
-    let left = if thread.sample_epoch.get() == epoch {
+    let left = (thread.sample_epoch.get() == epoch).then(|| {
         thread
             .sample_left
             .get()
             .saturating_add(thread.sample_beyond.get())
-    } else {
-        thread.sample_epoch.set(epoch);
-        sample::next_distance(&mut rng, mean)
-    };
-    let always = sample::always_sampled_from(mean);
-    let sampled = size >= left || size >= always;
-    // A sample drawn by the countdown starts a new distance; an allocation sampled for its
-    // size alone uses up its bytes of the distance like any other (what is left is still
-    // exponential, so later allocations are sampled independently of it).
-    let left = if size >= left {
-        sample::next_distance(&mut rng, mean)
-    } else {
-        left - size
-    };
-    let fast = left.min(always);
-    thread.sample_left.set(fast);
-    thread.sample_beyond.set(left - fast);
+    });
+    thread.sample_epoch.set(epoch);
+    let step = sample::step(&mut rng, sample::mean_bytes(), left, size);
+    thread.sample_left.set(step.left);
+    thread.sample_beyond.set(step.beyond);
     thread.sample_rng.set(rng);
-    sampled
+    step.sampled
 }
 
 /// Walks this thread's stack for a sample; `None` where nothing would be recorded anyway

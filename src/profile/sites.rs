@@ -12,6 +12,9 @@ use crate::model::Category;
 /// [`SiteSampling::unlisted_peak_bytes`] and [`SiteSampling::unlisted_alloc_bytes`].
 pub const MAX_CALL_SITES: usize = 1000;
 
+/// [`SiteSampling::unwinder`] of stacks walked by frame pointers.
+pub(crate) const FRAME_POINTERS_UNWINDER: &str = "frame-pointers";
+
 /// How call sites were sampled in a run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct SiteSampling {
@@ -24,6 +27,12 @@ pub struct SiteSampling {
     pub samples: u64,
     /// Samples whose stack was cut at the depth limit or at a frame the walk could not follow.
     pub truncated_stacks: u64,
+    /// Samples whose stack does not start in highwater's allocator hook: empty, or starting at
+    /// a named frame of other code. What a program built without frame pointers gives (see
+    /// [`Warning::StacksWithoutHook`](super::Warning::StacksWithoutHook)). `0` in profiles
+    /// written before this was counted.
+    #[serde(default)]
+    pub stacks_without_hook: u64,
     /// Deepest stack kept, in frames.
     pub max_depth: u32,
     /// Distinct stacks seen, listed or not.

@@ -141,6 +141,18 @@ pub enum Warning {
         /// When the first refusal happened, ns since the session started.
         at_ns: u64,
     },
+    /// Most call-site samples have a stack that does not start in highwater's allocator hook,
+    /// as every frame-pointer walk does when the hook keeps frame pointers: the program (and
+    /// highwater built inside it) was compiled without them. Release builds then give empty
+    /// stacks, debug builds a frame or two of outer code; the sites still hold their bytes,
+    /// but cannot say where they were allocated.
+    StacksWithoutHook {
+        /// Such samples
+        /// ([`SiteSampling::stacks_without_hook`](super::SiteSampling::stacks_without_hook)).
+        without_hook: u64,
+        /// All samples ([`SiteSampling::samples`](super::SiteSampling::samples)).
+        samples: u64,
+    },
     /// A warning from a profile written before warnings were typed: its sentence, as written.
     Note {
         /// The sentence.
@@ -163,6 +175,7 @@ impl Warning {
             Warning::NamesFolded { .. } => "names_folded",
             Warning::Checkpoint => "checkpoint",
             Warning::OutOfMemory { .. } => "out_of_memory",
+            Warning::StacksWithoutHook { .. } => "stacks_without_hook",
             Warning::Note { .. } => "note",
         }
     }
@@ -280,6 +293,17 @@ impl fmt::Display for Warning {
                 crate::units::format_bytes(*requested_bytes),
                 crate::units::format_duration_ns(*at_ns)
             ),
+            Warning::StacksWithoutHook {
+                without_hook,
+                samples,
+            } => write!(
+                f,
+                "{without_hook} of {samples} call-site samples have a stack that does not start \
+                 at highwater's allocator hook (empty, or in unrelated code): the program was \
+                 most likely built without frame pointers, so the sites hold their bytes but \
+                 not where they were allocated; build with \
+                 RUSTFLAGS=\"-C force-frame-pointers=yes\""
+            ),
             Warning::Note { text } => f.write_str(text),
         }
     }
@@ -373,6 +397,10 @@ mod tests {
                 device: "cuda:0".into(),
                 requested_bytes: 3 << 30,
                 at_ns: 2_000_000_000,
+            },
+            Warning::StacksWithoutHook {
+                without_hook: 10_463,
+                samples: 10_463,
             },
             Warning::Note {
                 text: "an old sentence".into(),

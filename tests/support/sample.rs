@@ -1264,6 +1264,7 @@ fn call_sites(rows: &mut [PeakRow], spans: &[SpanMetrics]) -> (Vec<CallSite>, Si
         unwinder: "frame-pointers".to_string(),
         samples: sites.iter().map(|s| s.samples).sum::<u64>() + 140,
         truncated_stacks: 3,
+        stacks_without_hook: 0,
         max_depth: sites
             .iter()
             .map(|s| s.frames.len() as u32)

@@ -4,8 +4,9 @@ use std::collections::BTreeMap;
 
 use crate::model::{Category, SpanLabel};
 use crate::profile::{
-    IterationResidual, LiveAllocation, PeakRow, Profile, SpanEvent, SpanMetrics, Summary, Warning,
-    FOLDED_SPANS, MAX_SPAN_DEPTH, MAX_SPAN_NODES, SCHEMA,
+    IterationResidual, LiveAllocation, PeakRow, Profile, SiteSampling, SpanEvent, SpanMetrics,
+    Summary, Warning, FOLDED_SPANS, FRAME_POINTERS_UNWINDER, MAX_SPAN_DEPTH, MAX_SPAN_NODES,
+    SCHEMA,
 };
 
 use rustc_hash::FxHashMap;
@@ -17,6 +18,21 @@ use super::super::sites::ShareKey;
 use super::super::spans::FOLDED_SPAN;
 use super::leak::leak_warning;
 use super::{ByCategory, Timeline};
+
+/// Says so when most samples have a stack that does not start in the hook. A frame-pointer
+/// walk from a hook built with frame pointers always starts with the hook's own frames; in a
+/// build without them it starts from whatever the register held, and every stack comes out
+/// empty or elsewhere. Only for that walk: where there is no unwinder (`"none"`), empty
+/// stacks are expected and the advice would not help.
+fn stacks_without_hook_warning(sampling: &SiteSampling) -> Option<Warning> {
+    (sampling.unwinder == FRAME_POINTERS_UNWINDER
+        && sampling.stacks_without_hook > 0
+        && sampling.stacks_without_hook * 2 > sampling.samples)
+        .then_some(Warning::StacksWithoutHook {
+            without_hook: sampling.stacks_without_hook,
+            samples: sampling.samples,
+        })
+}
 
 impl Timeline {
     /// The profile as of now, with spans still open closed at `end_ns` (the timeline itself is
@@ -64,6 +80,7 @@ impl Timeline {
             });
         }
         let sites = self.sites.report(|op| self.op_parts(op).0);
+        warnings.extend(stacks_without_hook_warning(&sites.sampling));
         Profile {
             schema: SCHEMA.to_string(),
             meta: Default::default(),
@@ -380,5 +397,97 @@ pub(super) fn fold_rows(rest: Vec<PeakRow>) -> PeakRow {
         bytes: rest.iter().fold(0u64, |sum, r| sum.saturating_add(r.bytes)),
         count: rest.iter().map(|r| r.count).sum(),
         top_sites: Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::analysis::{DeviceId, Event, EventKind, TimelineConfig};
+    use crate::profile::FRAME_POINTERS_UNWINDER;
+
+    /// A profile of `stacks.len()` sampled allocations, the `i`-th walked to `stacks[i]`.
+    fn sampled_profile(unwinder: &str, stacks: &[&[u64]]) -> Profile {
+        let mut timeline = Timeline::new(TimelineConfig::default());
+        timeline.set_sampling(1, unwinder);
+        for (index, pcs) in stacks.iter().enumerate() {
+            let addr = 0x1000 * (index as u64 + 1);
+            let stack = timeline.intern_stack(pcs, pcs.is_empty());
+            for kind in [
+                EventKind::Alloc {
+                    device: DeviceId::CPU,
+                    addr,
+                    size: 64,
+                    category: Category::Other,
+                },
+                EventKind::Sampled {
+                    addr,
+                    size: 64,
+                    category: Category::Other,
+                    stack,
+                },
+            ] {
+                timeline.apply(&Event {
+                    ts_ns: 10 * (index as u64 + 1),
+                    thread: 1,
+                    span: 0,
+                    kind,
+                });
+            }
+        }
+        timeline.profile(10 * (stacks.len() as u64 + 1))
+    }
+
+    fn stacks_without_hook(profile: &Profile) -> Vec<&Warning> {
+        profile
+            .warnings
+            .iter()
+            .filter(|w| matches!(w, Warning::StacksWithoutHook { .. }))
+            .collect()
+    }
+
+    /// Issue 12: a build without frame pointers gave sites with bytes and no stack, silently.
+    #[test]
+    fn samples_whose_stacks_are_all_empty_get_the_warning() {
+        let profile = sampled_profile(FRAME_POINTERS_UNWINDER, &[&[], &[], &[]]);
+        assert_eq!(profile.sampling.samples, 3);
+        assert_eq!(profile.sampling.stacks_without_hook, 3);
+        assert_eq!(
+            stacks_without_hook(&profile),
+            [&Warning::StacksWithoutHook {
+                without_hook: 3,
+                samples: 3
+            }]
+        );
+        assert!(profile.warnings[0]
+            .to_string()
+            .contains("RUSTFLAGS=\"-C force-frame-pointers=yes\""));
+    }
+
+    #[test]
+    fn samples_with_stacks_get_no_warning() {
+        let profile = sampled_profile(FRAME_POINTERS_UNWINDER, &[&[1, 2], &[3], &[1, 2]]);
+        assert_eq!(profile.sampling.stacks_without_hook, 0);
+        assert!(profile.warnings.is_empty(), "{:?}", profile.warnings);
+        // A stray empty stack among walked ones is not the missing-frame-pointer build.
+        let profile = sampled_profile(FRAME_POINTERS_UNWINDER, &[&[1, 2], &[], &[3]]);
+        assert_eq!(profile.sampling.stacks_without_hook, 1);
+        assert!(
+            stacks_without_hook(&profile).is_empty(),
+            "{:?}",
+            profile.warnings
+        );
+    }
+
+    /// Without an unwinder every stack is empty by design: frame pointers would not help.
+    #[test]
+    fn without_an_unwinder_empty_stacks_are_expected() {
+        let profile = sampled_profile("none", &[&[], &[]]);
+        assert_eq!(profile.sampling.stacks_without_hook, 2);
+        assert!(
+            stacks_without_hook(&profile).is_empty(),
+            "{:?}",
+            profile.warnings
+        );
     }
 }
