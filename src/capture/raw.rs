@@ -388,6 +388,19 @@ impl RawEvent {
 }
 
 impl RawEvent {
+    /// The first half of a realloc, as it is merged: its clock reading and the old block's
+    /// address and size. The analysis frees the old address at this point, so that another
+    /// thread's reuse of it, stamped before the second half, is a new block.
+    #[inline]
+    pub(crate) fn realloc_release(&self) -> Option<ReallocRelease> {
+        (self.kind == RawKind::ReallocFrom as u8).then_some(ReallocRelease {
+            ticks: self.ticks,
+            span: self.span,
+            old_addr: self.a,
+            old_size: self.b,
+        })
+    }
+
     /// A sampled allocation as one unit of `N` events: its call stack `pcs` (innermost first,
     /// at most `2 * (N - T)` of them; more are cut) in `N - T` `StackPcs` events, then the `T`
     /// events of the record itself (`Alloc`, or the two halves of a realloc), the last one
@@ -534,7 +547,7 @@ pub(crate) struct Decoded {
     pub(crate) record: Record,
 }
 
-/// The first half of a realloc ([`Decoder::realloc_release`]).
+/// The first half of a realloc ([`RawEvent::realloc_release`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ReallocRelease {
     /// Clock reading taken before the inner realloc ran.
@@ -570,19 +583,6 @@ impl Decoder {
     /// innermost first, and whether the walk was cut.
     pub(crate) fn stack(&self) -> (&[u64], bool) {
         (&self.stack, self.stack_truncated)
-    }
-
-    /// The first half of a realloc, as it is merged: its clock reading and the old block's
-    /// address and size. The analysis frees the old address at this point, so that another
-    /// thread's reuse of it, stamped before the second half, is a new block.
-    #[inline]
-    pub(crate) fn realloc_release(raw: &RawEvent) -> Option<ReallocRelease> {
-        (raw.kind == RawKind::ReallocFrom as u8).then_some(ReallocRelease {
-            ticks: raw.ticks,
-            span: raw.span,
-            old_addr: raw.a,
-            old_size: raw.b,
-        })
     }
 
     /// The record `raw` completes, if any: `None` for a first half (held) or an unknown kind.

@@ -456,7 +456,7 @@ impl Merger {
 
     /// Decodes one raw event of ring `index` and applies the record it completes.
     fn apply(&mut self, index: usize, raw: RawEvent) {
-        if let Some(release) = Decoder::realloc_release(&raw) {
+        if let Some(release) = raw.realloc_release() {
             self.release(index, release);
         }
         let cursor = &mut self.cursors[index];
