@@ -98,13 +98,17 @@ pub(crate) fn spawn(config: CollectorConfig) -> std::io::Result<(JoinHandle<()>,
         .clone()
         .map(Checkpointer::start)
         .transpose()?;
+    // Refusals asked about before this session are not this session's to answer. Read here,
+    // before the gate opens, for the same reason: read on the collector thread, a refusal made
+    // before it first ran would count as answered and its thread would wait out its deadline.
+    let oom_answered = oom::asked();
     let (ready, internal) = crossbeam_channel::bounded(1);
     let handle = std::thread::Builder::new()
         .name("highwater-collector".into())
         .spawn(move || {
             capture::mark_internal_thread();
             let _ = ready.send(());
-            run(config, merger, checkpointer, requests);
+            run(config, merger, checkpointer, requests, oom_answered);
         })?;
     internal
         .recv()
@@ -117,6 +121,7 @@ fn run(
     mut merger: Merger,
     mut checkpointer: Option<Checkpointer>,
     requests: Receiver<Control>,
+    mut oom_answered: u32,
 ) {
     /// Tells waiting producers that nobody drains any more, however `run` ends (a panic in the
     /// analysis included), so none waits for a collector that is gone.
@@ -129,8 +134,6 @@ fn run(
     }
     let _serving = StopServing;
     let lag_ns = config.lag.as_nanos() as u64;
-    // Refusals asked about before this session are not this session's to answer.
-    let mut oom_answered = oom::asked();
     loop {
         // Read the bell before looking for work: a producer or a request that rings it after
         // this read cuts the sleep below short.
