@@ -45,6 +45,11 @@ pub(crate) struct Slot {
 #[derive(Debug)]
 pub(crate) struct Registry<S = [Slot; MAX_THREADS]> {
     slots: S,
+    /// One past the highest slot a thread has tried to claim: the collector looks at no slot
+    /// from here on. Claims take the lowest free slot, so it stays at the most threads that
+    /// ever recorded at once, not [`MAX_THREADS`]: scanning the whole table at every drain
+    /// cost the candle example a tenth of a millisecond per wake in cache misses.
+    bound: AtomicU32,
     /// Bumped whenever a ring is freed, so a thread that found the table full knows when to
     /// try again without scanning it on every event.
     generation: AtomicU32,
@@ -97,6 +102,7 @@ impl Registry {
         const SLOT: Slot = Slot::new();
         Registry {
             slots: [SLOT; MAX_THREADS],
+            bound: AtomicU32::new(0),
             generation: AtomicU32::new(0),
         }
     }
@@ -108,13 +114,27 @@ impl<S: AsRef<[Slot]>> Registry<S> {
     pub(crate) fn with_slots(slots: S) -> Registry<S> {
         Registry {
             slots,
+            bound: AtomicU32::new(0),
             generation: AtomicU32::new(0),
         }
     }
 
-    /// All slots, for the collector.
+    /// All slots.
     pub(crate) fn slots(&self) -> &[Slot] {
         self.slots.as_ref()
+    }
+
+    /// The slots a thread may have claimed, for the collector: every slot after them is free
+    /// and was free when this was read.
+    ///
+    /// A claimer raises the bound (SeqCst) before its compare-and-swap, and so before its first
+    /// event. A collector whose SeqCst read of the bound misses a slot thus read it before that
+    /// claim, as it would have found the slot free had it looked: anything the claimer goes on
+    /// to record is stamped after this read.
+    pub(crate) fn claimed(&self) -> &[Slot] {
+        let slots = self.slots();
+        let bound = self.bound.load(Ordering::SeqCst) as usize;
+        &slots[..bound.min(slots.len())]
     }
 
     /// The free-ring generation; see [`Registry::claim`].
@@ -123,14 +143,20 @@ impl<S: AsRef<[Slot]>> Registry<S> {
     }
 
     /// Makes the calling thread the producer of a free slot and returns its index, or `None`
-    /// when every slot is taken. Lock-free: one compare-and-swap per free-looking slot.
+    /// when every slot is taken. Lock-free: a `fetch_max` and a compare-and-swap per free-looking
+    /// slot.
     pub(crate) fn claim(&self) -> Option<usize> {
-        self.slots().iter().position(|slot| {
-            slot.state.load(Ordering::Relaxed) == FREE
-                && slot
-                    .state
-                    .compare_exchange(FREE, OWNED, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
+        self.slots().iter().enumerate().find_map(|(index, slot)| {
+            if slot.state.load(Ordering::Relaxed) != FREE {
+                return None;
+            }
+            // Before the claim (see `claimed`); a bound raised for a slot another thread then
+            // takes first only makes the collector look at one more slot.
+            self.bound.fetch_max(index as u32 + 1, Ordering::SeqCst);
+            slot.state
+                .compare_exchange(FREE, OWNED, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+                .then_some(index)
         })
     }
 
@@ -174,3 +200,30 @@ impl<S: AsRef<[Slot]>> Registry<S> {
 /// The process's table.
 #[cfg(not(loom))]
 pub(crate) static REGISTRY: Registry = Registry::new();
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_collector_looks_only_at_slots_up_to_the_highest_ever_claimed() {
+        static TABLE: Registry = Registry::new();
+        assert!(TABLE.claimed().is_empty());
+        assert_eq!(TABLE.claim(), Some(0));
+        assert_eq!(TABLE.claim(), Some(1));
+        assert_eq!(TABLE.claimed().len(), 2);
+        // A slot handed back stays in view (a last drain may still be due), and the next claim
+        // takes it again rather than a new one.
+        TABLE.retire(0);
+        TABLE.free(0);
+        assert_eq!(TABLE.claimed().len(), 2);
+        assert_eq!(TABLE.claimed()[0].state(), SlotState::Free);
+        assert_eq!(TABLE.claim(), Some(0));
+        assert_eq!(TABLE.claimed().len(), 2);
+        assert_eq!(TABLE.claim(), Some(2));
+        assert_eq!(TABLE.claimed().len(), 3);
+        assert!(TABLE.slots()[3..]
+            .iter()
+            .all(|slot| slot.state() == SlotState::Free));
+    }
+}

@@ -55,6 +55,9 @@ pub(crate) struct Merge<T, S> {
     stamp: S,
     /// The highest watermark events were released up to.
     released: u64,
+    /// One past the highest ring ever pushed: the queues after it are empty and hold nothing,
+    /// so [`Merge::hold`] looks at no more than the rings in use.
+    active: usize,
 }
 
 impl<T, S: Stamp<T>> Merge<T, S> {
@@ -71,6 +74,7 @@ impl<T, S: Stamp<T>> Merge<T, S> {
             fronts: BinaryHeap::new(),
             stamp,
             released: 0,
+            active: 0,
         }
     }
 
@@ -84,6 +88,7 @@ impl<T, S: Stamp<T>> Merge<T, S> {
     /// last event ever taken from it (a ring that never gave an event, at the highest
     /// watermark released so far).
     pub(crate) fn push(&mut self, ring: usize, events: impl IntoIterator<Item = T>, emptied: bool) {
+        self.active = self.active.max(ring + 1);
         let queue = &mut self.queues[ring];
         let was_empty = queue.events.is_empty();
         queue.events.extend(events);
@@ -104,7 +109,10 @@ impl<T, S: Stamp<T>> Merge<T, S> {
 
     /// The lowest hold of a partly drained ring, if any.
     pub(crate) fn hold(&self) -> Option<u64> {
-        self.queues.iter().filter_map(|queue| queue.hold).min()
+        self.queues[..self.active]
+            .iter()
+            .filter_map(|queue| queue.hold)
+            .min()
     }
 
     /// Whether `ring` holds the watermark below `watermark`: it must be drained again before
@@ -211,6 +219,18 @@ mod tests {
         assert_eq!(release(&mut m, 10), Vec::<&str>::new());
         m.push(0, [(7, "a7")], true);
         assert_eq!(release(&mut m, 10), ["b5", "a7"]);
+    }
+
+    /// Holds are looked for only among rings ever pushed; one pushed after the others, at the
+    /// far end of the table, still holds everything behind it.
+    #[test]
+    fn a_hold_on_the_highest_ring_pushed_is_kept() {
+        let mut m = merge(8);
+        m.push(0, [(5, "a5")], true);
+        m.push(7, [(3, "h3")], false);
+        assert_eq!(release(&mut m, 10), ["h3"]);
+        m.push(7, [], true);
+        assert_eq!(release(&mut m, 10), ["a5"]);
     }
 
     /// A producer caught between its clock reading and its publish: its ring is passed as not

@@ -289,7 +289,7 @@ impl Merger {
     /// `watermark_ns` (it was left with events and its last one drained is older).
     fn drain(&mut self, watermark_ns: u64) -> bool {
         let mut behind = false;
-        for (index, slot) in REGISTRY.slots().iter().enumerate() {
+        for (index, slot) in REGISTRY.claimed().iter().enumerate() {
             let state = slot.state();
             if state == SlotState::Free || !slot.ring.has_storage() || self.cursors[index].retired {
                 continue;
@@ -431,7 +431,9 @@ impl Merger {
             std::mem::replace(&mut self.merge, Merge::new(0, StampNs(self.calibration)));
         merge.release(watermark_ns, |index, raw| self.apply(index, raw));
         self.merge = merge;
-        for (index, cursor) in self.cursors.iter_mut().enumerate() {
+        // Only a claimed slot is ever drained, so only one of those can be retired.
+        let claimed = REGISTRY.claimed().len();
+        for (index, cursor) in self.cursors.iter_mut().enumerate().take(claimed) {
             if cursor.retired && self.merge.staged(index) == 0 {
                 *cursor = RingCursor {
                     dropped_seen: cursor.dropped_seen,
@@ -671,7 +673,7 @@ impl Merger {
         gate::close_recording();
         loop {
             let now = self.calibration.now_ns();
-            let busy = REGISTRY.slots().iter().any(|slot| slot.ring.is_busy());
+            let busy = REGISTRY.claimed().iter().any(|slot| slot.ring.is_busy());
             if !busy {
                 break;
             }
