@@ -40,7 +40,7 @@ pub(crate) enum Control {
 pub(crate) struct CollectorConfig {
     /// Converts ring timestamps to nanoseconds.
     pub(crate) calibration: Calibration,
-    /// How often rings are drained.
+    /// How often rings are drained while events arrive (see [`next_sleep`] for quiet times).
     pub(crate) interval: Duration,
     /// How far behind the newest clock reading events are held before merging.
     pub(crate) lag: Duration,
@@ -71,6 +71,28 @@ fn checkpoint_refusals(
     let now = config.calibration.now_ns();
     merger.catch_up(now);
     checkpointer.write_now(merger.checkpoint(now), asked);
+}
+
+/// A drain that took fewer events than this from every ring was quiet.
+const QUIET_DRAIN: u64 = 1024;
+/// Longest sleep between drains, in collector intervals.
+const MAX_QUIET_SLEEP: u32 = 8;
+
+/// How long to sleep after a round whose drain took at most `most_drained` events from one
+/// ring: the interval while events flow; after a quiet round, twice the last sleep, up to
+/// [`MAX_QUIET_SLEEP`] intervals.
+///
+/// A wake that finds little to do still costs a futex round trip and a look at every claimed
+/// ring, and on a machine whose cores all train it preempts a training thread. Sleeping longer
+/// loses nothing: a producer rings the collector as soon as its ring is half full, as do
+/// snapshots, refusals and the session's stop, and events are merged by their stamps whenever
+/// they are drained.
+fn next_sleep(last: Duration, interval: Duration, most_drained: u64) -> Duration {
+    if most_drained >= QUIET_DRAIN {
+        interval
+    } else {
+        (last * 2).min(interval * MAX_QUIET_SLEEP)
+    }
 }
 
 /// Starts the collector thread.
@@ -134,6 +156,7 @@ fn run(
     }
     let _serving = StopServing;
     let lag_ns = config.lag.as_nanos() as u64;
+    let mut sleep = config.interval;
     loop {
         // Read the bell before looking for work: a producer or a request that rings it after
         // this read cuts the sleep below short.
@@ -156,7 +179,8 @@ fn run(
                 } else if let Some(checkpointer) = checkpointer.as_mut().filter(|c| c.due()) {
                     checkpointer.offer(merger.checkpoint(watermark));
                 }
-                wake::collector_sleep(bell, config.interval);
+                sleep = next_sleep(sleep, config.interval, merger.most_drained);
+                wake::collector_sleep(bell, sleep);
             }
             Ok(Control::Snapshot(reply)) => {
                 // Everything stamped before the request, not everything drained: an event
@@ -240,6 +264,8 @@ struct Merger {
     scratch: Vec<RawEvent>,
     /// Newest timestamp merged, for `duration_ns`.
     newest_ns: u64,
+    /// The most events the latest drain took from one ring.
+    most_drained: u64,
 }
 
 impl Merger {
@@ -268,6 +294,7 @@ impl Merger {
             threads: Vec::new(),
             scratch: Vec::with_capacity(STAGED_PER_RING),
             newest_ns: 0,
+            most_drained: 0,
         }
     }
 
@@ -289,6 +316,7 @@ impl Merger {
     /// `watermark_ns` (it was left with events and its last one drained is older).
     fn drain(&mut self, watermark_ns: u64) -> bool {
         let mut behind = false;
+        self.most_drained = 0;
         for (index, slot) in REGISTRY.claimed().iter().enumerate() {
             let state = slot.state();
             if state == SlotState::Free || !slot.ring.has_storage() || self.cursors[index].retired {
@@ -303,6 +331,7 @@ impl Merger {
             // time: the session starts it and joins it before another can start), and storage
             // is installed (checked above).
             let moved = unsafe { slot.ring.drain_at_most(&mut self.scratch, room as u64) };
+            self.most_drained = self.most_drained.max(moved);
             let emptied = moved < room as u64;
             let dropped = slot.ring.dropped();
             let thread = match self.cursors[index].thread {
@@ -816,5 +845,24 @@ fn log_event(log: &mut AllocLogWriter, device_names: &[String], event: &Event) {
             );
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quiet_rounds_double_the_sleep_up_to_a_bound_and_a_busy_one_resets_it() {
+        let interval = Duration::from_millis(2);
+        let ms = Duration::from_millis;
+        let mut sleep = interval;
+        let mut seen = Vec::new();
+        for _ in 0..5 {
+            sleep = next_sleep(sleep, interval, QUIET_DRAIN - 1);
+            seen.push(sleep);
+        }
+        assert_eq!(seen, [ms(4), ms(8), ms(16), ms(16), ms(16)]);
+        assert_eq!(next_sleep(sleep, interval, QUIET_DRAIN), interval);
     }
 }
