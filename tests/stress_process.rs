@@ -194,9 +194,16 @@ fn process_exit_while_other_threads_allocate() {
             });
         }
         let deadline = Instant::now() + Duration::from_secs(60);
+        // Waits on the figure the parent checks, operations *completed*: one counted as
+        // performed may still be inside the hook, and the bound read below would be one short.
+        let completed_allocs = |tid: u64| -> u64 {
+            common::rows_of(tid)
+                .map(|row| row.completed[ALLOC].load(Ordering::SeqCst))
+                .sum()
+        };
         while EXIT_TIDS.iter().any(|tid| {
             let tid = tid.load(Ordering::SeqCst);
-            tid == 0 || common::performed(&[tid])[ALLOC] < 2_000
+            tid == 0 || completed_allocs(tid) < 2_000
         }) {
             assert!(Instant::now() < deadline, "workers did not get going");
             std::thread::sleep(Duration::from_millis(5));
