@@ -15,7 +15,12 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cpu_time::process_cpu_time;
 use highwater::{Alloc, Session};
+
+#[path = "support/cpu_time.rs"]
+#[allow(dead_code)] // `thread_cpu_time` is for the other benches
+mod cpu_time;
 
 #[global_allocator]
 static ALLOC: Alloc = Alloc::system();
@@ -26,18 +31,6 @@ const THREADS: usize = 4;
 /// What the held threads do.
 const SLEEP: u8 = 0;
 const QUIT: u8 = 1;
-
-/// CPU time the whole process has used.
-fn process_cpu_time() -> Duration {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid, writable timespec; the clock id is a constant Linux defines.
-    let status = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) };
-    assert_eq!(status, 0, "the process CPU clock is readable");
-    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
-}
 
 fn setting(name: &str, default: u64) -> u64 {
     std::env::var(name)
