@@ -279,7 +279,8 @@ fn main() -> Result<()> {
     if args.checkpoint_ab {
         return time_checkpoints(&args);
     }
-    let mut builder = Session::builder();
+    // The self-contained HTML report goes beside the profile (`HIGHWATER_HTML=0` turns it off).
+    let mut builder = Session::builder().html(true);
     if let Some(out) = &args.out {
         builder = builder.output(out);
     }
@@ -665,4 +666,11 @@ fn print_summary(profile: &Profile, out: &std::path::Path) {
         println!("warning: {warning}");
     }
     println!("profile: {}", out.display());
+    // The session asked for the report; only the environment can have turned it off.
+    let html_off = std::env::var("HIGHWATER_HTML")
+        .is_ok_and(|value| matches!(value.to_ascii_lowercase().as_str(), "0" | "off" | "false"));
+    if !html_off {
+        let report = highwater::export::html::path_beside(out);
+        println!("report: {} (open it in a browser)", report.display());
+    }
 }
