@@ -33,5 +33,5 @@ mod temporary;
 mod timeline;
 
 pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq, StackId};
-pub(crate) use sites::{trimmed_frames, ResolveFrames, ALWAYS_SAMPLED_MEANS};
+pub(crate) use sites::{sample_probability, trimmed_frames, ResolveFrames, ALWAYS_SAMPLED_MEANS};
 pub use timeline::{Timeline, TimelineConfig};

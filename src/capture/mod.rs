@@ -24,7 +24,7 @@ pub(crate) mod lifecycle;
 #[cfg(not(loom))]
 pub(crate) mod names;
 pub(crate) mod oom;
-mod sample;
+pub(crate) mod sample;
 #[cfg(not(loom))]
 pub(crate) mod stack;
 

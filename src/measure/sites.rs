@@ -18,15 +18,16 @@ use std::ptr::NonNull;
 use rustc_hash::FxHashMap;
 
 use super::SiteFigures;
-use crate::analysis::{trimmed_frames, ResolveFrames};
+use crate::analysis::{sample_probability, trimmed_frames, ResolveFrames};
+use crate::capture::sample;
 use crate::capture::stack::{self, StackBounds, MAX_FRAMES};
 use crate::profile::Frame;
 
 /// Mean bytes between samples in a measurement (`R`): 64 KiB, so a test's megabytes give
 /// dozens of samples, and blocks from 256 KiB up are always sampled.
 pub(crate) const SAMPLE_BYTES: u64 = 64 * 1024;
-/// Blocks of at least this many bytes are always sampled.
-const ALWAYS_SAMPLED: u64 = 4 * SAMPLE_BYTES;
+/// Blocks of at least this many bytes are always sampled (the session's rule, at this mean).
+const ALWAYS_SAMPLED: u64 = sample::ALWAYS_SAMPLED_MEANS * SAMPLE_BYTES;
 /// Distinct stacks a meter keeps; samples of further stacks are summed in one row with no
 /// stack.
 pub(crate) const MAX_SITES: usize = 64;
@@ -116,7 +117,7 @@ impl Sampler {
             len: 0,
             other: Estimates::default(),
         };
-        let distance = next_distance(&mut sampler.state);
+        let distance = sample::next_distance(&mut sampler.state, SAMPLE_BYTES);
         let left = sampler.split(distance);
         (sampler, left)
     }
@@ -146,7 +147,7 @@ impl Sampler {
             *left = self.split(distance - size);
             return UNSAMPLED;
         }
-        let next = next_distance(&mut self.state);
+        let next = sample::next_distance(&mut self.state, SAMPLE_BYTES);
         *left = self.split(next);
         let walked = walk();
         let pcs = &walked.pcs[..walked.len.min(MAX_FRAMES)];
@@ -157,7 +158,7 @@ impl Sampler {
             .take_while(|(a, b)| a == b)
             .count();
         let tag = self.intern(&pcs[..pcs.len() - shared], walked.truncated);
-        let weight = 1.0 / probability(size);
+        let weight = 1.0 / sample_probability(size, SAMPLE_BYTES);
         let figures = self.figures(tag);
         figures.samples += 1;
         figures.allocated += growth as f64 * weight;
@@ -168,7 +169,7 @@ impl Sampler {
     /// A sampled block of `size` bytes, of site `tag`, ended.
     #[inline(never)]
     pub(crate) fn ended(&mut self, tag: u16, size: u64, peak_epoch: u64) {
-        let weight = 1.0 / probability(size);
+        let weight = 1.0 / sample_probability(size, SAMPLE_BYTES);
         self.figures(tag).live(peak_epoch, -(size as f64 * weight));
     }
 
@@ -280,29 +281,6 @@ fn walk() -> stack::Walked {
         len: 0,
         truncated: true,
     })
-}
-
-/// The chance that a block of `size` bytes is sampled.
-fn probability(size: u64) -> f64 {
-    if size >= ALWAYS_SAMPLED {
-        1.0
-    } else {
-        -(-(size as f64) / SAMPLE_BYTES as f64).exp_m1()
-    }
-}
-
-/// An exponential draw with mean [`SAMPLE_BYTES`], as a countdown: an allocation of `s` bytes
-/// that finds `s >= distance` is sampled (xorshift64* for the uniform draw).
-fn next_distance(state: &mut u64) -> u64 {
-    let mut x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    let bits = x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11;
-    let uniform = (bits as f64 + 1.0) / (1u64 << 53) as f64;
-    let drawn = -uniform.ln() * SAMPLE_BYTES as f64;
-    (drawn as u64).saturating_add(1)
 }
 
 fn estimate(value: f64) -> u64 {
@@ -439,7 +417,7 @@ mod tests {
         let mut state = SEED;
         let n = 100_000;
         let mean = (0..n)
-            .map(|_| next_distance(&mut state) as f64)
+            .map(|_| sample::next_distance(&mut state, SAMPLE_BYTES) as f64)
             .sum::<f64>()
             / n as f64;
         // Standard error of the mean is R / sqrt(n), about 0.3 % of R.
