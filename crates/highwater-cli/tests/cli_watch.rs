@@ -97,11 +97,9 @@ fn writer_child() {
     profile_at(CHECKPOINTS + 1, false).write(&profile).unwrap();
 }
 
-/// Not a test of its own: a training run, recorded, that keeps 1 MiB more every step until the
-/// parent creates `stop`.
-#[test]
-#[ignore = "the child process of the watch tests"]
-fn training_child() {
+/// A child's control directory, and its session checkpointing every 200 ms to the profile the
+/// parent watches.
+fn recorded_child() -> (PathBuf, Session) {
     let profile = PathBuf::from(std::env::var(PROFILE_VAR).expect("run by the watch tests"));
     let control = PathBuf::from(std::env::var(CONTROL_VAR).expect("run by the watch tests"));
     let session = Session::builder()
@@ -109,6 +107,15 @@ fn training_child() {
         .checkpoint_every(Duration::from_millis(200))
         .start()
         .unwrap();
+    (control, session)
+}
+
+/// Not a test of its own: a training run, recorded, that keeps 1 MiB more every step until the
+/// parent creates `stop`.
+#[test]
+#[ignore = "the child process of the watch tests"]
+fn training_child() {
+    let (control, session) = recorded_child();
     let mut kept: Vec<Vec<u8>> = Vec::new();
     let deadline = Instant::now() + PATIENCE;
     while !control.join("stop").exists() && Instant::now() < deadline {
@@ -127,13 +134,7 @@ fn training_child() {
 #[test]
 #[ignore = "the child process of the watch tests"]
 fn oom_child() {
-    let profile = PathBuf::from(std::env::var(PROFILE_VAR).expect("run by the watch tests"));
-    let control = PathBuf::from(std::env::var(CONTROL_VAR).expect("run by the watch tests"));
-    let session = Session::builder()
-        .output(&profile)
-        .checkpoint_every(Duration::from_millis(200))
-        .start()
-        .unwrap();
+    let (control, session) = recorded_child();
     let pools = PoolManager::builder()
         .kind(DeviceKind::TpuV4)
         .devices(1)
