@@ -3,8 +3,9 @@
 //! # A compact live map
 //!
 //! A live block costs 32 bytes in a slab ([`Block`]: address, size, allocation time, a context
-//! id and a peak epoch) plus one `u32` slot index in its device's hash table, whose buckets
-//! are 5 bytes: about 42 bytes per live block at a million blocks (the test
+//! id and a peak epoch) plus one `u32` entry in its device's hash table (the slot index and
+//! a fingerprint of the address: [`Packing`]), whose buckets are 5 bytes: about 42 bytes per
+//! live block at a million blocks (the test
 //! `a_million_live_blocks_cost_at_most_48_bytes_each` measures it). What the blocks of one
 //! span instance, op and category share (device, thread, owner, span node, op, category) is
 //! stored once, as a [`Context`] the blocks refer to by id, counted so that contexts no block
@@ -307,8 +308,10 @@ fn rank_order(a: &Ranked, b: &Ranked) -> std::cmp::Ordering {
 /// Live blocks keyed by (device, address), with the live-at-peak bookkeeping.
 #[derive(Debug)]
 pub(crate) struct LiveSet {
-    /// Per device (by id): slab index of each live block, hashed by address.
+    /// Per device (by id): each live block's slab index and address fingerprint (see
+    /// [`Packing`]), hashed by address.
     index: Vec<HashTable<u32>>,
+    packing: Packing,
     slab: Slab,
     contexts: Contexts,
     live: usize,
@@ -352,11 +355,72 @@ fn hash(addr: u64) -> u64 {
     (tag << 57) | (window << UNIT_BITS) | unit
 }
 
+/// A 32-bit fingerprint of an address, independent of the bits [`hash`] uses.
+#[inline]
+fn fingerprint(addr: u64) -> u32 {
+    (addr.wrapping_mul(0xd6e8_feb8_6659_fd93) >> 32) as u32
+}
+
+/// How an index entry is packed: the block's slab index in the low bits, and above them the
+/// top bits of its address's [`fingerprint`].
+///
+/// A probe compares every entry whose seven-bit tag matches, and on a live set larger than
+/// the caches each comparison that had to read the slab block was a miss of its own, nearly
+/// always for a block at another address. The fingerprint bits settle most of those
+/// comparisons inside the index. The slab index takes as few bits as the slab needs; when it
+/// outgrows them, [`Packing::widen`] gives it more by clearing fingerprint bits, which needs
+/// no slab read (the bits kept are the same bits of the same fingerprint).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Packing {
+    /// The bits that hold the slab index.
+    slot_mask: u32,
+}
+
+impl Packing {
+    /// The packing of an empty set: 2^16 slab slots, 16 fingerprint bits.
+    const NARROWEST: Packing = Packing {
+        slot_mask: (1 << 16) - 1,
+    };
+
+    #[inline]
+    fn pack(self, slot: u32, addr: u64) -> u32 {
+        debug_assert!(slot <= self.slot_mask);
+        (fingerprint(addr) & !self.slot_mask) | slot
+    }
+
+    #[inline]
+    fn slot(self, entry: u32) -> u32 {
+        entry & self.slot_mask
+    }
+
+    /// Whether `entry` may be the block at `addr` (its fingerprint bits match).
+    #[inline]
+    fn may_be(self, entry: u32, addr: u64) -> bool {
+        (entry ^ fingerprint(addr)) & !self.slot_mask == 0
+    }
+
+    /// The packing that holds slab index `slot`, and whether it differs from this one.
+    fn to_hold(self, slot: u32) -> Packing {
+        let mut wider = self;
+        while slot > wider.slot_mask {
+            wider.slot_mask = (wider.slot_mask << 4) | 0xf;
+        }
+        wider
+    }
+
+    /// `entry`, packed as `self` packed it, repacked for the wider `to`.
+    #[inline]
+    fn widen(self, to: Packing, entry: u32) -> u32 {
+        entry & (!to.slot_mask | self.slot_mask)
+    }
+}
+
 impl LiveSet {
     /// An empty set that can list the `top` largest blocks at the peak.
     pub(crate) fn new(top: usize) -> LiveSet {
         LiveSet {
             index: Vec::new(),
+            packing: Packing::NARROWEST,
             slab: Slab::default(),
             contexts: Contexts::default(),
             live: 0,
@@ -442,21 +506,30 @@ impl LiveSet {
             context,
             epoch: self.epoch,
         };
-        let LiveSet { index, slab, .. } = self;
         let slot = usize::from(device.0);
-        if slot >= index.len() {
-            index.resize_with(slot + 1, HashTable::new);
+        if slot >= self.index.len() {
+            self.index.resize_with(slot + 1, HashTable::new);
         }
         // One probe: the slot index the block will get is known before it is stored.
-        let next = slab.next_index();
+        let next = self.slab.next_index();
+        if next > self.packing.slot_mask {
+            self.widen_packing(next);
+        }
+        let LiveSet {
+            index,
+            slab,
+            packing,
+            ..
+        } = self;
+        let packing = *packing;
         let found = match index[slot].entry(
             hash(addr),
-            |&i| slab.get(i).addr == addr,
-            |&i| hash(slab.get(i).addr),
+            |&v| packing.may_be(v, addr) && slab.get(packing.slot(v)).addr == addr,
+            |&v| hash(slab.get(packing.slot(v)).addr),
         ) {
-            Entry::Occupied(found) => *found.get(),
+            Entry::Occupied(found) => packing.slot(*found.get()),
             Entry::Vacant(vacant) => {
-                vacant.insert(next);
+                vacant.insert(packing.pack(next, addr));
                 let at = slab.insert(block);
                 debug_assert_eq!(at, next);
                 self.live += 1;
@@ -481,14 +554,22 @@ impl LiveSet {
 
     /// Ends the block at `(device, addr)` for a free stamped `ts`.
     pub(crate) fn free(&mut self, device: DeviceId, addr: u64, ts: u64) -> Freed {
-        let LiveSet { index, slab, .. } = self;
+        let LiveSet {
+            index,
+            slab,
+            packing,
+            ..
+        } = self;
+        let packing = *packing;
         let Some(table) = index.get_mut(usize::from(device.0)) else {
             return Freed::Unknown;
         };
-        let Ok(found) = table.find_entry(hash(addr), |&i| slab.get(i).addr == addr) else {
+        let Ok(found) = table.find_entry(hash(addr), |&v| {
+            packing.may_be(v, addr) && slab.get(packing.slot(v)).addr == addr
+        }) else {
             return Freed::Unknown;
         };
-        let at = *found.get();
+        let at = packing.slot(*found.get());
         if ts < slab.get(at).ts {
             return Freed::Straggler;
         }
@@ -504,26 +585,37 @@ impl LiveSet {
     /// and peak epoch), for a given-up address that may be reused before the block ends; `ts`
     /// is judged as a free's would be. A block already at `to` is ended and handed back.
     pub(crate) fn rekey(&mut self, device: DeviceId, from: u64, to: u64, ts: u64) -> Rekeyed {
-        let LiveSet { index, slab, .. } = self;
+        let LiveSet {
+            index,
+            slab,
+            packing,
+            ..
+        } = self;
+        let packing = *packing;
         let Some(table) = index.get_mut(usize::from(device.0)) else {
             return Rekeyed::Unknown;
         };
-        let Ok(found) = table.find_entry(hash(from), |&i| slab.get(i).addr == from) else {
+        let Ok(found) = table.find_entry(hash(from), |&v| {
+            packing.may_be(v, from) && slab.get(packing.slot(v)).addr == from
+        }) else {
             return Rekeyed::Unknown;
         };
-        let at = *found.get();
+        let at = packing.slot(*found.get());
         if ts < slab.get(at).ts {
             return Rekeyed::Straggler;
         }
         found.remove();
+        let moved = packing.pack(at, to);
         let displaced = match table.entry(
             hash(to),
-            |&i| slab.get(i).addr == to,
-            |&i| hash(slab.get(i).addr),
+            |&v| packing.may_be(v, to) && slab.get(packing.slot(v)).addr == to,
+            |&v| hash(slab.get(packing.slot(v)).addr),
         ) {
-            Entry::Occupied(mut taken) => Some(std::mem::replace(taken.get_mut(), at)),
+            Entry::Occupied(mut taken) => {
+                Some(packing.slot(std::mem::replace(taken.get_mut(), moved)))
+            }
             Entry::Vacant(vacant) => {
-                vacant.insert(at);
+                vacant.insert(moved);
                 None
             }
         };
@@ -538,11 +630,27 @@ impl LiveSet {
         Rekeyed::Moved(Some(entry))
     }
 
+    /// Repacks every index entry so that slab index `slot` fits (rare: the slab index gains
+    /// four bits at a time).
+    #[cold]
+    fn widen_packing(&mut self, slot: u32) {
+        let wider = self.packing.to_hold(slot);
+        for table in &mut self.index {
+            for entry in table.iter_mut() {
+                *entry = self.packing.widen(wider, *entry);
+            }
+        }
+        self.packing = wider;
+    }
+
     fn find(&self, device: DeviceId, addr: u64) -> Option<u32> {
         let table = self.index.get(usize::from(device.0))?;
+        let packing = self.packing;
         table
-            .find(hash(addr), |&i| self.slab.get(i).addr == addr)
-            .copied()
+            .find(hash(addr), |&v| {
+                packing.may_be(v, addr) && self.slab.get(packing.slot(v)).addr == addr
+            })
+            .map(|&v| packing.slot(v))
     }
 
     /// Changes the category of a live block; returns the block as it was when the block is
@@ -589,8 +697,8 @@ impl LiveSet {
             // Renumber before wrapping: once this peak is marked every live block is older than
             // the current epoch, whatever its number was.
             for table in &self.index {
-                for &at in table {
-                    self.slab.get_mut(at).epoch = 0;
+                for &v in table {
+                    self.slab.get_mut(self.packing.slot(v)).epoch = 0;
                 }
             }
             self.epoch = 0;
@@ -617,7 +725,7 @@ impl LiveSet {
                 let device = DeviceId(u16::try_from(device).unwrap_or(u16::MAX));
                 table
                     .iter()
-                    .map(move |&at| self.slab.get(at))
+                    .map(move |&v| self.slab.get(self.packing.slot(v)))
                     .filter(|block| self.was_live_at_peak(block))
                     .map(move |block| (device, block))
             })
@@ -683,8 +791,8 @@ pub(crate) fn group_live_now(live: &LiveSet, device: DeviceId) -> Vec<(GroupKey,
     let Some(table) = live.index.get(usize::from(device.0)) else {
         return Vec::new();
     };
-    for &at in table {
-        let block = live.slab.get(at);
+    for &v in table {
+        let block = live.slab.get(live.packing.slot(v));
         let context = live.contexts.get(block.context);
         let key = GroupKey {
             origin: context.origin,
@@ -938,6 +1046,89 @@ mod tests {
         // Small ids (device tensor ids) in one page still get a hash each.
         let ids: std::collections::HashSet<u64> = (0..4096u64).map(hash).collect();
         assert_eq!(ids.len(), 4096);
+    }
+
+    #[test]
+    fn a_packed_entry_keeps_its_slot_and_tells_most_other_addresses_apart() {
+        let packing = Packing::NARROWEST;
+        let addr = 0x7f3a_1c00_0040;
+        let entry = packing.pack(0xbeef, addr);
+        assert_eq!(packing.slot(entry), 0xbeef);
+        assert!(packing.may_be(entry, addr));
+        // Neighbours, the addresses a probe meets, are told apart without the slab.
+        let told_apart = (1..=1000u64)
+            .filter(|i| !packing.may_be(entry, addr + i * 16))
+            .count();
+        assert!(
+            told_apart >= 990,
+            "{told_apart} of 1000 neighbours told apart"
+        );
+    }
+
+    #[test]
+    fn widening_a_packing_keeps_every_entry_matching_its_address() {
+        let narrow = Packing::NARROWEST;
+        let wide = narrow.to_hold(1 << 20);
+        assert!(wide.slot_mask >= 1 << 20 && wide != narrow);
+        assert_eq!(
+            narrow.to_hold(5),
+            narrow,
+            "a slot that fits changes nothing"
+        );
+        assert_eq!(narrow.to_hold(u32::MAX).slot_mask, u32::MAX);
+        for (slot, addr) in [
+            (0, 0x1000),
+            (0xffff, 0x7fff_ffff_fff0),
+            (77, 0xdead_beef_0000),
+        ] {
+            let entry = narrow.widen(wide, narrow.pack(slot, addr));
+            assert_eq!(wide.slot(entry), slot);
+            assert!(wide.may_be(entry, addr));
+            assert_eq!(
+                entry,
+                wide.pack(slot, addr),
+                "as if packed wide from the start"
+            );
+        }
+    }
+
+    #[test]
+    fn blocks_stay_findable_when_the_slab_outgrows_the_packing() {
+        // 2^16 slots fit the narrowest packing; go past it with blocks freed and moved on
+        // both sides of the widening.
+        const BLOCKS: u64 = 70_000;
+        let mut live = LiveSet::new(0);
+        let addr = |i: u64| 0x5500_0000_0000 + i * 32;
+        for i in 0..BLOCKS {
+            live.insert(DeviceId::CPU, addr(i), entry(8 + i % 64, i));
+            if i == 40_000 {
+                assert!(matches!(
+                    live.rekey(DeviceId::CPU, addr(7), addr(BLOCKS + 7), i),
+                    Rekeyed::Moved(None)
+                ));
+            }
+        }
+        assert!(live.packing != Packing::NARROWEST, "the packing widened");
+        assert!(matches!(
+            live.rekey(DeviceId::CPU, addr(9), addr(BLOCKS + 9), BLOCKS),
+            Rekeyed::Moved(None)
+        ));
+        for i in 0..BLOCKS {
+            let key = if i == 7 || i == 9 {
+                addr(BLOCKS + i)
+            } else {
+                addr(i)
+            };
+            match live.free(DeviceId::CPU, key, BLOCKS + 1) {
+                Freed::Ended(ended) => assert_eq!(ended.size, 8 + i % 64, "block {i}"),
+                other => panic!("block {i} not found: {other:?}"),
+            }
+        }
+        assert_eq!(live.len(), 0);
+        assert!(matches!(
+            live.free(DeviceId::CPU, addr(3), BLOCKS + 2),
+            Freed::Unknown
+        ));
     }
 
     /// The budget: recording adds at most 48 bytes per live allocation.
