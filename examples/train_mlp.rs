@@ -29,6 +29,9 @@ use highwater::profile::PeakRow;
 use highwater::units::{format_bytes, format_bytes_delta, format_duration_ns, format_shape};
 use highwater::{Category, Profile, Session, Step};
 
+#[path = "support/collector_cpu.rs"]
+mod collector_cpu;
+use collector_cpu::collector_thread_cpu;
 #[path = "support/mlp.rs"]
 mod mlp;
 #[path = "support/sites.rs"]
@@ -338,21 +341,6 @@ fn process_cpu_time() -> Duration {
     } else {
         Duration::ZERO
     }
-}
-
-/// CPU time the running session's collector thread has used so far, from Linux's per-thread
-/// scheduler figures (`/proc/self/task/*/schedstat`, nanoseconds on a CPU).
-fn collector_thread_cpu() -> Option<Duration> {
-    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        // Thread names are cut to 15 bytes: "highwater-collector" reads "highwater-colle".
-        if comm.trim_end() == "highwater-colle" {
-            let schedstat = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
-            let ns = schedstat.split_whitespace().next()?.parse().ok()?;
-            return Some(Duration::from_nanos(ns));
-        }
-    }
-    None
 }
 
 /// `--ab`: step time of recorded vs unrecorded blocks, after one warm-up round.

@@ -14,7 +14,8 @@
 //! The session starts before the workload reads or generates its input and finishes after
 //! everything was freed, so highwater sees every allocation the work makes, as an external
 //! profiler does. The last line of output is one JSON object: the work time (the workload
-//! only, without session start and finish), the finish time, and the profile's figures.
+//! only, without session start and finish), the collector thread's CPU time during it (Linux),
+//! the finish time, and the profile's figures.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -23,6 +24,8 @@ use anyhow::{anyhow, Result};
 use clap::{Parser, ValueEnum};
 use highwater::Session;
 
+#[path = "support/collector_cpu.rs"]
+mod collector_cpu;
 #[path = "support/workloads.rs"]
 mod workloads;
 
@@ -75,6 +78,7 @@ fn main() -> Result<()> {
     let began = Instant::now();
     let figures = run(&args)?;
     let work_s = began.elapsed().as_secs_f64();
+    let collector_cpu_s = collector_cpu::collector_thread_cpu().map(|cpu| cpu.as_secs_f64());
     let recording = session.is_recording();
     let finishing = Instant::now();
     let profile = session.finish()?;
@@ -87,6 +91,7 @@ fn main() -> Result<()> {
             "recording": recording,
             "work_s": work_s,
             "finish_s": finish_s,
+            "collector_cpu_s": collector_cpu_s,
             "peak_bytes": summary.peak_bytes,
             "dropped_events": summary.dropped_events,
             "events": summary.event_count,
