@@ -8,6 +8,9 @@ use highwater::{Category, Measurement, Session};
 #[global_allocator]
 static ALLOC: highwater::Alloc = highwater::Alloc::system();
 
+/// One session runs at a time in a process: the tests that start one take turns.
+static ONE_SESSION: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Named spans and ops (a session interns their names, allocating while paused) and a mix of
 /// allocations, reallocs and frees.
 fn work() -> Vec<Vec<u8>> {
@@ -38,6 +41,9 @@ fn figures(m: &Measurement) -> Measurement {
 
 #[test]
 fn the_figures_are_the_same_with_and_without_a_session() {
+    let _turn = ONE_SESSION
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     let (kept, without) = highwater::measure(work);
     drop(kept);
     let session = Session::builder().write_profile(false).start().unwrap();
@@ -57,4 +63,26 @@ fn the_figures_are_the_same_with_and_without_a_session() {
         profile.summary.alloc_count,
         without.allocations
     );
+}
+
+/// A session started and finished inside the closure: its own allocations (the collector's
+/// setup, the profile it builds) are highwater's, not the closure's.
+#[test]
+fn a_session_started_and_finished_inside_adds_nothing_to_the_figures() {
+    let _turn = ONE_SESSION
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let (kept, plain) = highwater::measure(work);
+    drop(kept);
+    let ((), with_session) = highwater::measure(|| {
+        let session = Session::builder().write_profile(false).start().unwrap();
+        drop(work());
+        let profile = session.finish().unwrap();
+        assert!(profile.summary.alloc_count >= 500);
+        // The profile itself was built for the closure, though, and is freed here.
+        drop(profile);
+    });
+    assert_eq!(with_session.allocations, plain.allocations);
+    assert_eq!(with_session.allocated_bytes, plain.allocated_bytes);
+    assert_eq!(with_session.peak_bytes, plain.peak_bytes);
 }

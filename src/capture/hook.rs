@@ -814,7 +814,8 @@ pub(crate) fn mark_internal_thread() {
 }
 
 /// Runs `f` with recording paused on this thread, for highwater code that allocates on a user
-/// thread (interning a name, starting or finishing a session).
+/// thread (interning a name, starting or finishing a session). A measurement running on the
+/// thread does not count those allocations either: they are not the user's.
 pub(crate) fn with_recording_paused<R>(f: impl FnOnce() -> R) -> R {
     /// Puts the thread's `paused` flag back, even if `f` unwinds.
     struct Resume(bool);
@@ -835,13 +836,7 @@ pub(crate) fn with_recording_paused<R>(f: impl FnOnce() -> R) -> R {
         });
         Resume(current.paused)
     });
-    f()
-}
-
-/// Whether highwater itself runs on this thread now (recording paused, or its own thread):
-/// what it allocates is not the user's, for measurements as for the profile.
-pub(crate) fn highwater_running_here() -> bool {
-    state().is_some_and(|current| current.paused || current.internal)
+    crate::measure::meter::paused(f)
 }
 
 /// The category the thread's open spans give a new block.

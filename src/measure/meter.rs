@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use super::sites::{Sampler, UNSAMPLED};
 use super::table::{AddressTable, Inserted};
 use super::{Measurement, SpanFigures};
-use crate::capture;
 
 /// Threads measuring right now. The hook reads it first (Relaxed): a thread sees its own
 /// increment, and a stale value elsewhere only costs that thread a thread-local read.
@@ -147,11 +146,8 @@ fn each_meter(event: impl Event) {
         }
         return;
     }
-    // Only a session pauses a user thread for highwater's own allocations (interning names);
-    // its gate is one Relaxed load.
-    if capture::recording() && capture::highwater_running_here() {
-        return;
-    }
+    // Highwater's own work on a user thread (interning a name, starting or finishing a
+    // session) runs under `capture::with_recording_paused`, which sets `PAUSED` here too.
     set_state(word | BUSY);
     // SAFETY: every meter of the chain is alive: `Activation` removes a meter from the chain
     // before its frame ends, and a meter's parent outlives it (nesting is scoped). `BUSY`
@@ -475,7 +471,8 @@ impl Meter {
     }
 
     /// A block born inside: live, maybe a new peak; it becomes [`Meter::recent`] and the
-    /// previous recent block moves into the table.
+    /// previous recent block moves into the table. The caller has counted it in its span
+    /// node's live bytes when the meter splits by span.
     #[inline(always)]
     fn born(&mut self, addr: usize, size: u64, node: u16, site: u16) {
         if self.recent.addr != 0 {
@@ -487,9 +484,6 @@ impl Meter {
             node,
             site,
         };
-        if self.splits_by_span() {
-            self.node_live(usize::from(node), true, size);
-        }
         self.live += size;
         if self.live > self.peak {
             self.peak = self.live;
@@ -574,16 +568,20 @@ impl Meter {
 
     #[inline(always)]
     fn alloc(&mut self, addr: usize, size: u64) {
-        let node = self.node_now();
         self.allocations += 1;
         self.allocated_bytes += size;
+        let site = self.site_of(size, size);
+        // One test of the split per event: without spans the block is the root's.
         if self.splits_by_span() {
+            let node = self.node_now();
             let figures = self.node_mut(usize::from(node));
             figures.allocations += 1;
             figures.allocated_bytes += size;
+            self.node_live(usize::from(node), true, size);
+            self.born(addr, size, node, site);
+        } else {
+            self.born(addr, size, ROOT, site);
         }
-        let site = self.site_of(size, size);
-        self.born(addr, size, node, site);
     }
 
     #[inline(always)]
@@ -604,10 +602,11 @@ impl Meter {
             new_size
         };
         self.allocated_bytes += growth;
+        let site = self.site_of(new_size, growth);
         if self.splits_by_span() {
             self.node_mut(usize::from(node)).allocated_bytes += growth;
+            self.node_live(usize::from(node), true, new_size);
         }
-        let site = self.site_of(new_size, growth);
         self.born(new_addr, new_size, node, site);
     }
 

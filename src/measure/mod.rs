@@ -28,9 +28,10 @@
 //!   measure its work. Spawning itself allocates std's thread bookkeeping on the calling
 //!   thread, and whichever thread drops the last reference frees it, so a closure that spawns
 //!   may show a few dozen bytes leaked, not always the same.
-//! - **highwater's own allocations** on the thread while a session records (interning a span
-//!   or op name): not counted. Starting or finishing a session inside the closure is counted
-//!   like any other code.
+//! - **highwater's own allocations** on the thread (interning a span or op name while a
+//!   session records, starting or finishing a session inside the closure): not counted. The
+//!   [`Profile`](crate::Profile) a session inside the closure returns is highwater's too: its
+//!   frees are of an older block.
 //!
 //! Measurements nest: an inner [`measure`] counts its closure, and the outer one counts it too.
 //!
