@@ -408,6 +408,19 @@ impl Packing {
         wider
     }
 
+    /// Whether `entry` is the block at `addr`: its fingerprint bits first, the slab only
+    /// when they match.
+    #[inline]
+    fn is(self, slab: &Slab, entry: u32, addr: u64) -> bool {
+        self.may_be(entry, addr) && slab.get(self.slot(entry)).addr == addr
+    }
+
+    /// The index hash of the block `entry` points at, for the table's growth.
+    #[inline]
+    fn rehash(self, slab: &Slab, entry: u32) -> u64 {
+        hash(slab.get(self.slot(entry)).addr)
+    }
+
     /// `entry`, packed as `self` packed it, repacked for the wider `to`.
     #[inline]
     fn widen(self, to: Packing, entry: u32) -> u32 {
@@ -515,17 +528,11 @@ impl LiveSet {
         if next > self.packing.slot_mask {
             self.widen_packing(next);
         }
-        let LiveSet {
-            index,
-            slab,
-            packing,
-            ..
-        } = self;
-        let packing = *packing;
+        let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
         let found = match index[slot].entry(
             hash(addr),
-            |&v| packing.may_be(v, addr) && slab.get(packing.slot(v)).addr == addr,
-            |&v| hash(slab.get(packing.slot(v)).addr),
+            |&v| packing.is(slab, v, addr),
+            |&v| packing.rehash(slab, v),
         ) {
             Entry::Occupied(found) => packing.slot(*found.get()),
             Entry::Vacant(vacant) => {
@@ -554,19 +561,11 @@ impl LiveSet {
 
     /// Ends the block at `(device, addr)` for a free stamped `ts`.
     pub(crate) fn free(&mut self, device: DeviceId, addr: u64, ts: u64) -> Freed {
-        let LiveSet {
-            index,
-            slab,
-            packing,
-            ..
-        } = self;
-        let packing = *packing;
+        let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
         let Some(table) = index.get_mut(usize::from(device.0)) else {
             return Freed::Unknown;
         };
-        let Ok(found) = table.find_entry(hash(addr), |&v| {
-            packing.may_be(v, addr) && slab.get(packing.slot(v)).addr == addr
-        }) else {
+        let Ok(found) = table.find_entry(hash(addr), |&v| packing.is(slab, v, addr)) else {
             return Freed::Unknown;
         };
         let at = packing.slot(*found.get());
@@ -585,19 +584,11 @@ impl LiveSet {
     /// and peak epoch), for a given-up address that may be reused before the block ends; `ts`
     /// is judged as a free's would be. A block already at `to` is ended and handed back.
     pub(crate) fn rekey(&mut self, device: DeviceId, from: u64, to: u64, ts: u64) -> Rekeyed {
-        let LiveSet {
-            index,
-            slab,
-            packing,
-            ..
-        } = self;
-        let packing = *packing;
+        let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
         let Some(table) = index.get_mut(usize::from(device.0)) else {
             return Rekeyed::Unknown;
         };
-        let Ok(found) = table.find_entry(hash(from), |&v| {
-            packing.may_be(v, from) && slab.get(packing.slot(v)).addr == from
-        }) else {
+        let Ok(found) = table.find_entry(hash(from), |&v| packing.is(slab, v, from)) else {
             return Rekeyed::Unknown;
         };
         let at = packing.slot(*found.get());
@@ -608,8 +599,8 @@ impl LiveSet {
         let moved = packing.pack(at, to);
         let displaced = match table.entry(
             hash(to),
-            |&v| packing.may_be(v, to) && slab.get(packing.slot(v)).addr == to,
-            |&v| hash(slab.get(packing.slot(v)).addr),
+            |&v| packing.is(slab, v, to),
+            |&v| packing.rehash(slab, v),
         ) {
             Entry::Occupied(mut taken) => {
                 Some(packing.slot(std::mem::replace(taken.get_mut(), moved)))
@@ -647,9 +638,7 @@ impl LiveSet {
         let table = self.index.get(usize::from(device.0))?;
         let packing = self.packing;
         table
-            .find(hash(addr), |&v| {
-                packing.may_be(v, addr) && self.slab.get(packing.slot(v)).addr == addr
-            })
+            .find(hash(addr), |&v| packing.is(&self.slab, v, addr))
             .map(|&v| packing.slot(v))
     }
 
