@@ -185,10 +185,7 @@ fn train(args: &Args) -> Result<Run> {
     for step in 0..args.steps {
         if args.ab && step % AB_BLOCK == 0 {
             if let Some(session) = ab_session.take() {
-                collector_cpu = collector_cpu
-                    .zip(collector_thread_cpu())
-                    .map(|(a, b)| a + b);
-                session.finish()?;
+                finish_ab_block(session, &mut collector_cpu)?;
             }
             let block = step / AB_BLOCK;
             // on, off, off, on, on, off, …: each mode equally often early and late.
@@ -257,10 +254,7 @@ fn train(args: &Args) -> Result<Run> {
     }
     drop(leaked);
     if let Some(session) = ab_session {
-        collector_cpu = collector_cpu
-            .zip(collector_thread_cpu())
-            .map(|(a, b)| a + b);
-        session.finish()?;
+        finish_ab_block(session, &mut collector_cpu)?;
     }
     Ok(Run {
         step_times,
@@ -341,6 +335,16 @@ fn process_cpu_time() -> Duration {
     } else {
         Duration::ZERO
     }
+}
+
+/// Ends an `--ab` block's session, adding its collector's CPU time (read before the profile is
+/// built) to `collector_cpu`; the total stays `None` once a reading was missing.
+fn finish_ab_block(session: Session, collector_cpu: &mut Option<Duration>) -> Result<()> {
+    *collector_cpu = collector_cpu
+        .zip(collector_thread_cpu())
+        .map(|(sum, this)| sum + this);
+    session.finish()?;
+    Ok(())
 }
 
 /// `--ab`: step time of recorded vs unrecorded blocks, after one warm-up round.

@@ -399,7 +399,7 @@ impl Packing {
         (entry ^ fingerprint(addr)) & !self.slot_mask == 0
     }
 
-    /// The packing that holds slab index `slot`, and whether it differs from this one.
+    /// The narrowest packing at least as wide as this one that holds slab index `slot`.
     fn to_hold(self, slot: u32) -> Packing {
         let mut wider = self;
         while slot > wider.slot_mask {

@@ -572,16 +572,17 @@ impl Meter {
         self.allocated_bytes += size;
         let site = self.site_of(size, size);
         // One test of the split per event: without spans the block is the root's.
-        if self.splits_by_span() {
+        let node = if self.splits_by_span() {
             let node = self.node_now();
             let figures = self.node_mut(usize::from(node));
             figures.allocations += 1;
             figures.allocated_bytes += size;
             self.node_live(usize::from(node), true, size);
-            self.born(addr, size, node, site);
+            node
         } else {
-            self.born(addr, size, ROOT, site);
-        }
+            ROOT
+        };
+        self.born(addr, size, node, site);
     }
 
     #[inline(always)]
