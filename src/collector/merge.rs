@@ -58,6 +58,8 @@ pub(crate) struct Merge<T, S> {
     /// One past the highest ring ever pushed: the queues after it are empty and hold nothing,
     /// so [`Merge::hold`] looks at no more than the rings in use.
     active: usize,
+    /// Events staged over all queues.
+    total: usize,
 }
 
 impl<T, S: Stamp<T>> Merge<T, S> {
@@ -75,12 +77,29 @@ impl<T, S: Stamp<T>> Merge<T, S> {
             stamp,
             released: 0,
             active: 0,
+            total: 0,
         }
     }
 
     /// Events staged for `ring`.
     pub(crate) fn staged(&self, ring: usize) -> usize {
         self.queues[ring].events.len()
+    }
+
+    /// Events staged over all rings.
+    pub(crate) fn staged_total(&self) -> usize {
+        self.total
+    }
+
+    /// Gives back the memory of queues that grew past `keep` events and now hold far fewer, so
+    /// a backlog that has been merged does not stay resident.
+    pub(crate) fn shrink_idle(&mut self, keep: usize) {
+        for queue in &mut self.queues[..self.active] {
+            let wanted = queue.events.len().max(keep);
+            if queue.events.capacity() > 4 * wanted {
+                queue.events.shrink_to(wanted);
+            }
+        }
     }
 
     /// Adds `events`, drained from `ring` oldest first. `emptied`: the drain took everything
@@ -91,7 +110,9 @@ impl<T, S: Stamp<T>> Merge<T, S> {
         self.active = self.active.max(ring + 1);
         let queue = &mut self.queues[ring];
         let was_empty = queue.events.is_empty();
+        let before = queue.events.len();
         queue.events.extend(events);
+        self.total += queue.events.len() - before;
         if let Some(last) = queue.events.back() {
             queue.last = Some(self.stamp.stamp(last));
         }
@@ -125,11 +146,25 @@ impl<T, S: Stamp<T>> Merge<T, S> {
     /// hold) to `out` with its ring, in time order. The ring with the oldest front hands out
     /// its events up to the next ring's front in one run, so the heap is touched once per run,
     /// not once per event.
-    pub(crate) fn release(&mut self, watermark: u64, mut out: impl FnMut(usize, T)) {
+    #[cfg(test)]
+    pub(crate) fn release(&mut self, watermark: u64, out: impl FnMut(usize, T)) {
+        self.release_at_most(watermark, usize::MAX, out);
+    }
+
+    /// As [`Merge::release`], but stops after `max` events; returns how many it handed out.
+    /// The next call goes on in the same order, with any events pushed in between merged in
+    /// as if they had been staged before (a ring pushed meanwhile may only lower the hold).
+    pub(crate) fn release_at_most(
+        &mut self,
+        watermark: u64,
+        max: usize,
+        mut out: impl FnMut(usize, T),
+    ) -> usize {
         let watermark = self.hold().map_or(watermark, |hold| hold.min(watermark));
         self.released = self.released.max(watermark);
+        let mut handed = 0;
         while let Some(&Reverse((front, ring))) = self.fronts.peek() {
-            if front > watermark {
+            if front > watermark || handed == max {
                 break;
             }
             self.fronts.pop();
@@ -139,10 +174,12 @@ impl<T, S: Stamp<T>> Merge<T, S> {
             let queue = &mut self.queues[ring];
             while let Some(event) = queue.events.pop_front() {
                 out(ring, event);
+                handed += 1;
                 match queue.events.front() {
                     Some(next) => {
                         let stamp = self.stamp.stamp(next);
                         if stamp > watermark
+                            || handed == max
                             || next_front.is_some_and(|front| (stamp, ring) > front)
                         {
                             self.fronts.push(Reverse((stamp, ring)));
@@ -153,6 +190,8 @@ impl<T, S: Stamp<T>> Merge<T, S> {
                 }
             }
         }
+        self.total -= handed;
+        handed
     }
 }
 
@@ -283,6 +322,44 @@ mod tests {
         m.push(1, [(7, "b7"), (25, "b25")], true);
         assert_eq!(release(&mut m, 20), ["b7"]);
         assert_eq!(m.staged(1), 1);
+    }
+
+    /// Released a few at a time, with another ring's events pushed between two calls, the
+    /// events come out in the order one release of everything gives.
+    #[test]
+    fn a_release_in_chunks_keeps_the_order_of_one_release() {
+        let mut whole = merge(3);
+        let mut chunked = merge(3);
+        for m in [&mut whole, &mut chunked] {
+            m.push(0, [(1, "a1"), (4, "a4"), (6, "a6"), (9, "a9")], true);
+            m.push(1, [(2, "b2"), (3, "b3"), (7, "b7")], true);
+        }
+        whole.push(2, [(5, "c5"), (8, "c8")], true);
+        let want = release(&mut whole, 10);
+        let mut got = Vec::new();
+        assert_eq!(
+            chunked.release_at_most(10, 3, |_, (_, name)| got.push(name)),
+            3
+        );
+        chunked.push(2, [(5, "c5"), (8, "c8")], true);
+        while chunked.release_at_most(10, 2, |_, (_, name)| got.push(name)) > 0 {}
+        assert_eq!(got, want);
+        assert_eq!(chunked.staged_total(), 0);
+    }
+
+    #[test]
+    fn the_staged_total_follows_pushes_and_releases_and_idle_queues_give_memory_back() {
+        let mut m = merge(2);
+        m.push(0, (0..1000).map(|i| (i, "a")), true);
+        m.push(1, [(5, "b")], true);
+        assert_eq!(m.staged_total(), 1001);
+        assert_eq!(m.release_at_most(u64::MAX, 10, |_, _| {}), 10);
+        assert_eq!(m.staged_total(), 991);
+        release(&mut m, u64::MAX);
+        assert_eq!(m.staged_total(), 0);
+        assert!(m.queues[0].events.capacity() >= 1000);
+        m.shrink_idle(16);
+        assert!(m.queues[0].events.capacity() < 64);
     }
 
     #[test]

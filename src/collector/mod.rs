@@ -171,13 +171,23 @@ fn run(
                 let now = config.calibration.now_ns();
                 merger.drain(0);
                 let watermark = now.saturating_sub(lag_ns);
-                merger.merge_until(watermark);
+                let merged = merger.merge_until(watermark);
                 let asked = oom::asked();
                 if asked != oom_answered {
                     checkpoint_refusals(&config, &mut merger, checkpointer.as_mut(), asked);
                     oom_answered = asked;
                 } else if let Some(checkpointer) = checkpointer.as_mut().filter(|c| c.due()) {
                     checkpointer.offer(merger.checkpoint(watermark));
+                }
+                // Behind and catching up: the backlog is older than the next watermark, so
+                // go on at once rather than leave it waiting out a sleep.
+                if merger.behind() && merged as u64 >= QUIET_DRAIN {
+                    continue;
+                }
+                if merger.most_drained < QUIET_DRAIN {
+                    // The stream has calmed: give back what a backlog made the queues grow to
+                    // (not sooner: regrowing them costs a page fault per 4 KiB).
+                    merger.merge.shrink_idle(STAGED_PER_RING);
                 }
                 sleep = next_sleep(sleep, config.interval, merger.most_drained);
                 wake::collector_sleep(bell, sleep);
@@ -211,10 +221,32 @@ fn run(
     }
 }
 
-/// Most events staged per ring between drain and merge: a drain takes no more than the queue
-/// has room for and leaves the rest in the ring (where a lossless producer waits for room
-/// rather than growing a queue). 16 Ki events are 512 KiB, a quarter of a default ring.
+/// Events every ring may have staged between drain and merge, whatever the others hold: a
+/// drain takes no more than the queue has room for and leaves the rest in the ring (where a
+/// lossless producer waits for room rather than growing a queue). 16 Ki events are 512 KiB,
+/// a quarter of a default ring. Each ring's own room is what keeps the merge moving: a ring
+/// that holds the watermark can always be drained past its hold.
 const STAGED_PER_RING: usize = 1 << 14;
+
+/// Events staged over all rings beyond their own [`STAGED_PER_RING`] while the collector is
+/// behind: four rings' worth, at most 256 Ki events (8 MiB with the default ring). A burst of
+/// allocation shorter than this costs its producer no wait; the collector works it off
+/// afterwards. Past it, producers wait for the merge as before.
+///
+/// Only while fewer threads produce than the process has cores (see
+/// [`Merger::backlog_room`]): a producer that runs on instead of waiting then uses a core of its
+/// own. With more, it would take the collector's core, and the collector is what is behind:
+/// four producers on two cores ran 10–20 % slower with a backlog than without.
+fn staged_backlog(ring_events: u64) -> usize {
+    usize::try_from(ring_events.saturating_mul(4))
+        .unwrap_or(usize::MAX)
+        .min(1 << 18)
+}
+
+/// Events merged between two drains within one merge: a long merge takes in what producers
+/// published meanwhile, so one whose ring filled goes on into the backlog instead of waiting
+/// for the whole merge to end.
+const MERGE_CHUNK: usize = 1 << 13;
 
 /// The collector's view of one ring.
 #[derive(Debug, Default)]
@@ -266,6 +298,13 @@ struct Merger {
     newest_ns: u64,
     /// The most events the latest drain took from one ring.
     most_drained: u64,
+    /// Events that may be staged over all rings beyond each one's own room
+    /// ([`staged_backlog`]).
+    backlog: usize,
+    /// Cores this process may run on.
+    cores: usize,
+    /// Rings the latest drain took events from.
+    producing: usize,
 }
 
 impl Merger {
@@ -295,6 +334,9 @@ impl Merger {
             scratch: Vec::with_capacity(STAGED_PER_RING),
             newest_ns: 0,
             most_drained: 0,
+            backlog: staged_backlog(capture::ring_capacity()),
+            cores: std::thread::available_parallelism().map_or(1, usize::from),
+            producing: 0,
         }
     }
 
@@ -316,6 +358,7 @@ impl Merger {
     /// `watermark_ns` (it was left with events and its last one drained is older).
     fn drain(&mut self, watermark_ns: u64) -> bool {
         let mut behind = false;
+        let mut producing = 0;
         self.most_drained = 0;
         for (index, slot) in REGISTRY.claimed().iter().enumerate() {
             let state = slot.state();
@@ -326,12 +369,15 @@ impl Merger {
             // Before the drain: a producer busy now may have read its clock but not published;
             // its event is no older than the last one drained, so the ring holds there.
             let in_flight = slot.ring.is_busy();
-            let room = STAGED_PER_RING.saturating_sub(self.merge.staged(index));
+            let room = STAGED_PER_RING
+                .saturating_sub(self.merge.staged(index))
+                .max(self.backlog_room());
             // SAFETY: this thread is the only consumer of every ring (one collector runs at a
             // time: the session starts it and joins it before another can start), and storage
             // is installed (checked above).
             let moved = unsafe { slot.ring.drain_at_most(&mut self.scratch, room as u64) };
             self.most_drained = self.most_drained.max(moved);
+            producing += usize::from(moved > 0);
             let emptied = moved < room as u64;
             let dropped = slot.ring.dropped();
             let thread = match self.cursors[index].thread {
@@ -369,7 +415,18 @@ impl Merger {
             self.cursors[index].retired = state == SlotState::Retired && emptied;
             behind |= self.merge.holds_below(index, watermark_ns);
         }
+        self.producing = producing;
         behind
+    }
+
+    /// How many more events the backlog may take ([`staged_backlog`]): none while as many
+    /// threads produce as there are cores.
+    fn backlog_room(&self) -> usize {
+        if self.producing < self.cores {
+            self.backlog.saturating_sub(self.merge.staged_total())
+        } else {
+            0
+        }
     }
 
     fn charge_drops(&mut self, index: usize, thread: u32, dropped: [u64; RawKind::COUNT]) {
@@ -453,13 +510,31 @@ impl Merger {
     }
 
     /// Applies staged events in time order up to `watermark_ns` (and up to the hold of any
-    /// partly drained ring), decoding each as it is applied; then hands retired rings whose
-    /// last event was applied back to the registry.
-    fn merge_until(&mut self, watermark_ns: u64) {
-        let mut merge =
-            std::mem::replace(&mut self.merge, Merge::new(0, StampNs(self.calibration)));
-        merge.release(watermark_ns, |index, raw| self.apply(index, raw));
-        self.merge = merge;
+    /// partly drained ring), decoding each as it is applied, and drains the rings again after
+    /// every [`MERGE_CHUNK`] events; then hands retired rings whose last event was applied back
+    /// to the registry. Returns how many events it applied.
+    fn merge_until(&mut self, watermark_ns: u64) -> usize {
+        let mut merged = 0;
+        loop {
+            let mut merge =
+                std::mem::replace(&mut self.merge, Merge::new(0, StampNs(self.calibration)));
+            let applied = merge.release_at_most(watermark_ns, MERGE_CHUNK, |index, raw| {
+                self.apply(index, raw);
+            });
+            self.merge = merge;
+            merged += applied;
+            if applied < MERGE_CHUNK {
+                break;
+            }
+            // Only with room for a good share of a ring: a drain wakes a waiting producer, and
+            // one woken for a few events parks again at once, a context switch each time.
+            if self.backlog_room() < STAGED_PER_RING {
+                continue;
+            }
+            let most_drained = self.most_drained;
+            self.drain(0);
+            self.most_drained = self.most_drained.max(most_drained);
+        }
         // Only a claimed slot is ever drained, so only one of those can be retired.
         let claimed = REGISTRY.claimed().len();
         for (index, cursor) in self.cursors.iter_mut().enumerate().take(claimed) {
@@ -471,6 +546,13 @@ impl Merger {
                 REGISTRY.free(index);
             }
         }
+        merged
+    }
+
+    /// Whether a backlog is being worked off: more is staged than one ring's own room, left by
+    /// a merge that could not keep up while producers had cores of their own.
+    fn behind(&self) -> bool {
+        self.producing < self.cores && self.merge.staged_total() > STAGED_PER_RING
     }
 
     /// The profile of what is merged up to `end_ns`, for a checkpoint; recording goes on.
@@ -851,6 +933,15 @@ fn log_event(log: &mut AllocLogWriter, device_names: &[String], event: &Event) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A backlog is four rings' worth, and a huge ring does not make it huge.
+    #[test]
+    fn the_backlog_is_four_rings_worth_up_to_a_bound() {
+        assert_eq!(staged_backlog(1 << 12), 1 << 14);
+        assert_eq!(staged_backlog(1 << 16), 1 << 18);
+        assert_eq!(staged_backlog(1 << 24), 1 << 18);
+        assert_eq!(staged_backlog(u64::MAX), 1 << 18);
+    }
 
     #[test]
     fn quiet_rounds_double_the_sleep_up_to_a_bound_and_a_busy_one_resets_it() {
