@@ -91,6 +91,14 @@ impl<T, S: Stamp<T>> Merge<T, S> {
         self.total
     }
 
+    /// Slots allocated over all queues in use.
+    pub(crate) fn capacity_total(&self) -> usize {
+        self.queues[..self.active]
+            .iter()
+            .map(|queue| queue.events.capacity())
+            .sum()
+    }
+
     /// Gives back the memory of queues that grew past `keep` events and now hold far fewer, so
     /// a backlog that has been merged does not stay resident.
     pub(crate) fn shrink_idle(&mut self, keep: usize) {
@@ -153,7 +161,9 @@ impl<T, S: Stamp<T>> Merge<T, S> {
 
     /// As [`Merge::release`], but stops after `max` events; returns how many it handed out.
     /// The next call goes on in the same order, with any events pushed in between merged in
-    /// as if they had been staged before (a ring pushed meanwhile may only lower the hold).
+    /// as if they had been staged before. Each call clamps `watermark` to the holds as they
+    /// stand then, which a push in between may have lifted, raised or lowered (a ring found
+    /// mid-push holds at its last stamp): a lower hold ends the release early.
     pub(crate) fn release_at_most(
         &mut self,
         watermark: u64,
@@ -347,6 +357,26 @@ mod tests {
         assert_eq!(chunked.staged_total(), 0);
     }
 
+    /// A ring found mid-push between two chunks holds at its last stamp: the release stops
+    /// there, and what it held back comes out once the ring is idle again.
+    #[test]
+    fn a_ring_found_mid_push_between_chunks_ends_the_release_early() {
+        let mut m = merge(2);
+        m.push(0, [(1, "a1"), (2, "a2"), (6, "a6")], true);
+        m.push(1, [(3, "b3"), (7, "b7")], true);
+        let mut got = Vec::new();
+        assert_eq!(m.release_at_most(10, 2, |_, (_, name)| got.push(name)), 2);
+        // Ring 1's producer is caught mid-push: ring 1 holds at the last stamp taken from it
+        // (7), so a9, though within the watermark, waits.
+        m.push(1, [], false);
+        m.push(0, [(9, "a9")], true);
+        while m.release_at_most(10, 2, |_, (_, name)| got.push(name)) > 0 {}
+        assert_eq!(got, ["a1", "a2", "b3", "a6", "b7"]);
+        m.push(1, [(8, "b8")], true);
+        while m.release_at_most(10, 2, |_, (_, name)| got.push(name)) > 0 {}
+        assert_eq!(got, ["a1", "a2", "b3", "a6", "b7", "b8", "a9"]);
+    }
+
     #[test]
     fn the_staged_total_follows_pushes_and_releases_and_idle_queues_give_memory_back() {
         let mut m = merge(2);
@@ -358,8 +388,10 @@ mod tests {
         release(&mut m, u64::MAX);
         assert_eq!(m.staged_total(), 0);
         assert!(m.queues[0].events.capacity() >= 1000);
+        let before = m.capacity_total();
         m.shrink_idle(16);
         assert!(m.queues[0].events.capacity() < 64);
+        assert!(m.capacity_total() < before);
     }
 
     #[test]

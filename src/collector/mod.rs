@@ -171,7 +171,7 @@ fn run(
                 let now = config.calibration.now_ns();
                 merger.drain(0);
                 let watermark = now.saturating_sub(lag_ns);
-                let merged = merger.merge_until(watermark);
+                let merged = merger.merge_round(watermark);
                 let asked = oom::asked();
                 if asked != oom_answered {
                     checkpoint_refusals(&config, &mut merger, checkpointer.as_mut(), asked);
@@ -377,8 +377,9 @@ impl Merger {
             // is installed (checked above).
             let moved = unsafe { slot.ring.drain_at_most(&mut self.scratch, room as u64) };
             self.most_drained = self.most_drained.max(moved);
-            producing += usize::from(moved > 0);
             let emptied = moved < room as u64;
+            // A ring left with events (no room for them) is producing too.
+            producing += usize::from(moved > 0 || !emptied);
             let dropped = slot.ring.dropped();
             let thread = match self.cursors[index].thread {
                 Some(thread) => thread,
@@ -510,10 +511,32 @@ impl Merger {
     }
 
     /// Applies staged events in time order up to `watermark_ns` (and up to the hold of any
-    /// partly drained ring), decoding each as it is applied, and drains the rings again after
-    /// every [`MERGE_CHUNK`] events; then hands retired rings whose last event was applied back
-    /// to the registry. Returns how many events it applied.
-    fn merge_until(&mut self, watermark_ns: u64) -> usize {
+    /// partly drained ring), decoding each as it is applied; then hands retired rings whose
+    /// last event was applied back to the registry. Draws nothing from the rings, so after a
+    /// drain that left no ring holding below `watermark_ns` everything staged up to it is
+    /// applied ([`Merger::catch_up`] and the stop rely on that).
+    fn merge_until(&mut self, watermark_ns: u64) {
+        self.merge_draining(watermark_ns, false);
+    }
+
+    /// A collector round's merge: as [`Merger::merge_until`], but after every [`MERGE_CHUNK`]
+    /// events, while the backlog has room for at least [`STAGED_PER_RING`], it drains the rings
+    /// again, so a producer whose ring filled meanwhile goes on into the backlog. Such a drain
+    /// may find a producer mid-push and hold the watermark lower, so the round can end with
+    /// events up to `watermark_ns` still staged: the next round merges them. Returns how many
+    /// events it applied.
+    fn merge_round(&mut self, watermark_ns: u64) -> usize {
+        let merged = self.merge_draining(watermark_ns, true);
+        // Bounded in total, not only per queue: bursts that move from ring to ring would
+        // otherwise leave every queue at the size it once grew to.
+        let active = REGISTRY.claimed().len();
+        if self.merge.capacity_total() > 2 * (self.backlog + active * STAGED_PER_RING) {
+            self.merge.shrink_idle(STAGED_PER_RING);
+        }
+        merged
+    }
+
+    fn merge_draining(&mut self, watermark_ns: u64, drain_between: bool) -> usize {
         let mut merged = 0;
         loop {
             let mut merge =
@@ -528,7 +551,7 @@ impl Merger {
             }
             // Only with room for a good share of a ring: a drain wakes a waiting producer, and
             // one woken for a few events parks again at once, a context switch each time.
-            if self.backlog_room() < STAGED_PER_RING {
+            if !drain_between || self.backlog_room() < STAGED_PER_RING {
                 continue;
             }
             let most_drained = self.most_drained;
