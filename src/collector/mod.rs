@@ -378,8 +378,8 @@ impl Merger {
             let moved = unsafe { slot.ring.drain_at_most(&mut self.scratch, room as u64) };
             self.most_drained = self.most_drained.max(moved);
             let emptied = moved < room as u64;
-            // A ring left with events (no room for them) is producing too.
-            producing += usize::from(moved > 0 || !emptied);
+            // A ring left with events it had no room for is producing too.
+            producing += usize::from(moved > 0 || (!emptied && !slot.ring.is_empty()));
             let dropped = slot.ring.dropped();
             let thread = match self.cursors[index].thread {
                 Some(thread) => thread,
@@ -528,9 +528,9 @@ impl Merger {
     fn merge_round(&mut self, watermark_ns: u64) -> usize {
         let merged = self.merge_draining(watermark_ns, true);
         // Bounded in total, not only per queue: bursts that move from ring to ring would
-        // otherwise leave every queue at the size it once grew to.
-        let active = REGISTRY.claimed().len();
-        if self.merge.capacity_total() > 2 * (self.backlog + active * STAGED_PER_RING) {
+        // otherwise leave every queue at the size it once grew to. Four backlogs' worth of
+        // slack, so that two rings taking turns with the backlog do not regrow every time.
+        if self.merge.capacity_beyond(2 * STAGED_PER_RING) > 4 * self.backlog {
             self.merge.shrink_idle(STAGED_PER_RING);
         }
         merged
