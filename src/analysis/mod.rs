@@ -34,4 +34,5 @@ mod timeline;
 
 pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq, StackId};
 pub(crate) use sites::{sample_probability, trimmed_frames, ResolveFrames, ALWAYS_SAMPLED_MEANS};
+pub(crate) use timeline::At;
 pub use timeline::{Timeline, TimelineConfig};

@@ -14,7 +14,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
 use crate::alloc_log::AllocLogWriter;
-use crate::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, Timeline, TimelineConfig};
+use crate::analysis::{At, DeviceId, Event, EventKind, NameId, ShapeId, Timeline, TimelineConfig};
 use crate::capture::clock::Calibration;
 use crate::capture::raw::{Decoded, Decoder, RawEvent, RawKind, ReallocRelease, Record};
 use crate::capture::registry::{SlotState, REGISTRY};
@@ -613,6 +613,35 @@ impl Merger {
         };
         let ts_ns = self.calibration.to_ns(ticks).unwrap_or(0);
         let stats = &mut self.threads[thread as usize];
+        // Plain heap events, most of any stream, go straight to the timeline: no `Event` is
+        // built unless a log or a sample needs one.
+        if !sampled && self.log.is_none() {
+            let at = At {
+                ts: ts_ns,
+                thread,
+                span,
+            };
+            match record {
+                Record::Alloc {
+                    addr,
+                    size,
+                    category,
+                } => {
+                    stats.allocs += 1;
+                    self.newest_ns = self.newest_ns.max(ts_ns);
+                    self.timeline
+                        .apply_alloc(at, DeviceId::CPU, addr, size, category);
+                    return;
+                }
+                Record::Free { addr, .. } => {
+                    stats.frees += 1;
+                    self.newest_ns = self.newest_ns.max(ts_ns);
+                    self.timeline.apply_free(at, DeviceId::CPU, addr);
+                    return;
+                }
+                _ => {}
+            }
+        }
         match record.kind() {
             RawKind::Alloc => stats.allocs += 1,
             RawKind::Free => stats.frees += 1,

@@ -3,7 +3,7 @@
 use crate::model::{Category, SpanLabel, Step};
 
 use super::super::downsample::Downsampler;
-use super::super::event::{DeviceId, Event, EventKind, NameId, ShapeId};
+use super::super::event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq};
 use super::super::live::{Freed, LiveEntry, Origin, NONE};
 use super::super::sites::ShareKey;
 use super::super::span_sample::SpanCall;
@@ -36,6 +36,27 @@ pub(super) struct NewBlock {
     pub(super) is_alloc: bool,
 }
 
+/// When and where an event happened, as a block it makes live records it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct At {
+    /// Nanoseconds since the session started.
+    pub(crate) ts: u64,
+    /// The thread it happened on.
+    pub(crate) thread: u32,
+    /// The innermost span open on that thread (`0`: none).
+    pub(crate) span: SpanSeq,
+}
+
+impl At {
+    fn of(event: &Event) -> At {
+        At {
+            ts: event.ts_ns,
+            thread: event.thread,
+            span: event.span,
+        }
+    }
+}
+
 /// Counters of the summary.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Counts {
@@ -58,7 +79,7 @@ impl Timeline {
         } = event.kind
         {
             // Part of the allocation before it, not an event of its own.
-            let (origin, _) = self.origin(event);
+            let (origin, _) = self.origin(event.thread, event.span);
             let key = ShareKey {
                 node: origin.node,
                 op: origin.op,
@@ -73,45 +94,22 @@ impl Timeline {
             self.release_for_realloc(event.thread, old_addr, event.ts_ns);
             return;
         }
-        let seq = self.seq;
-        self.seq += 1;
-        let ts = event.ts_ns;
         match event.kind {
             EventKind::Alloc {
                 device,
                 addr,
                 size,
                 category,
-            } => {
-                self.counts.allocs += 1;
-                self.counts.total_alloc_bytes = self.counts.total_alloc_bytes.saturating_add(size);
-                self.device(device).allocs += 1;
-                let block = NewBlock {
-                    device,
-                    addr,
-                    size,
-                    counted: size,
-                    category,
-                    is_alloc: true,
-                };
-                self.make_live(event, block);
-                self.changed(device, ts, seq);
-            }
+            } => return self.apply_alloc(At::of(event), device, addr, size, category),
             EventKind::Free { device, addr, .. } => {
-                self.device(device);
-                match self.live.free(device, addr, ts) {
-                    Freed::Ended(entry) => {
-                        let sample = self.sampled_ended(device, addr);
-                        self.device(device).frees += 1;
-                        self.counts.frees += 1;
-                        self.split_ended(device, addr, &entry, sample);
-                        self.end(device, &entry);
-                        self.changed(device, ts, seq);
-                    }
-                    Freed::Straggler => self.counts.reorder_repairs += 1,
-                    Freed::Unknown => self.counts.unknown_frees += 1,
-                }
+                return self.apply_free(At::of(event), device, addr)
             }
+            _ => {}
+        }
+        let seq = self.seq;
+        self.seq += 1;
+        let ts = event.ts_ns;
+        match event.kind {
             EventKind::Realloc {
                 old_addr,
                 new_addr,
@@ -152,7 +150,7 @@ impl Timeline {
                     category,
                     is_alloc: false,
                 };
-                self.make_live(event, block);
+                self.make_live(At::of(event), block);
                 // After `make_live`: a block it displaced at the new address has been settled.
                 if let Some(carried) = carried {
                     self.temporaries.carry(device, new_addr, carried);
@@ -281,7 +279,58 @@ impl Timeline {
                 requested,
                 largest_free,
             } => self.refused(event, device, source, requested, largest_free),
-            EventKind::Sampled { .. } | EventKind::ReallocRelease { .. } => {}
+            EventKind::Alloc { .. }
+            | EventKind::Free { .. }
+            | EventKind::Sampled { .. }
+            | EventKind::ReallocRelease { .. } => {}
+        }
+    }
+
+    /// Applies an [`EventKind::Alloc`] that happened `at`: what [`Timeline::apply`] does with
+    /// one, called directly by the collector for the plain heap allocations that make most of
+    /// a stream, with no [`Event`] built.
+    pub(crate) fn apply_alloc(
+        &mut self,
+        at: At,
+        device: DeviceId,
+        addr: u64,
+        size: u64,
+        category: Category,
+    ) {
+        let seq = self.seq;
+        self.seq += 1;
+        self.counts.allocs += 1;
+        self.counts.total_alloc_bytes = self.counts.total_alloc_bytes.saturating_add(size);
+        self.device(device).allocs += 1;
+        let block = NewBlock {
+            device,
+            addr,
+            size,
+            counted: size,
+            category,
+            is_alloc: true,
+        };
+        self.make_live(at, block);
+        self.changed(device, at.ts, seq);
+    }
+
+    /// Applies an [`EventKind::Free`] of the block at `addr` on `device` that happened `at`, as
+    /// [`Timeline::apply_alloc`] does an alloc.
+    pub(crate) fn apply_free(&mut self, at: At, device: DeviceId, addr: u64) {
+        let seq = self.seq;
+        self.seq += 1;
+        self.device(device);
+        match self.live.free(device, addr, at.ts) {
+            Freed::Ended(entry) => {
+                let sample = self.sampled_ended(device, addr);
+                self.device(device).frees += 1;
+                self.counts.frees += 1;
+                self.split_ended(device, addr, &entry, sample);
+                self.end(device, &entry);
+                self.changed(device, at.ts, seq);
+            }
+            Freed::Straggler => self.counts.reorder_repairs += 1,
+            Freed::Unknown => self.counts.unknown_frees += 1,
         }
     }
 
@@ -306,17 +355,14 @@ impl Timeline {
         op
     }
 
-    /// Where a block allocated by `event` comes from: innermost op and span.
-    pub(super) fn origin(&self, event: &Event) -> (Origin, u32) {
-        let owner = self.spans.lookup(event.thread, event.span).unwrap_or(NONE);
+    /// Where a block allocated on `thread` inside span `span` comes from: innermost op and
+    /// span.
+    pub(super) fn origin(&self, thread: u32, span: SpanSeq) -> (Origin, u32) {
+        let owner = self.spans.lookup(thread, span).unwrap_or(NONE);
         let mut origin = Origin::NOWHERE;
         origin.node = self.spans.node_of(owner);
         if self.open_ops > 0 {
-            if let Some(&op) = self
-                .threads
-                .get(&event.thread)
-                .and_then(|ops| ops.stack.last())
-            {
+            if let Some(&op) = self.threads.get(&thread).and_then(|ops| ops.stack.last()) {
                 origin.op = op;
             }
         }
@@ -325,7 +371,7 @@ impl Timeline {
 
     /// Inserts a live block for an alloc or the new side of a realloc; a block already live at
     /// the key is ended (as if freed now) and counted as a repair.
-    pub(super) fn make_live(&mut self, event: &Event, block: NewBlock) {
+    pub(super) fn make_live(&mut self, at: At, block: NewBlock) {
         let NewBlock {
             device,
             addr,
@@ -334,11 +380,11 @@ impl Timeline {
             category,
             is_alloc,
         } = block;
-        let (origin, owner) = self.origin(event);
+        let (origin, owner) = self.origin(at.thread, at.span);
         let entry = LiveEntry {
             size,
-            ts: event.ts_ns,
-            thread: event.thread,
+            ts: at.ts,
+            thread: at.thread,
             owner,
             origin,
             category,

@@ -50,6 +50,8 @@ mod oom;
 mod peaks;
 mod realloc;
 mod split;
+
+pub(crate) use apply::At;
 #[cfg(test)]
 mod tests;
 

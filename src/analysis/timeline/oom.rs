@@ -46,7 +46,7 @@ impl Timeline {
         if self.ooms.len() >= MAX_OOM_EVENTS {
             return;
         }
-        let (origin, _) = self.origin(event);
+        let (origin, _) = self.origin(event.thread, event.span);
         let state = self.device(device);
         let (live, by_category) = (state.live, state.by_category);
         let pool = state
