@@ -229,7 +229,8 @@ impl Ring {
         (!old.is_null()).then_some((old, old_capacity))
     }
 
-    /// Whether the consumer has drained everything published (for the producer).
+    /// Whether the consumer has drained everything published. The producer's check; the
+    /// collector reads it only as a hint (whether a ring it could not drain still has events).
     pub(crate) fn is_empty(&self) -> bool {
         self.consumer.tail.load(Ordering::Acquire) == self.producer.head.load(Ordering::Relaxed)
     }

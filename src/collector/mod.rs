@@ -181,13 +181,8 @@ fn run(
                 }
                 // Behind and catching up: the backlog is older than the next watermark, so
                 // go on at once rather than leave it waiting out a sleep.
-                if merger.behind() && merged as u64 >= QUIET_DRAIN {
+                if merger.working_off_backlog() && merged as u64 >= QUIET_DRAIN {
                     continue;
-                }
-                if merger.most_drained < QUIET_DRAIN {
-                    // The stream has calmed: give back what a backlog made the queues grow to
-                    // (not sooner: regrowing them costs a page fault per 4 KiB).
-                    merger.merge.shrink_idle(STAGED_PER_RING);
                 }
                 sleep = next_sleep(sleep, config.interval, merger.most_drained);
                 wake::collector_sleep(bell, sleep);
@@ -527,10 +522,14 @@ impl Merger {
     /// events it applied.
     fn merge_round(&mut self, watermark_ns: u64) -> usize {
         let merged = self.merge_draining(watermark_ns, true);
-        // Bounded in total, not only per queue: bursts that move from ring to ring would
-        // otherwise leave every queue at the size it once grew to. Four backlogs' worth of
-        // slack, so that two rings taking turns with the backlog do not regrow every time.
-        if self.merge.capacity_beyond(2 * STAGED_PER_RING) > 4 * self.backlog {
+        // Queues give back what a backlog made them grow to once the stream has calmed, or
+        // when they hold more than four backlogs' worth beyond a small queue per ring (bursts
+        // that move from ring to ring would otherwise leave every queue at its largest); not
+        // after every round, since regrowing them costs a page fault per 4 KiB, and two rings
+        // taking turns with the backlog stay within the slack.
+        if self.most_drained < QUIET_DRAIN
+            || self.merge.capacity_beyond(2 * STAGED_PER_RING) > 4 * self.backlog
+        {
             self.merge.shrink_idle(STAGED_PER_RING);
         }
         merged
@@ -574,7 +573,7 @@ impl Merger {
 
     /// Whether a backlog is being worked off: more is staged than one ring's own room, left by
     /// a merge that could not keep up while producers had cores of their own.
-    fn behind(&self) -> bool {
+    fn working_off_backlog(&self) -> bool {
         self.producing < self.cores && self.merge.staged_total() > STAGED_PER_RING
     }
 
@@ -613,6 +612,14 @@ impl Merger {
         };
         let ts_ns = self.calibration.to_ns(ticks).unwrap_or(0);
         let stats = &mut self.threads[thread as usize];
+        match record.kind() {
+            RawKind::Alloc => stats.allocs += 1,
+            RawKind::Free => stats.frees += 1,
+            RawKind::ReallocTo => stats.reallocs += 1,
+            RawKind::SpanEnter | RawKind::SpanExit => stats.span_events += 1,
+            _ => stats.other_events += 1,
+        }
+        self.newest_ns = self.newest_ns.max(ts_ns);
         // Plain heap events, most of any stream, go straight to the timeline: no `Event` is
         // built unless a log or a sample needs one.
         if !sampled && self.log.is_none() {
@@ -627,27 +634,15 @@ impl Merger {
                     size,
                     category,
                 } => {
-                    stats.allocs += 1;
-                    self.newest_ns = self.newest_ns.max(ts_ns);
-                    self.timeline
-                        .apply_alloc(at, DeviceId::CPU, addr, size, category);
-                    return;
+                    return self
+                        .timeline
+                        .apply_alloc(at, DeviceId::CPU, addr, size, category)
                 }
                 Record::Free { addr, .. } => {
-                    stats.frees += 1;
-                    self.newest_ns = self.newest_ns.max(ts_ns);
-                    self.timeline.apply_free(at, DeviceId::CPU, addr);
-                    return;
+                    return self.timeline.apply_free(at, DeviceId::CPU, addr)
                 }
                 _ => {}
             }
-        }
-        match record.kind() {
-            RawKind::Alloc => stats.allocs += 1,
-            RawKind::Free => stats.frees += 1,
-            RawKind::ReallocTo => stats.reallocs += 1,
-            RawKind::SpanEnter | RawKind::SpanExit => stats.span_events += 1,
-            _ => stats.other_events += 1,
         }
         let kind = match record {
             Record::Alloc {
@@ -762,7 +757,6 @@ impl Merger {
             span,
             kind,
         };
-        self.newest_ns = self.newest_ns.max(ts_ns);
         self.timeline.apply(&event);
         if let Some(log) = self.log.as_mut() {
             log_event(log, &self.device_names, &event);

@@ -106,8 +106,7 @@ impl Timeline {
             }
             _ => {}
         }
-        let seq = self.seq;
-        self.seq += 1;
+        let seq = self.next_seq();
         let ts = event.ts_ns;
         match event.kind {
             EventKind::Realloc {
@@ -286,6 +285,14 @@ impl Timeline {
         }
     }
 
+    /// The sequence number of the event being applied; every event but a sample or a
+    /// realloc's first half takes one.
+    fn next_seq(&mut self) -> u64 {
+        let seq = self.seq;
+        self.seq += 1;
+        seq
+    }
+
     /// Applies an [`EventKind::Alloc`] that happened `at`: what [`Timeline::apply`] does with
     /// one, called directly by the collector for the plain heap allocations that make most of
     /// a stream, with no [`Event`] built.
@@ -297,8 +304,7 @@ impl Timeline {
         size: u64,
         category: Category,
     ) {
-        let seq = self.seq;
-        self.seq += 1;
+        let seq = self.next_seq();
         self.counts.allocs += 1;
         self.counts.total_alloc_bytes = self.counts.total_alloc_bytes.saturating_add(size);
         self.device(device).allocs += 1;
@@ -317,8 +323,7 @@ impl Timeline {
     /// Applies an [`EventKind::Free`] of the block at `addr` on `device` that happened `at`, as
     /// [`Timeline::apply_alloc`] does an alloc.
     pub(crate) fn apply_free(&mut self, at: At, device: DeviceId, addr: u64) {
-        let seq = self.seq;
-        self.seq += 1;
+        let seq = self.next_seq();
         self.device(device);
         match self.live.free(device, addr, at.ts) {
             Freed::Ended(entry) => {
