@@ -241,6 +241,81 @@ fn a_signal_handler_allocating_mid_push_is_counted_exactly() {
     );
 }
 
+/// A handler that only allocates and frees (no realloc), for the measurement test below.
+extern "C" fn box_in_handler(_: libc::c_int) {
+    IN_HANDLER.with(|flag| flag.set(true));
+    drop(black_box(Box::new([7u8; 40])));
+    drop(black_box(Box::new([9u8; 100])));
+    IN_HANDLER.with(|flag| flag.set(false));
+    HANDLED.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The same re-entry inside `highwater::measure` (issue 15): an event that arrives while the
+/// interrupted code is inside a meter update is not applied but counted in `missed_events`,
+/// and every other one is applied. With a 20 µs SIGALRM whose handler allocates and frees
+/// while a measured loop does the same (a window of 64 blocks, so frees go both to the latest
+/// block and to the meter's table): applied allocations + frees of blocks born inside + frees
+/// of other blocks + missed = what the counting harness saw the thread perform inside the
+/// closure, exactly; some events were missed.
+#[test]
+fn a_signal_handler_allocating_mid_measurement_is_counted_as_missed() {
+    isolated(
+        "a_signal_handler_allocating_mid_measurement_is_counted_as_missed",
+        || {
+            arena();
+            let tid = gettid();
+            black_box(vec![0u8; 1]); // this thread's counting row
+            mask_alarm(true);
+            alarm_every(20, box_in_handler as *const () as libc::sighandler_t);
+            let mut window: [Option<Box<[u8; 24]>>; 64] = std::array::from_fn(|_| None);
+            let (performed, m) = highwater::measure(|| {
+                // The signal is blocked while the harness's counters are read, so the handler
+                // runs only between the two readings.
+                let before = common::performed(&[tid]);
+                mask_alarm(false);
+                let mut round = 0usize;
+                while HANDLED.load(Ordering::Relaxed) < 20_000 && round < 50_000_000 {
+                    window[round % 64] = Some(black_box(Box::new([round as u8; 24])));
+                    round += 1;
+                }
+                mask_alarm(true);
+                let after = common::performed(&[tid]);
+                let performed: [u64; 3] = std::array::from_fn(|kind| after[kind] - before[kind]);
+                performed
+            });
+            alarm_every(0, libc::SIG_IGN);
+            drop(window);
+
+            assert_eq!(performed[REALLOC], 0, "the loop and handler do not realloc");
+            assert_eq!(m.reallocations, 0, "{m:?}");
+            assert_eq!(
+                m.allocations + m.frees + m.untracked_frees + m.missed_events,
+                performed[ALLOC] + performed[FREE],
+                "applied {} allocs, {} frees of blocks born inside, {} of others, missed {}; \
+                 performed {} allocs and {} frees",
+                m.allocations,
+                m.frees,
+                m.untracked_frees,
+                m.missed_events,
+                performed[ALLOC],
+                performed[FREE]
+            );
+            assert!(
+                m.missed_events > 0,
+                "{} signals and no re-entry: the test did not interrupt a meter update",
+                HANDLED.load(Ordering::Relaxed)
+            );
+            assert!(m.allocations <= performed[ALLOC]);
+            println!(
+                "FIGURES {} signals, {} of {} events missed",
+                HANDLED.load(Ordering::Relaxed),
+                m.missed_events,
+                performed[ALLOC] + performed[FREE]
+            );
+        },
+    );
+}
+
 /// Counters of `tid`, summed over its rows.
 fn counters(tid: u64, pick: fn(&common::Row) -> &[AtomicU64; 3]) -> [u64; 3] {
     let mut total = [0; 3];
