@@ -36,10 +36,11 @@ const MAX_DEPTH: usize = 64;
 const ROOT: u16 = 0;
 
 thread_local! {
-    /// The innermost meter's address (0 when this thread is not measuring), with [`PAUSED`]
-    /// and [`BUSY`] in its low bits: one thread-local read tells the hook whether to count,
-    /// one write before and one after an update mark it busy.
-    static STATE: Cell<usize> = const { Cell::new(0) };
+    /// The innermost meter's address (0, with [`NO_METER`], when this thread is not
+    /// measuring), with [`PAUSED`] and [`BUSY`] in its low bits: one thread-local read and one
+    /// test tell the hook whether to count, one write before and one after an update mark it
+    /// busy.
+    static STATE: Cell<usize> = const { Cell::new(NO_METER) };
     /// Events not applied because they arrived during an update, over the thread's life.
     static MISSED: Cell<u64> = const { Cell::new(0) };
 }
@@ -48,8 +49,11 @@ thread_local! {
 const PAUSED: usize = 1;
 /// Set while a meter update runs: an event arriving then is re-entry.
 const BUSY: usize = 2;
+/// Set while this thread has no meter, so that one test of the flag bits tells the hook
+/// whether there is anything to count.
+const NO_METER: usize = 4;
 /// The flag bits of [`STATE`]; a meter's address never has them set.
-const FLAGS: usize = PAUSED | BUSY;
+const FLAGS: usize = PAUSED | BUSY | NO_METER;
 
 const _: () = assert!(!std::mem::needs_drop::<Cell<usize>>());
 const _: () = assert!(std::mem::align_of::<Meter>() > FLAGS);
@@ -63,6 +67,15 @@ fn state() -> usize {
 #[inline(always)]
 fn set_state(word: usize) {
     let _ = STATE.try_with(|cell| cell.set(word));
+}
+
+/// The state word naming `meter` (null: none) as the innermost meter, with `flags`.
+fn word_of(meter: *mut Meter, flags: usize) -> usize {
+    if meter.is_null() {
+        flags | NO_METER
+    } else {
+        meter as usize | (flags & !NO_METER)
+    }
 }
 
 #[inline(always)]
@@ -90,8 +103,11 @@ fn missed() -> u64 {
 /// A trait with an always-inlined method rather than a closure: LLVM kept a closure called in
 /// the chain loop out of line, a call with six saved registers per event (about a fifth of
 /// what a measured pair cost).
+///
+/// `PLAIN` is true on the inlined fast path, taken when the meter is [`Meter::plain`]: its
+/// span-split figures are then known to be off and compiled out.
 trait Event: Copy {
-    fn apply(self, meter: &mut Meter);
+    fn apply<const PLAIN: bool>(self, meter: &mut Meter);
 }
 
 #[derive(Clone, Copy)]
@@ -102,8 +118,8 @@ struct Allocated {
 
 impl Event for Allocated {
     #[inline(always)]
-    fn apply(self, meter: &mut Meter) {
-        meter.alloc(self.addr, self.size);
+    fn apply<const PLAIN: bool>(self, meter: &mut Meter) {
+        meter.alloc::<PLAIN>(self.addr, self.size);
     }
 }
 
@@ -115,8 +131,8 @@ struct Freed {
 
 impl Event for Freed {
     #[inline(always)]
-    fn apply(self, meter: &mut Meter) {
-        meter.free(self.addr, self.size);
+    fn apply<const PLAIN: bool>(self, meter: &mut Meter) {
+        meter.free::<PLAIN>(self.addr, self.size);
     }
 }
 
@@ -130,8 +146,8 @@ struct Reallocated {
 
 impl Event for Reallocated {
     #[inline(always)]
-    fn apply(self, meter: &mut Meter) {
-        meter.realloc(self.old_addr, self.old_size, self.new_addr, self.new_size);
+    fn apply<const PLAIN: bool>(self, meter: &mut Meter) {
+        meter.realloc::<PLAIN>(self.old_addr, self.old_size, self.new_addr, self.new_size);
     }
 }
 
@@ -140,7 +156,7 @@ impl Event for Reallocated {
 #[inline(always)]
 fn each_meter(event: impl Event) {
     let word = state();
-    if word & FLAGS != 0 || word == 0 {
+    if word & FLAGS != 0 {
         if word & BUSY != 0 {
             let _ = MISSED.try_with(|cell| cell.set(cell.get() + 1));
         }
@@ -154,20 +170,22 @@ fn each_meter(event: impl Event) {
     // makes this the only reference to it on this thread, and no other thread ever reaches it
     // (it is reachable only through this thread's thread-local).
     let innermost = unsafe { &mut *(word as *mut Meter) };
-    event.apply(innermost);
-    if !innermost.parent.is_null() {
-        enclosing_meters(innermost.parent, event);
+    if innermost.plain {
+        event.apply::<true>(innermost);
+    } else {
+        whole_chain(innermost, event);
     }
     set_state(word);
 }
 
-/// Applies `event` to `meter` and the meters enclosing it (nested measurements: out of line).
+/// Applies `event` to `meter` and the meters enclosing it, with span splits (out of line:
+/// nested measurements, and spans opened inside one).
 #[inline(never)]
-fn enclosing_meters(mut meter: *mut Meter, event: impl Event) {
+fn whole_chain(mut meter: *mut Meter, event: impl Event) {
     while !meter.is_null() {
         // SAFETY: as in `each_meter`, whose `BUSY` still holds.
         let this = unsafe { &mut *meter };
-        event.apply(this);
+        event.apply::<false>(this);
         meter = this.parent;
     }
 }
@@ -358,13 +376,18 @@ fn unpacked(value: usize) -> (usize, u16) {
 pub(crate) struct Meter {
     /// The enclosing measurement on this thread, or null.
     parent: *mut Meter,
+    /// No enclosing meter and no span split: every event takes the inlined fast path.
+    plain: bool,
     /// The latest block born inside, held out of the table until the next one is born: a block
     /// freed before the thread allocates again (a scratch buffer, a formatted string) never
     /// touches the table. `addr == 0`: none.
     recent: Recent,
     /// Bytes left before the next call-site sample (see [`Sampler`]).
     sample_left: u64,
-    live: u64,
+    /// Live bytes of the blocks born inside, except [`Meter::recent`]'s: the pair of an alloc
+    /// and the free of the same block writes no counter, so consecutive pairs do not wait on
+    /// each other's stores to it (see [`Meter::live`]).
+    kept_live: u64,
     peak: u64,
     /// How many times `peak` rose. A node whose `epoch` is behind has not changed since the
     /// latest rise, so its live bytes then are its live bytes now: live-at-peak by span costs
@@ -411,10 +434,11 @@ impl Meter {
             sample_left,
             id: NEXT_METER.fetch_add(1, Ordering::Relaxed),
             parent: std::ptr::null_mut(),
+            plain: true,
             table: AddressTable::new(),
             recent: Recent::NONE,
             overwritten: 0,
-            live: 0,
+            kept_live: 0,
             peak: 0,
             peak_epoch: 0,
             allocated_bytes: 0,
@@ -445,6 +469,18 @@ impl Meter {
     #[inline(always)]
     fn splits_by_span(&self) -> bool {
         self.node_count > 1
+    }
+
+    /// Whether an event on the fast path (`PLAIN`) may skip the span-split figures: the
+    /// meter is then [`Meter::plain`]; elsewhere they are kept if the meter splits.
+    #[inline(always)]
+    fn splits<const PLAIN: bool>(&self) -> bool {
+        !PLAIN && self.splits_by_span()
+    }
+
+    /// Recomputes [`Meter::plain`] after its parent or its span nodes changed.
+    fn update_plain(&mut self) {
+        self.plain = self.parent.is_null() && !self.splits_by_span();
     }
 
     /// Node `index`, masked into the table (indices are always below `MAX_NODES`).
@@ -484,11 +520,21 @@ impl Meter {
             node,
             site,
         };
-        self.live += size;
-        if self.live > self.peak {
-            self.peak = self.live;
+        let live = self.kept_live + size;
+        if live > self.peak {
+            self.peak = live;
             self.peak_epoch += 1;
         }
+    }
+
+    /// Live bytes of the blocks born inside.
+    fn live(&self) -> u64 {
+        let recent = if self.recent.addr != 0 {
+            self.recent.size
+        } else {
+            0
+        };
+        self.kept_live + recent
     }
 
     /// Moves [`Meter::recent`] into the table. If no memory can be mapped for it, it leaves
@@ -501,8 +547,11 @@ impl Meter {
             .table
             .insert(block.addr, packed(block.node, block.site))
         {
-            Inserted::New => {}
-            Inserted::Replaced => self.overwritten += 1,
+            Inserted::New => self.kept_live += block.size,
+            Inserted::Replaced => {
+                self.kept_live += block.size;
+                self.overwritten += 1;
+            }
             Inserted::Full => self.untrack(block),
         }
     }
@@ -510,8 +559,8 @@ impl Meter {
     #[cold]
     fn untrack(&mut self, block: Recent) {
         self.untracked_blocks += 1;
+        // Never counted in `kept_live`: it leaves the figures as it leaves `recent`.
         self.untracked_bytes += block.size;
-        self.live = self.live.saturating_sub(block.size);
         if self.splits_by_span() {
             self.node_live(usize::from(block.node), false, block.size);
         }
@@ -522,13 +571,18 @@ impl Meter {
 
     /// A block ends; `true` if it was born inside.
     #[inline(always)]
-    fn ended(&mut self, addr: usize, size: u64) -> bool {
+    fn ended<const PLAIN: bool>(&mut self, addr: usize, size: u64) -> bool {
         let (node, site) = if addr == self.recent.addr {
+            // Not in `kept_live`: nothing to take off.
             self.recent.addr = 0;
             (usize::from(self.recent.node), self.recent.site)
         } else {
             match self.remove_kept(addr) {
-                Some(value) => unpacked(value),
+                Some(value) => {
+                    // Only a block born inside ends here, with the size it was born with.
+                    self.kept_live = self.kept_live.wrapping_sub(size);
+                    unpacked(value)
+                }
                 None => {
                     self.untracked_frees += 1;
                     self.untracked_freed += size;
@@ -539,11 +593,9 @@ impl Meter {
         if site != UNSAMPLED {
             self.sampler.ended(site, size, self.peak_epoch);
         }
-        if self.splits_by_span() {
+        if self.splits::<PLAIN>() {
             self.node_live(node, false, size);
         }
-        // Only a block born inside ends here, with the size it was born with.
-        self.live = self.live.wrapping_sub(size);
         true
     }
 
@@ -567,12 +619,12 @@ impl Meter {
     }
 
     #[inline(always)]
-    fn alloc(&mut self, addr: usize, size: u64) {
+    fn alloc<const PLAIN: bool>(&mut self, addr: usize, size: u64) {
         self.allocations += 1;
         self.allocated_bytes += size;
         let site = self.site_of(size, size);
         // One test of the split per event: without spans the block is the root's.
-        let node = if self.splits_by_span() {
+        let node = if self.splits::<PLAIN>() {
             let node = self.node_now();
             let figures = self.node_mut(usize::from(node));
             figures.allocations += 1;
@@ -586,17 +638,23 @@ impl Meter {
     }
 
     #[inline(always)]
-    fn free(&mut self, addr: usize, size: u64) {
-        self.ended(addr, size);
+    fn free<const PLAIN: bool>(&mut self, addr: usize, size: u64) {
+        self.ended::<PLAIN>(addr, size);
     }
 
     /// As the profile counts it: the old block ends, the new one is born; bytes allocated grow
     /// by the growth over the old block when it was born inside, else by the new size.
     #[inline(always)]
-    fn realloc(&mut self, old_addr: usize, old_size: u64, new_addr: usize, new_size: u64) {
+    fn realloc<const PLAIN: bool>(
+        &mut self,
+        old_addr: usize,
+        old_size: u64,
+        new_addr: usize,
+        new_size: u64,
+    ) {
         let node = self.node_now();
         self.reallocations += 1;
-        let growth = if self.ended(old_addr, old_size) {
+        let growth = if self.ended::<PLAIN>(old_addr, old_size) {
             self.reallocs_of_inside += 1;
             new_size.saturating_sub(old_size)
         } else {
@@ -604,7 +662,7 @@ impl Meter {
         };
         self.allocated_bytes += growth;
         let site = self.site_of(new_size, growth);
-        if self.splits_by_span() {
+        if self.splits::<PLAIN>() {
             self.node_mut(usize::from(node)).allocated_bytes += growth;
             self.node_live(usize::from(node), true, new_size);
         }
@@ -614,7 +672,7 @@ impl Meter {
     /// The thread's heap change net of every free it made: what is live of the blocks born
     /// inside, plus what left the figures untracked, minus the frees of older blocks.
     fn net(&self) -> i64 {
-        (self.live as i64)
+        (self.live() as i64)
             .wrapping_add(self.untracked_bytes as i64)
             .wrapping_sub(self.untracked_freed as i64)
     }
@@ -630,7 +688,7 @@ impl Meter {
         Node {
             parent: ROOT,
             name: "",
-            live: self.live,
+            live: self.live(),
             allocated_bytes: self.allocated_bytes,
             allocations: self.allocations,
             at_peak: self.peak,
@@ -679,6 +737,7 @@ impl Meter {
         let index = self.node_count;
         self.nodes[index] = Node::new(parent, name, self.peak_epoch);
         self.node_count += 1;
+        self.update_plain();
         index as u16
     }
 
@@ -738,7 +797,7 @@ impl Meter {
             peak_bytes: self.peak,
             allocated_bytes: self.allocated_bytes,
             allocations: self.allocations,
-            leaked_bytes: self.live,
+            leaked_bytes: self.live(),
             leaked_blocks: self.live_blocks(),
             reallocations: self.reallocations,
             // Every block born inside ended by a free, by a realloc, or is still live or was
@@ -784,8 +843,11 @@ impl Activation {
     /// guard is dropped; guards must be dropped in reverse order of creation (scoping).
     pub(crate) unsafe fn start(meter: *mut Meter) -> Activation {
         // SAFETY: the caller hands us a valid meter that nothing else references yet.
-        unsafe { (*meter).parent = meter_now() };
-        set_state(meter as usize | flags());
+        unsafe {
+            (*meter).parent = meter_now();
+            (*meter).update_plain();
+        }
+        set_state(word_of(meter, flags()));
         MEASURING.fetch_add(1, Ordering::Relaxed);
         Activation { meter }
     }
@@ -795,7 +857,7 @@ impl Drop for Activation {
     fn drop(&mut self) {
         // SAFETY: the meter is still valid (contract of `start`); reading its parent.
         let parent = unsafe { (*self.meter).parent };
-        set_state(parent as usize | flags());
+        set_state(word_of(parent, flags()));
         MEASURING.fetch_sub(1, Ordering::Relaxed);
     }
 }
