@@ -444,3 +444,49 @@ fn a_steady_loop_whose_cache_fills_during_warm_up_passes() {
         .run(|| work(&mut cold_cache, &mut step));
     assert!(cold.check().is_err());
 }
+
+/// A block born inside is freed unseen by another thread, which gets the same address back for
+/// a block of another size (one malloc size class) and hands it over; the measuring thread's
+/// free of it then matches the first block's entry with a foreign size. Regression: the live
+/// bytes wrapped below zero there and the next allocation's addition overflowed, a panic inside
+/// the allocator in a debug build. The figures stay what they were; the peak is the two blocks
+/// live together.
+#[test]
+fn a_free_with_another_size_at_a_reused_address_does_not_panic() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static HANDED: AtomicUsize = AtomicUsize::new(0);
+    static BACK: AtomicUsize = AtomicUsize::new(0);
+    fn wait_for(slot: &AtomicUsize) -> usize {
+        loop {
+            match slot.swap(0, Ordering::AcqRel) {
+                0 => std::thread::yield_now(),
+                value => return value,
+            }
+        }
+    }
+    let other = std::thread::spawn(|| {
+        let block = wait_for(&HANDED);
+        // SAFETY: the measuring thread's `Box<[u8; 64]>`, made by `Box::into_raw`.
+        drop(unsafe { Box::from_raw(block as *mut [u8; 64]) });
+        let mut reused = std::mem::ManuallyDrop::new(Vec::<u8>::with_capacity(72));
+        BACK.store(reused.as_mut_ptr() as usize, Ordering::Release);
+    });
+    let (reused_address, m) = highwater::measure(|| {
+        let first = Box::into_raw(black_box(Box::new([1u8; 64])));
+        let recent = black_box(Box::new([2u8; 24])); // `first` moves into the meter's table
+        HANDED.store(first as usize, Ordering::Release);
+        let back = wait_for(&BACK);
+        // SAFETY: the other thread's `Vec<u8>` of capacity 72, never dropped there.
+        drop(unsafe { Vec::from_raw_parts(back as *mut u8, 0, 72) });
+        drop(black_box(Box::new([3u8; 8])));
+        drop(recent);
+        back == first as usize
+    });
+    other.join().unwrap();
+    assert!(
+        reused_address,
+        "the allocator did not hand the address back: {m:?}"
+    );
+    assert_eq!(m.peak_bytes, 64 + 24, "{m:?}");
+    assert_eq!(m.allocations, 3, "{m:?}");
+}

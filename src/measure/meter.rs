@@ -372,7 +372,9 @@ fn unpacked(value: usize) -> (usize, u16) {
 /// One measurement's running figures. Lives in the frame of `measure`; reached by the hook
 /// only through the measuring thread's thread-local.
 #[derive(Debug)]
-#[repr(C)] // the fields every event touches first, together, ahead of the span tables
+// The fields every event touches first, together, ahead of the span tables; aligned to 8 so
+// the state word's three flag bits are free on every target.
+#[repr(C, align(8))]
 pub(crate) struct Meter {
     /// The enclosing measurement on this thread, or null.
     parent: *mut Meter,
@@ -407,7 +409,7 @@ pub(crate) struct Meter {
     /// [`Meter::net`] from `live`, so the hot path keeps no net counter of its own.
     untracked_freed: u64,
     untracked_blocks: u64,
-    /// Bytes of the blocks [`Meter::untrack`] took out of `live`.
+    /// Bytes of the blocks [`Meter::untrack`] left out of the figures.
     untracked_bytes: u64,
     /// Reallocs whose old block was born inside: with the blocks live at the end they make
     /// the count of frees, so the hot path keeps no free counter either.
@@ -520,7 +522,7 @@ impl Meter {
             node,
             site,
         };
-        let live = self.kept_live + size;
+        let live = self.kept_live.wrapping_add(size);
         if live > self.peak {
             self.peak = live;
             self.peak_epoch += 1;
@@ -534,7 +536,7 @@ impl Meter {
         } else {
             0
         };
-        self.kept_live + recent
+        self.kept_live.wrapping_add(recent)
     }
 
     /// Moves [`Meter::recent`] into the table. If no memory can be mapped for it, it leaves
@@ -547,9 +549,9 @@ impl Meter {
             .table
             .insert(block.addr, packed(block.node, block.site))
         {
-            Inserted::New => self.kept_live += block.size,
+            Inserted::New => self.kept_live = self.kept_live.wrapping_add(block.size),
             Inserted::Replaced => {
-                self.kept_live += block.size;
+                self.kept_live = self.kept_live.wrapping_add(block.size);
                 self.overwritten += 1;
             }
             Inserted::Full => self.untrack(block),
@@ -571,10 +573,13 @@ impl Meter {
 
     /// A block ends; `true` if it was born inside.
     #[inline(always)]
-    fn ended<const PLAIN: bool>(&mut self, addr: usize, size: u64) -> bool {
+    fn ended<const PLAIN: bool>(&mut self, addr: usize, mut size: u64) -> bool {
         let (node, site) = if addr == self.recent.addr {
-            // Not in `kept_live`: nothing to take off.
+            // Not in `kept_live`: nothing to take off. The span and site figures take the size
+            // the block was born with too, so they agree with the totals even if a free's
+            // layout did not (an address another thread freed unseen and reused).
             self.recent.addr = 0;
+            size = self.recent.size;
             (usize::from(self.recent.node), self.recent.site)
         } else {
             match self.remove_kept(addr) {
