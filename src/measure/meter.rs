@@ -406,7 +406,7 @@ pub(crate) struct Meter {
     untracked_frees: u64,
     /// Bytes of those frees (and reallocs' old blocks): the thread's heap shrank by them, the
     /// measurement's live bytes did not. With [`Meter::untracked_bytes`] they make
-    /// [`Meter::net`] from `live`, so the hot path keeps no net counter of its own.
+    /// [`Meter::net`] from [`Meter::live`], so the hot path keeps no net counter of its own.
     untracked_freed: u64,
     untracked_blocks: u64,
     /// Bytes of the blocks [`Meter::untrack`] left out of the figures.
@@ -473,8 +473,8 @@ impl Meter {
         self.node_count > 1
     }
 
-    /// Whether an event on the fast path (`PLAIN`) may skip the span-split figures: the
-    /// meter is then [`Meter::plain`]; elsewhere they are kept if the meter splits.
+    /// Whether this event keeps span-split figures: never on the fast path (`PLAIN`, taken
+    /// only by a [`Meter::plain`] meter), else when the meter splits by span.
     #[inline(always)]
     fn splits<const PLAIN: bool>(&self) -> bool {
         !PLAIN && self.splits_by_span()
@@ -549,13 +549,11 @@ impl Meter {
             .table
             .insert(block.addr, packed(block.node, block.site))
         {
-            Inserted::New => self.kept_live = self.kept_live.wrapping_add(block.size),
-            Inserted::Replaced => {
-                self.kept_live = self.kept_live.wrapping_add(block.size);
-                self.overwritten += 1;
-            }
-            Inserted::Full => self.untrack(block),
+            Inserted::New => {}
+            Inserted::Replaced => self.overwritten += 1,
+            Inserted::Full => return self.untrack(block),
         }
+        self.kept_live = self.kept_live.wrapping_add(block.size);
     }
 
     #[cold]
