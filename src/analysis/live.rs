@@ -634,6 +634,38 @@ impl LiveSet {
         self.packing = wider;
     }
 
+    /// A number that changes whenever a peak is marked ([`LiveSet::mark_peak`]).
+    #[inline]
+    pub(crate) fn peaks_marked(&self) -> u32 {
+        self.epoch
+    }
+
+    /// Folds a block that was never in the map, live at the latest peak and ended since,
+    /// into the rows of blocks live at the peak, as ending it in the map would have.
+    pub(crate) fn remember_ended(&mut self, device: DeviceId, addr: u64, entry: &LiveEntry) {
+        let context = self.contexts.acquire(Context {
+            device,
+            category: entry.category,
+            thread: entry.thread,
+            owner: entry.owner,
+            origin: entry.origin,
+        });
+        let block = Block {
+            addr,
+            size: entry.size,
+            ts: entry.ts,
+            context,
+            epoch: self.epoch.wrapping_sub(1),
+        };
+        self.remember(device, block);
+    }
+
+    /// Whether a block is live at `(device, addr)`.
+    #[inline]
+    pub(crate) fn contains(&self, device: DeviceId, addr: u64) -> bool {
+        self.find(device, addr).is_some()
+    }
+
     fn find(&self, device: DeviceId, addr: u64) -> Option<u32> {
         let table = self.index.get(usize::from(device.0))?;
         let packing = self.packing;

@@ -388,6 +388,23 @@ impl RawEvent {
 }
 
 impl RawEvent {
+    /// Whether this is a plain heap allocation (not sampled) and `next` the free of the very
+    /// block it made: the pair a short-lived block leaves in its thread's ring.
+    #[inline]
+    pub(crate) fn is_freed_by(&self, next: &RawEvent) -> bool {
+        self.kind == RawKind::Alloc as u8
+            && self.flags & SAMPLED == 0
+            && next.kind == RawKind::Free as u8
+            && next.a == self.a
+            && next.device == self.device
+    }
+
+    /// Whether this is a realloc's first half and `next` its second.
+    #[inline]
+    pub(crate) fn is_completed_by(&self, next: &RawEvent) -> bool {
+        self.kind == RawKind::ReallocFrom as u8 && next.kind == RawKind::ReallocTo as u8
+    }
+
     /// The first half of a realloc, as it is merged: its clock reading and the old block's
     /// address and size. The analysis frees the old address at this point, so that another
     /// thread's reuse of it, stamped before the second half, is a new block.
@@ -547,6 +564,19 @@ pub(crate) struct Decoded {
     pub(crate) record: Record,
 }
 
+/// A short-lived heap block: a plain allocation and the free of it right after
+/// ([`Decoder::decode_short_lived`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ShortLived {
+    /// The allocation's clock reading and innermost open span.
+    pub(crate) made: (u64, u32),
+    /// The free's clock reading and innermost open span.
+    pub(crate) ended: (u64, u32),
+    pub(crate) addr: u64,
+    pub(crate) size: u64,
+    pub(crate) category: Category,
+}
+
 /// The first half of a realloc ([`RawEvent::realloc_release`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ReallocRelease {
@@ -577,6 +607,27 @@ impl Decoder {
         self.head = None;
         self.stack.clear();
         self.stack_truncated = false;
+    }
+
+    /// A plain allocation and the free of its block that follows it ([`RawEvent::is_freed_by`]),
+    /// decoded as [`Decoder::decode`] would decode the two one after the other.
+    #[inline]
+    pub(crate) fn decode_short_lived(&mut self, alloc: &RawEvent, free: &RawEvent) -> ShortLived {
+        debug_assert!(alloc.is_freed_by(free));
+        // Neither event is sampled, a first half or a stack part: like any such record, they
+        // leave no stack behind them.
+        if !self.stack.is_empty() || self.stack_truncated {
+            self.stack.clear();
+            self.stack_truncated = false;
+        }
+        self.stack_done = true;
+        ShortLived {
+            made: (alloc.ticks, alloc.span),
+            ended: (free.ticks, free.span),
+            addr: alloc.a,
+            size: alloc.b,
+            category: Category::from_index(alloc.flags),
+        }
     }
 
     /// The call stack of the last record decoded, when it was `sampled`: return addresses,

@@ -165,11 +165,24 @@ impl<T, S: Stamp<T>> Merge<T, S> {
     /// as if they had been staged before. Each call clamps `watermark` to the holds as they
     /// stand then, which a push in between may have lifted, raised or lowered (a ring found
     /// mid-push holds at its last stamp): a lower hold ends the release early.
+    #[cfg(test)]
     pub(crate) fn release_at_most(
         &mut self,
         watermark: u64,
         max: usize,
         mut out: impl FnMut(usize, T),
+    ) -> usize {
+        self.release_with_next(watermark, max, |ring, event, _| out(ring, event))
+    }
+
+    /// As [`Merge::release_at_most`], and `out` may also take the event that would be handed
+    /// out right after the one it is given ([`Next::take_if`]), so that two events known to
+    /// be adjacent in the merged order can be handled as one.
+    pub(crate) fn release_with_next(
+        &mut self,
+        watermark: u64,
+        max: usize,
+        mut out: impl FnMut(usize, T, &mut Next<'_, T, S>),
     ) -> usize {
         let watermark = self.hold().map_or(watermark, |hold| hold.min(watermark));
         self.released = self.released.max(watermark);
@@ -184,8 +197,17 @@ impl<T, S: Stamp<T>> Merge<T, S> {
             let next_front = self.fronts.peek().map(|&Reverse(front)| front);
             let queue = &mut self.queues[ring];
             while let Some(event) = queue.events.pop_front() {
-                out(ring, event);
-                handed += 1;
+                let mut next = Next {
+                    events: &mut queue.events,
+                    stamp: &self.stamp,
+                    ring,
+                    watermark,
+                    next_front,
+                    room: max - handed - 1,
+                    taken: false,
+                };
+                out(ring, event, &mut next);
+                handed += 1 + usize::from(next.taken);
                 match queue.events.front() {
                     Some(next) => {
                         let stamp = self.stamp.stamp(next);
@@ -203,6 +225,47 @@ impl<T, S: Stamp<T>> Merge<T, S> {
         }
         self.total -= handed;
         handed
+    }
+}
+
+/// The event a release would hand out next, when it is from the same ring as the one just
+/// handed out: [`Merge::release_with_next`] lets its consumer take it at once.
+#[derive(Debug)]
+pub(crate) struct Next<'a, T, S> {
+    events: &'a mut VecDeque<T>,
+    stamp: &'a S,
+    ring: usize,
+    watermark: u64,
+    /// The front of the other rings, which the next event must sort before.
+    next_front: Option<(u64, usize)>,
+    /// Events the release may still hand out after the current one.
+    room: usize,
+    taken: bool,
+}
+
+impl<T, S: Stamp<T>> Next<'_, T, S> {
+    /// Takes the next event of the merged order if it is this ring's next one and `wanted`
+    /// accepts it: nothing from another ring sorts between the two. At most once per event
+    /// handed out.
+    #[inline]
+    pub(crate) fn take_if(&mut self, wanted: impl FnOnce(&T) -> bool) -> Option<T> {
+        if self.taken || self.room == 0 {
+            return None;
+        }
+        let next = self.events.front()?;
+        if !wanted(next) {
+            return None;
+        }
+        let stamp = self.stamp.stamp(next);
+        if stamp > self.watermark
+            || self
+                .next_front
+                .is_some_and(|front| (stamp, self.ring) > front)
+        {
+            return None;
+        }
+        self.taken = true;
+        self.events.pop_front()
     }
 }
 
@@ -404,5 +467,106 @@ mod tests {
         m.push(1, [(5, "other")], true);
         assert_eq!(release(&mut m, 6), ["realloc from", "other"]);
         assert_eq!(release(&mut m, 8), ["realloc to"]);
+    }
+
+    /// Releases everything up to `watermark`, taking each event's successor whenever
+    /// `take_if` allows it; returns the events as handed out, the taken ones marked.
+    fn release_taking(
+        merge: &mut Merge<Event, fn(&Event) -> u64>,
+        watermark: u64,
+        max: usize,
+    ) -> (usize, Vec<String>) {
+        let mut out = Vec::new();
+        let handed = merge.release_with_next(watermark, max, |_, event, next| {
+            out.push(event.1.to_string());
+            if let Some(taken) = next.take_if(|_| true) {
+                out.push(format!("+{}", taken.1));
+            }
+        });
+        (handed, out)
+    }
+
+    #[test]
+    fn the_next_event_is_taken_only_when_nothing_from_another_ring_sorts_between() {
+        let mut m = merge(2);
+        m.push(
+            0,
+            [(1, "a1"), (2, "a2"), (3, "a3"), (6, "a6"), (7, "a7")],
+            true,
+        );
+        m.push(1, [(4, "b4"), (6, "b6")], true);
+        let (handed, got) = release_taking(&mut m, u64::MAX, usize::MAX);
+        // a1 takes a2; a3 is handed on its own and cannot take a6, which sorts after b4; b4
+        // cannot take b6, which ties with a6 and loses the tie to the lower ring; a6 cannot
+        // take a7, which sorts after b6.
+        assert_eq!(got, ["a1", "+a2", "a3", "b4", "a6", "b6", "a7"]);
+        assert_eq!(handed, 7);
+        assert_eq!(m.staged_total(), 0);
+    }
+
+    #[test]
+    fn the_next_event_is_not_taken_past_the_watermark_the_bound_or_a_refusal() {
+        let mut m = merge(1);
+        m.push(0, [(1, "a1"), (5, "a5")], true);
+        let (handed, got) = release_taking(&mut m, 4, usize::MAX);
+        assert_eq!((handed, got), (1, vec!["a1".to_string()]));
+        let (handed, got) = release_taking(&mut m, u64::MAX, usize::MAX);
+        assert_eq!((handed, got), (1, vec!["a5".to_string()]));
+
+        m.push(0, [(6, "a6"), (7, "a7"), (8, "a8")], true);
+        let (handed, got) = release_taking(&mut m, u64::MAX, 1);
+        assert_eq!((handed, got), (1, vec!["a6".to_string()]));
+        let mut refused = Vec::new();
+        m.release_with_next(u64::MAX, usize::MAX, |_, event, next| {
+            refused.push(event.1);
+            assert!(next.take_if(|_| false).is_none());
+        });
+        assert_eq!(refused, ["a7", "a8"]);
+        assert_eq!(m.staged_total(), 0);
+    }
+
+    #[test]
+    fn taking_the_next_event_keeps_the_order_of_a_plain_release() {
+        // Three rings with interleaved stamps and ties, released in chunks: handing out one
+        // event and its taken successor gives the plain release's order.
+        let stamps: [&[u64]; 3] = [
+            &[1, 2, 2, 5, 9, 9, 10],
+            &[2, 3, 4, 9, 11],
+            &[0, 5, 5, 6, 12],
+        ];
+        let names: Vec<Vec<&'static str>> = stamps
+            .iter()
+            .enumerate()
+            .map(|(ring, ring_stamps)| {
+                (0..ring_stamps.len())
+                    .map(|i| &*Box::leak(format!("r{ring}e{i}").into_boxed_str()))
+                    .collect()
+            })
+            .collect();
+        let fill = |m: &mut Merge<Event, fn(&Event) -> u64>| {
+            for (ring, ring_stamps) in stamps.iter().enumerate() {
+                m.push(
+                    ring,
+                    ring_stamps.iter().copied().zip(names[ring].iter().copied()),
+                    true,
+                );
+            }
+        };
+        let mut plain = merge(3);
+        fill(&mut plain);
+        let expected = release(&mut plain, u64::MAX);
+        for chunk in 1..5 {
+            let mut taking = merge(3);
+            fill(&mut taking);
+            let mut got = Vec::new();
+            while taking.staged_total() > 0 {
+                let (_, out) = release_taking(&mut taking, u64::MAX, chunk);
+                got.extend(
+                    out.into_iter()
+                        .map(|name| name.trim_start_matches('+').to_string()),
+                );
+            }
+            assert_eq!(got, expected, "chunks of {chunk}");
+        }
     }
 }

@@ -540,8 +540,22 @@ impl Merger {
         loop {
             let mut merge =
                 std::mem::replace(&mut self.merge, Merge::new(0, StampNs(self.calibration)));
-            let applied = merge.release_at_most(watermark_ns, MERGE_CHUNK, |index, raw| {
-                self.apply(index, raw);
+            let log = self.log.is_some();
+            let applied = merge.release_with_next(watermark_ns, MERGE_CHUNK, |index, raw, next| {
+                // Two events of one ring adjacent in the merged order may take a shortcut
+                // (the allocation log wants every event on its own): a short-lived block's
+                // alloc and free go to the timeline as one; a realloc's first half needs no
+                // release of its own when nothing can reuse the old address before the second.
+                let paired =
+                    |next: &RawEvent| !log && (raw.is_freed_by(next) || raw.is_completed_by(next));
+                match next.take_if(paired) {
+                    Some(free) if raw.is_freed_by(&free) => self.apply_pair(index, raw, free),
+                    Some(second) => {
+                        self.apply_record(index, raw);
+                        self.apply_record(index, second);
+                    }
+                    None => self.apply(index, raw),
+                }
             });
             self.merge = merge;
             merged += applied;
@@ -592,11 +606,17 @@ impl Merger {
         profile
     }
 
-    /// Decodes one raw event of ring `index` and applies the record it completes.
+    /// Applies one raw event of ring `index`: a realloc's first half gives its old address up
+    /// at once, and the record the event completes, if any, is applied.
     fn apply(&mut self, index: usize, raw: RawEvent) {
         if let Some(release) = raw.realloc_release() {
             self.release(index, release);
         }
+        self.apply_record(index, raw);
+    }
+
+    /// Decodes one raw event of ring `index` and applies the record it completes.
+    fn apply_record(&mut self, index: usize, raw: RawEvent) {
         let cursor = &mut self.cursors[index];
         let Some(Decoded {
             sampled,
@@ -764,6 +784,31 @@ impl Merger {
         if sampled {
             self.apply_sample(index, &event);
         }
+    }
+
+    /// Applies a plain alloc of ring `index` and the free of the same block that follows it in
+    /// the merged order ([`RawEvent::is_freed_by`]) with one call into the timeline.
+    fn apply_pair(&mut self, index: usize, alloc: RawEvent, free: RawEvent) {
+        let cursor = &mut self.cursors[index];
+        let block = cursor.decoder.decode_short_lived(&alloc, &free);
+        let Some(thread) = cursor.thread else {
+            return;
+        };
+        let stats = &mut self.threads[thread as usize];
+        stats.allocs += 1;
+        stats.frees += 1;
+        let at = |(ticks, span), calibration: &Calibration| At {
+            ts: calibration.to_ns(ticks).unwrap_or(0),
+            thread,
+            span,
+        };
+        let (made, ended) = (
+            at(block.made, &self.calibration),
+            at(block.ended, &self.calibration),
+        );
+        self.newest_ns = self.newest_ns.max(ended.ts);
+        self.timeline
+            .apply_alloc_then_free(made, ended, block.addr, block.size, block.category);
     }
 
     /// Applies the first half of a realloc of ring `index` as it is merged: the old address

@@ -339,6 +339,62 @@ impl Timeline {
         }
     }
 
+    /// Applies a plain heap allocation `alloc` and the free of the same block `freed` that
+    /// comes right after it in the merged order, as [`Timeline::apply_alloc`] then
+    /// [`Timeline::apply_free`] would, to the same profile, but without making the block live
+    /// in the live map: nothing can look it up between the two. A block the allocation made
+    /// the peak with goes straight to the live map's rows of blocks live at the peak. When
+    /// the address is live already (the allocation would end that block first) or the free
+    /// is stamped before the allocation, both go the general way. The collector calls it for
+    /// the short-lived blocks that make a large part of allocation-heavy streams.
+    pub(crate) fn apply_alloc_then_free(
+        &mut self,
+        alloc: At,
+        freed: At,
+        addr: u64,
+        size: u64,
+        category: Category,
+    ) {
+        let device = DeviceId::CPU;
+        if freed.ts < alloc.ts || self.live.contains(device, addr) {
+            self.apply_alloc(alloc, device, addr, size, category);
+            self.apply_free(freed, device, addr);
+            return;
+        }
+        // The allocation, as `apply_alloc` and `make_live` do it.
+        let seq = self.next_seq();
+        self.counts.allocs += 1;
+        self.counts.total_alloc_bytes = self.counts.total_alloc_bytes.saturating_add(size);
+        let (origin, owner) = self.origin(alloc.thread, alloc.span);
+        let state = self.device(device);
+        state.allocs += 1;
+        state.add(category, size);
+        self.spans.on_alloc(owner, size, size, true);
+        let peaks = self.live.peaks_marked();
+        self.changed(device, alloc.ts, seq);
+        // The free, as `apply_free` does it with the entry the live map would hand back: live
+        // at the peak exactly when the allocation marked one.
+        let seq = self.next_seq();
+        let entry = LiveEntry {
+            size,
+            ts: alloc.ts,
+            thread: alloc.thread,
+            owner,
+            origin,
+            category,
+            at_peak: self.live.peaks_marked() != peaks,
+        };
+        if entry.at_peak {
+            self.live.remember_ended(device, addr, &entry);
+        }
+        let sample = self.sampled_ended(device, addr);
+        self.device(device).frees += 1;
+        self.counts.frees += 1;
+        self.split_ended(device, addr, &entry, sample);
+        self.end(device, &entry);
+        self.changed(device, freed.ts, seq);
+    }
+
     /// The id of an (op name, shape, dtype) triple, interned on first sight.
     pub(super) fn op_id(
         &mut self,

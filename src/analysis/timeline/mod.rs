@@ -54,6 +54,8 @@ mod split;
 pub(crate) use apply::At;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_shortcuts;
 
 use rustc_hash::FxHashMap;
 
