@@ -534,15 +534,11 @@ mod tests {
             &[2, 3, 4, 9, 11],
             &[0, 5, 5, 6, 12],
         ];
-        let names: Vec<Vec<&'static str>> = stamps
-            .iter()
-            .enumerate()
-            .map(|(ring, ring_stamps)| {
-                (0..ring_stamps.len())
-                    .map(|i| &*Box::leak(format!("r{ring}e{i}").into_boxed_str()))
-                    .collect()
-            })
-            .collect();
+        let names: [&[&'static str]; 3] = [
+            &["a0", "a1", "a2", "a3", "a4", "a5", "a6"],
+            &["b0", "b1", "b2", "b3", "b4"],
+            &["c0", "c1", "c2", "c3", "c4"],
+        ];
         let fill = |m: &mut Merge<Event, fn(&Event) -> u64>| {
             for (ring, ring_stamps) in stamps.iter().enumerate() {
                 m.push(
