@@ -106,7 +106,7 @@ impl Calibration {
     }
 
     /// Converts readings from `origin` on at `ns_per_tick` (positive, finite).
-    fn with_rate(origin: u64, ns_per_tick: f64) -> Calibration {
+    pub(crate) fn with_rate(origin: u64, ns_per_tick: f64) -> Calibration {
         // The most fraction bits that keep the scaled rate below 2^63.
         let whole_bits = ns_per_tick.max(1.0).log2().ceil() as u32;
         let fraction_bits = 62u32.saturating_sub(whole_bits);

@@ -551,6 +551,7 @@ impl Merger {
                 match next.take_if(paired) {
                     Some(free) if raw.is_freed_by(&free) => self.apply_pair(index, raw, free),
                     Some(second) => {
+                        self.release_adjacent(index, &raw);
                         self.apply_record(index, raw);
                         self.apply_record(index, second);
                     }
@@ -806,9 +807,20 @@ impl Merger {
             at(block.made, &self.calibration),
             at(block.ended, &self.calibration),
         );
-        self.newest_ns = self.newest_ns.max(ended.ts);
+        self.newest_ns = self.newest_ns.max(made.ts).max(ended.ts);
         self.timeline
             .apply_alloc_then_free(made, ended, block.addr, block.size, block.category);
+    }
+
+    /// The first half `first` of a realloc of ring `index` whose second half is applied
+    /// right after it: no release of its own, only what a lost realloc left pending ends.
+    fn release_adjacent(&mut self, index: usize, first: &RawEvent) {
+        let (Some(thread), Some(release)) = (self.cursors[index].thread, first.realloc_release())
+        else {
+            return;
+        };
+        let ts = self.calibration.to_ns(release.ticks).unwrap_or(0);
+        self.timeline.release_adjacent(thread, ts);
     }
 
     /// Applies the first half of a realloc of ring `index` as it is merged: the old address
@@ -1024,6 +1036,104 @@ fn log_event(log: &mut AllocLogWriter, device_names: &[String], event: &Event) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::alloc_log::AllocLog;
+    use crate::model::Category;
+
+    /// One thread's raw events as its ring holds them, over more than two merge chunks: in
+    /// each round a short-lived block, a sampled one freed at once, a realloc's two halves, a
+    /// block that lives on and one round's odd event, so pairs fall on chunk bounds too.
+    fn one_threads_events() -> (Vec<RawEvent>, u64) {
+        let mut events = Vec::new();
+        let mut ticks = 0;
+        let mut tick = || {
+            ticks += 10;
+            ticks
+        };
+        let (other, pcs) = (Category::Other, [0x4000_1000, 0x4000_2000, 0x4000_3000]);
+        let rounds = MERGE_CHUNK as u64 * 2 / 9 + 3;
+        for round in 0..rounds {
+            let base = 0x10_0000 + round * 0x1000;
+            events.push(RawEvent::alloc(tick(), 0, other, base, 48));
+            events.push(RawEvent::free(tick(), 0, base, 48));
+            let sampled = RawEvent::alloc(tick(), 0, other, base + 0x100, 4096);
+            events.extend(RawEvent::sampled::<2, 1>(&pcs, false, [sampled]));
+            events.push(RawEvent::free(tick(), 0, base + 0x100, 4096));
+            events.push(RawEvent::alloc(tick(), 0, other, base + 0x200, 16));
+            let (released, ticks) = (tick(), tick());
+            let realloc = RawEvent::realloc(
+                released,
+                ticks,
+                0,
+                other,
+                (base + 0x200, 16),
+                (base + 0x300, 64),
+            );
+            events.extend(realloc);
+            if round % 2 == 1 {
+                events.push(RawEvent::free(tick(), 0, base - 0x1000 + 0x300, 64));
+            }
+        }
+        // Last, a short-lived block: the profile's duration ends with its free.
+        events.push(RawEvent::alloc(tick(), 0, other, 0x8, 8));
+        events.push(RawEvent::free(tick(), 0, 0x8, 8));
+        (events, rounds)
+    }
+
+    /// What a merger makes of `events` on ring 0, with the allocation log at `log` if given.
+    fn merged(
+        events: &[RawEvent],
+        log: Option<&std::path::Path>,
+    ) -> (serde_json::Value, ThreadCapture) {
+        let mut merger = Merger::new(Calibration::with_rate(0, 1.0), TimelineConfig::default());
+        merger.timeline.set_sampling(1 << 20, "test");
+        merger.log = log.map(AllocLogWriter::create);
+        merger.cursors[0].thread = Some(0);
+        merger.threads.push(ThreadCapture::default());
+        merger.merge.push(0, events.iter().copied(), true);
+        merger.merge_draining(u64::MAX, false);
+        assert_eq!(merger.merge.staged_total(), 0);
+        if let Some(log) = merger.log.take() {
+            log.finish().unwrap();
+        }
+        let profile = merger.checkpoint(0);
+        (
+            serde_json::to_value(&profile).unwrap(),
+            merger.threads[0].clone(),
+        )
+    }
+
+    /// The merger's shortcuts for adjacent events change nothing it reports: the profile and
+    /// the thread's counts are those of every event applied on its own (as with the allocation
+    /// log, which takes no shortcut), and the log holds every allocation and free.
+    #[test]
+    fn the_shortcuts_report_what_every_event_on_its_own_reports() {
+        let (events, rounds) = one_threads_events();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.alloc");
+        let (with_shortcuts, counted) = merged(&events, None);
+        let (one_by_one, counted_one_by_one) = merged(&events, Some(&path));
+        assert_eq!(counted, counted_one_by_one);
+        // Each round's and the last block's.
+        let (allocs, frees, reallocs) = (3 * rounds + 1, 2 * rounds + rounds / 2 + 1, rounds);
+        assert_eq!(
+            (counted.allocs, counted.frees, counted.reallocs),
+            (allocs, frees, reallocs)
+        );
+        // Not `assert_eq!`: the two documents are long.
+        assert!(with_shortcuts == one_by_one, "the profiles differ");
+        let last = events.last().unwrap().ticks();
+        assert_eq!(with_shortcuts["summary"]["duration_ns"], last);
+        let sites = &with_shortcuts["sites"];
+        assert!(
+            sites.as_array().is_some_and(|sites| !sites.is_empty()),
+            "{sites}"
+        );
+
+        let log = AllocLog::read(&path).unwrap();
+        let logged = |alloc: bool| log.records.iter().filter(|r| r.alloc == alloc).count() as u64;
+        assert_eq!(logged(true), allocs + reallocs);
+        assert_eq!(logged(false), frees + reallocs);
+    }
 
     /// A backlog is four rings' worth, and a huge ring does not make it huge.
     #[test]

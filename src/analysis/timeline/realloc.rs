@@ -95,6 +95,16 @@ impl Timeline {
         }
     }
 
+    /// The first half of `thread`'s realloc, stamped `ts`, when its second half follows at
+    /// once and is applied without it: no other thread can reuse the old address in between,
+    /// so nothing moves, but a release still pending on the thread (its realloc lost by a
+    /// dropping stream) ends here, as the first half would have ended it.
+    pub(crate) fn release_adjacent(&mut self, thread: u32, ts: u64) {
+        if !self.pending_reallocs.is_empty() {
+            self.settle_pending(thread, ts);
+        }
+    }
+
     /// A release whose realloc never came (the stream lost it): its block ends now, as if
     /// freed. Not counted as a free.
     fn settle_pending(&mut self, thread: u32, ts: u64) {
