@@ -159,6 +159,12 @@ impl RawEvent {
         self.ticks
     }
 
+    /// The innermost span open on the thread when the event was stamped.
+    #[inline(always)]
+    pub(crate) fn span(&self) -> u32 {
+        self.span
+    }
+
     /// A heap block of `size` bytes became live at `addr`.
     #[inline(always)]
     pub(crate) fn alloc(
@@ -577,6 +583,20 @@ pub(crate) struct ShortLived {
     pub(crate) category: Category,
 }
 
+/// A plain heap event: an allocation that was not sampled, or a free
+/// ([`Decoder::decode_plain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Plain {
+    Alloc {
+        addr: u64,
+        size: u64,
+        category: Category,
+    },
+    Free {
+        addr: u64,
+    },
+}
+
 /// The first half of a realloc ([`RawEvent::realloc_release`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ReallocRelease {
@@ -628,6 +648,31 @@ impl Decoder {
             size: alloc.b,
             category: Category::from_index(alloc.flags),
         }
+    }
+
+    /// `raw` decoded as [`Decoder::decode`] would decode it when it is a plain heap event,
+    /// most of any stream, without building a [`Record`]; otherwise `None`, and nothing
+    /// changes.
+    #[inline]
+    pub(crate) fn decode_plain(&mut self, raw: &RawEvent) -> Option<Plain> {
+        let plain = if raw.kind == RawKind::Alloc as u8 && raw.flags & SAMPLED == 0 {
+            Plain::Alloc {
+                addr: raw.a,
+                size: raw.b,
+                category: Category::from_index(raw.flags),
+            }
+        } else if raw.kind == RawKind::Free as u8 {
+            Plain::Free { addr: raw.a }
+        } else {
+            return None;
+        };
+        // Like any record that is not sampled, it leaves no stack behind it.
+        if !self.stack.is_empty() || self.stack_truncated {
+            self.stack.clear();
+            self.stack_truncated = false;
+        }
+        self.stack_done = true;
+        Some(plain)
     }
 
     /// The call stack of the last record decoded, when it was `sampled`: return addresses,

@@ -62,7 +62,7 @@ pub(crate) struct Merge<T, S> {
     total: usize,
 }
 
-impl<T, S: Stamp<T>> Merge<T, S> {
+impl<T: Copy, S: Stamp<T>> Merge<T, S> {
     /// A merge of `rings` empty queues.
     pub(crate) fn new(rings: usize, stamp: S) -> Merge<T, S> {
         Merge {
@@ -116,25 +116,42 @@ impl<T, S: Stamp<T>> Merge<T, S> {
     /// last event ever taken from it (a ring that never gave an event, at the highest
     /// watermark released so far).
     pub(crate) fn push(&mut self, ring: usize, events: impl IntoIterator<Item = T>, emptied: bool) {
-        self.active = self.active.max(ring + 1);
+        self.append_with(ring, |queue| queue.extend(events));
         let queue = &mut self.queues[ring];
-        let was_empty = queue.events.is_empty();
-        let before = queue.events.len();
-        queue.events.extend(events);
-        self.total += queue.events.len() - before;
-        if let Some(last) = queue.events.back() {
-            queue.last = Some(self.stamp.stamp(last));
-        }
         queue.hold = if emptied {
             None
         } else {
             Some(queue.last.unwrap_or(self.released))
         };
+    }
+
+    /// Adds the events `fill` appends to `ring`'s queue (drained from the ring, oldest first)
+    /// and returns what `fill` returns; the ring's hold is left as it was, for a
+    /// [`Merge::push`] of what else the drain found. The drain moves events straight into the
+    /// queue: no copy between, which on a busy ring is a pass over memory per event.
+    pub(crate) fn append_with<R>(
+        &mut self,
+        ring: usize,
+        fill: impl FnOnce(&mut VecDeque<T>) -> R,
+    ) -> R {
+        self.active = self.active.max(ring + 1);
+        let queue = &mut self.queues[ring];
+        let was_empty = queue.events.is_empty();
+        let before = queue.events.len();
+        let filled = fill(&mut queue.events);
+        debug_assert!(queue.events.len() >= before, "`fill` may only append");
+        self.total += queue.events.len() - before;
+        if queue.events.len() > before {
+            if let Some(last) = queue.events.back() {
+                queue.last = Some(self.stamp.stamp(last));
+            }
+        }
         if was_empty {
             if let Some(front) = queue.events.front() {
                 self.fronts.push(Reverse((self.stamp.stamp(front), ring)));
             }
         }
+        filled
     }
 
     /// The lowest hold of a partly drained ring, if any.
@@ -182,7 +199,7 @@ impl<T, S: Stamp<T>> Merge<T, S> {
         &mut self,
         watermark: u64,
         max: usize,
-        mut out: impl FnMut(usize, T, &mut Next<'_, T, S>),
+        mut out: impl FnMut(usize, T, &mut Next<'_, T>),
     ) -> usize {
         let watermark = self.hold().map_or(watermark, |hold| hold.min(watermark));
         self.released = self.released.max(watermark);
@@ -193,34 +210,40 @@ impl<T, S: Stamp<T>> Merge<T, S> {
             }
             self.fronts.pop();
             // This ring runs while its events sort before the next ring's front, by (stamp,
-            // ring) as the heap orders them, and stay within the watermark.
+            // ring) as the heap orders them, and stay within the watermark. The run is found
+            // first, so that handing it out needs no check per event.
             let next_front = self.fronts.peek().map(|&Reverse(front)| front);
             let queue = &mut self.queues[ring];
-            while let Some(event) = queue.events.pop_front() {
+            let room = max - handed;
+            let mut run = 1;
+            let mut after = None;
+            for event in queue.events.range(1..) {
+                let stamp = self.stamp.stamp(event);
+                if run == room
+                    || stamp > watermark
+                    || next_front.is_some_and(|front| (stamp, ring) > front)
+                {
+                    after = Some(stamp);
+                    break;
+                }
+                run += 1;
+            }
+            let mut at = 0;
+            while at < run {
+                let event = queue.events[at];
+                at += 1;
                 let mut next = Next {
-                    events: &mut queue.events,
-                    stamp: &self.stamp,
-                    ring,
-                    watermark,
-                    next_front,
-                    room: max - handed - 1,
+                    run: &queue.events,
+                    at: &mut at,
+                    end: run,
                     taken: false,
                 };
                 out(ring, event, &mut next);
-                handed += 1 + usize::from(next.taken);
-                match queue.events.front() {
-                    Some(next) => {
-                        let stamp = self.stamp.stamp(next);
-                        if stamp > watermark
-                            || handed == max
-                            || next_front.is_some_and(|front| (stamp, ring) > front)
-                        {
-                            self.fronts.push(Reverse((stamp, ring)));
-                            break;
-                        }
-                    }
-                    None => break,
-                }
+            }
+            queue.events.drain(..run);
+            handed += run;
+            if let Some(stamp) = after {
+                self.fronts.push(Reverse((stamp, ring)));
             }
         }
         self.total -= handed;
@@ -231,41 +254,33 @@ impl<T, S: Stamp<T>> Merge<T, S> {
 /// The event a release would hand out next, when it is from the same ring as the one just
 /// handed out: [`Merge::release_with_next`] lets its consumer take it at once.
 #[derive(Debug)]
-pub(crate) struct Next<'a, T, S> {
-    events: &'a mut VecDeque<T>,
-    stamp: &'a S,
-    ring: usize,
-    watermark: u64,
-    /// The front of the other rings, which the next event must sort before.
-    next_front: Option<(u64, usize)>,
-    /// Events the release may still hand out after the current one.
-    room: usize,
+pub(crate) struct Next<'a, T> {
+    /// The queue of the ring being released.
+    run: &'a VecDeque<T>,
+    /// The position of the next event in `run`.
+    at: &'a mut usize,
+    /// Where the ring's run ends: the events before it sort before every other ring's front,
+    /// are within the watermark and within the release's bound.
+    end: usize,
     taken: bool,
 }
 
-impl<T, S: Stamp<T>> Next<'_, T, S> {
+impl<T: Copy> Next<'_, T> {
     /// Takes the next event of the merged order if it is this ring's next one and `wanted`
     /// accepts it: nothing from another ring sorts between the two. At most once per event
     /// handed out.
     #[inline]
     pub(crate) fn take_if(&mut self, wanted: impl FnOnce(&T) -> bool) -> Option<T> {
-        if self.taken || self.room == 0 {
+        if self.taken || *self.at >= self.end {
             return None;
         }
-        let next = self.events.front()?;
-        if !wanted(next) {
-            return None;
-        }
-        let stamp = self.stamp.stamp(next);
-        if stamp > self.watermark
-            || self
-                .next_front
-                .is_some_and(|front| (stamp, self.ring) > front)
-        {
+        let next = self.run[*self.at];
+        if !wanted(&next) {
             return None;
         }
         self.taken = true;
-        self.events.pop_front()
+        *self.at += 1;
+        Some(next)
     }
 }
 

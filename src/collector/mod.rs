@@ -16,7 +16,7 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use crate::alloc_log::AllocLogWriter;
 use crate::analysis::{At, DeviceId, Event, EventKind, NameId, ShapeId, Timeline, TimelineConfig};
 use crate::capture::clock::Calibration;
-use crate::capture::raw::{Decoded, Decoder, RawEvent, RawKind, ReallocRelease, Record};
+use crate::capture::raw::{Decoded, Decoder, Plain, RawEvent, RawKind, ReallocRelease, Record};
 use crate::capture::registry::{SlotState, REGISTRY};
 use crate::capture::{self, gate, names, oom, wake, UNATTRIBUTED_DROPS};
 use crate::checkpoint::{CheckpointConfig, Checkpointer};
@@ -288,7 +288,6 @@ struct Merger {
     /// The allocation log, when the session asked for one.
     log: Option<AllocLogWriter>,
     threads: Vec<ThreadCapture>,
-    scratch: Vec<RawEvent>,
     /// Newest timestamp merged, for `duration_ns`.
     newest_ns: u64,
     /// The most events the latest drain took from one ring.
@@ -326,7 +325,6 @@ impl Merger {
             device_names: vec!["cpu".to_string()],
             log: None,
             threads: Vec::new(),
-            scratch: Vec::with_capacity(STAGED_PER_RING),
             newest_ns: 0,
             most_drained: 0,
             backlog: staged_backlog(capture::ring_capacity()),
@@ -360,7 +358,6 @@ impl Merger {
             if state == SlotState::Free || !slot.ring.has_storage() || self.cursors[index].retired {
                 continue;
             }
-            self.scratch.clear();
             // Before the drain: a producer busy now may have read its clock but not published;
             // its event is no older than the last one drained, so the ring holds there.
             let in_flight = slot.ring.is_busy();
@@ -370,7 +367,9 @@ impl Merger {
             // SAFETY: this thread is the only consumer of every ring (one collector runs at a
             // time: the session starts it and joins it before another can start), and storage
             // is installed (checked above).
-            let moved = unsafe { slot.ring.drain_at_most(&mut self.scratch, room as u64) };
+            let moved = self.merge.append_with(index, |queue| unsafe {
+                slot.ring.drain_at_most(queue, room as u64)
+            });
             self.most_drained = self.most_drained.max(moved);
             let emptied = moved < room as u64;
             // A ring left with events it had no room for is producing too.
@@ -381,7 +380,7 @@ impl Merger {
                 // Nothing from the current owner yet: do not name it. A thread that has just
                 // claimed the ring may not have stored its tid yet (the slot would still show
                 // the previous owner's, and every later event would be charged to that tid).
-                None if self.scratch.is_empty() && dropped == self.cursors[index].dropped_seen => {
+                None if moved == 0 && dropped == self.cursors[index].dropped_seen => {
                     // Caught mid-push, its first event may be older than the next watermark.
                     self.merge.push(index, std::iter::empty(), !in_flight);
                     behind |= self.merge.holds_below(index, watermark_ns);
@@ -405,7 +404,7 @@ impl Merger {
                 }
             };
             self.merge
-                .push(index, self.scratch.drain(..), emptied && !in_flight);
+                .push(index, std::iter::empty(), emptied && !in_flight);
             self.charge_drops(index, thread, dropped);
             // Everything a retired owner wrote before retiring is drained once it is emptied.
             self.cursors[index].retired = state == SlotState::Retired && emptied;
@@ -619,6 +618,38 @@ impl Merger {
     /// Decodes one raw event of ring `index` and applies the record it completes.
     fn apply_record(&mut self, index: usize, raw: RawEvent) {
         let cursor = &mut self.cursors[index];
+        // Plain heap events, most of any stream, go straight to the timeline: no record or
+        // `Event` is built unless a log or a sample needs one.
+        if self.log.is_none() {
+            if let Some(plain) = cursor.decoder.decode_plain(&raw) {
+                let Some(thread) = cursor.thread else {
+                    return;
+                };
+                let ts = self.calibration.to_ns(raw.ticks()).unwrap_or(0);
+                self.newest_ns = self.newest_ns.max(ts);
+                let stats = &mut self.threads[thread as usize];
+                let at = At {
+                    ts,
+                    thread,
+                    span: raw.span(),
+                };
+                return match plain {
+                    Plain::Alloc {
+                        addr,
+                        size,
+                        category,
+                    } => {
+                        stats.allocs += 1;
+                        self.timeline
+                            .apply_alloc(at, DeviceId::CPU, addr, size, category)
+                    }
+                    Plain::Free { addr } => {
+                        stats.frees += 1;
+                        self.timeline.apply_free(at, DeviceId::CPU, addr)
+                    }
+                };
+            }
+        }
         let Some(Decoded {
             sampled,
             ticks,
@@ -641,30 +672,6 @@ impl Merger {
             _ => stats.other_events += 1,
         }
         self.newest_ns = self.newest_ns.max(ts_ns);
-        // Plain heap events, most of any stream, go straight to the timeline: no `Event` is
-        // built unless a log or a sample needs one.
-        if !sampled && self.log.is_none() {
-            let at = At {
-                ts: ts_ns,
-                thread,
-                span,
-            };
-            match record {
-                Record::Alloc {
-                    addr,
-                    size,
-                    category,
-                } => {
-                    return self
-                        .timeline
-                        .apply_alloc(at, DeviceId::CPU, addr, size, category)
-                }
-                Record::Free { addr, .. } => {
-                    return self.timeline.apply_free(at, DeviceId::CPU, addr)
-                }
-                _ => {}
-            }
-        }
         let kind = match record {
             Record::Alloc {
                 addr,
