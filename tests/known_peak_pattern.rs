@@ -4,6 +4,7 @@
 //! allocation grown by realloc, so resizes are neither lost nor double-counted.
 
 use std::alloc::{alloc_zeroed, dealloc, realloc, Layout};
+use std::hint::black_box;
 
 use highwater::{Alloc, Category, Session, Step};
 
@@ -24,16 +25,18 @@ fn forward_then_backward_peaks_at_twelve_mib() {
             // SAFETY: `small` has a non-zero size; the block is grown once and freed below
             // with the layout it then has.
             unsafe {
-                let block = alloc_zeroed(small);
+                // `black_box`: an optimised build may otherwise elide allocations it can see
+                // are never read.
+                let block = black_box(alloc_zeroed(small));
                 assert!(!block.is_null());
-                let grown = realloc(block, small, 8 * MIB as usize);
+                let grown = black_box(realloc(block, small, 8 * MIB as usize));
                 assert!(!grown.is_null());
                 grown
             }
         };
         let gradients = {
             let _bwd = highwater::profile!("backward", Step::Backward);
-            vec![1u8; 4 * MIB as usize]
+            black_box(vec![1u8; 4 * MIB as usize])
         };
         (activations, gradients)
     };
