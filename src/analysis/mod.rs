@@ -36,5 +36,5 @@ pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq, StackId};
 pub(crate) use sites::{sample_probability, trimmed_frames, ResolveFrames, ALWAYS_SAMPLED_MEANS};
 // The collector, its only user, is not built under loom.
 #[cfg_attr(loom, allow(unused_imports))]
-pub(crate) use timeline::At;
+pub(crate) use timeline::{At, Realloc};
 pub use timeline::{Timeline, TimelineConfig};

@@ -583,7 +583,7 @@ pub(crate) struct ShortLived {
     pub(crate) category: Category,
 }
 
-/// A plain heap event: an allocation that was not sampled, or a free
+/// A plain heap event: an allocation or a realloc that was not sampled, or a free
 /// ([`Decoder::decode_plain`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Plain {
@@ -594,6 +594,15 @@ pub(crate) enum Plain {
     },
     Free {
         addr: u64,
+    },
+    /// A realloc's second half, with what its first half held.
+    Realloc {
+        /// The first half's clock reading.
+        released: u64,
+        old_addr: u64,
+        new_addr: u64,
+        new_size: u64,
+        category: Category,
     },
 }
 
@@ -663,6 +672,15 @@ impl Decoder {
             }
         } else if raw.kind == RawKind::Free as u8 {
             Plain::Free { addr: raw.a }
+        } else if raw.kind == RawKind::ReallocTo as u8 && raw.flags & SAMPLED == 0 {
+            let first = self.head.take().unwrap_or_default();
+            Plain::Realloc {
+                released: first.ticks,
+                old_addr: first.a,
+                new_addr: raw.a,
+                new_size: raw.b,
+                category: Category::from_index(raw.flags),
+            }
         } else {
             return None;
         };

@@ -14,7 +14,9 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
 
 use crate::alloc_log::AllocLogWriter;
-use crate::analysis::{At, DeviceId, Event, EventKind, NameId, ShapeId, Timeline, TimelineConfig};
+use crate::analysis::{
+    At, DeviceId, Event, EventKind, NameId, Realloc, ShapeId, Timeline, TimelineConfig,
+};
 use crate::capture::clock::Calibration;
 use crate::capture::raw::{Decoded, Decoder, Plain, RawEvent, RawKind, ReallocRelease, Record};
 use crate::capture::registry::{SlotState, REGISTRY};
@@ -646,6 +648,26 @@ impl Merger {
                     Plain::Free { addr } => {
                         stats.frees += 1;
                         self.timeline.apply_free(at, DeviceId::CPU, addr)
+                    }
+                    Plain::Realloc {
+                        released,
+                        old_addr,
+                        new_addr,
+                        new_size,
+                        category,
+                    } => {
+                        stats.reallocs += 1;
+                        // As for the event: a first half from before the session counts as
+                        // its start, and it is never later than the second.
+                        let released = self.calibration.to_ns(released).unwrap_or(0).min(ts);
+                        let realloc = Realloc {
+                            old_addr,
+                            new_addr,
+                            new_size,
+                            category,
+                            released,
+                        };
+                        self.timeline.apply_realloc(at, realloc)
                     }
                 };
             }

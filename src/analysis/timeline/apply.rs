@@ -36,6 +36,17 @@ pub(super) struct NewBlock {
     pub(super) is_alloc: bool,
 }
 
+/// A completed heap realloc, for [`Timeline::apply_realloc`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Realloc {
+    pub(crate) old_addr: u64,
+    pub(crate) new_addr: u64,
+    pub(crate) new_size: u64,
+    pub(crate) category: Category,
+    /// When the old block was given up (the realloc's first half), ns; no later than `at`.
+    pub(crate) released: u64,
+}
+
 /// When and where an event happened, as a block it makes live records it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct At {
@@ -117,44 +128,14 @@ impl Timeline {
                 released_ns,
                 ..
             } => {
-                let device = DeviceId::CPU;
-                self.device(device);
-                self.counts.reallocs += 1;
-                let released = released_ns.map_or(ts, |at| at.min(ts));
-                let mut carried = None;
-                let (old_key, freed) = self.end_realloced(event.thread, old_addr, released);
-                let growth = match freed {
-                    Freed::Ended(entry) => {
-                        let sample = self.sites.ended(old_key);
-                        carried = self.split_changed(device, old_key, &entry, sample);
-                        self.end(device, &entry);
-                        new_size.saturating_sub(entry.size)
-                    }
-                    Freed::Straggler => {
-                        self.counts.reorder_repairs += 1;
-                        new_size
-                    }
-                    Freed::Unknown => {
-                        self.counts.unknown_frees += 1;
-                        new_size
-                    }
-                };
-                self.counts.total_alloc_bytes =
-                    self.counts.total_alloc_bytes.saturating_add(growth);
-                let block = NewBlock {
-                    device,
-                    addr: new_addr,
-                    size: new_size,
-                    counted: growth,
+                let realloc = Realloc {
+                    old_addr,
+                    new_addr,
+                    new_size,
                     category,
-                    is_alloc: false,
+                    released: released_ns.map_or(ts, |at| at.min(ts)),
                 };
-                self.make_live(At::of(event), block);
-                // After `make_live`: a block it displaced at the new address has been settled.
-                if let Some(carried) = carried {
-                    self.temporaries.carry(device, new_addr, carried);
-                }
-                self.changed(device, ts, seq);
+                self.apply_realloc_at(seq, At::of(event), realloc);
             }
             EventKind::SetCategory {
                 device,
@@ -337,6 +318,60 @@ impl Timeline {
             Freed::Straggler => self.counts.reorder_repairs += 1,
             Freed::Unknown => self.counts.unknown_frees += 1,
         }
+    }
+
+    /// Applies a completed heap realloc that happened `at`, as [`Timeline::apply`] does an
+    /// [`EventKind::Realloc`]: the collector calls it for an unsampled realloc without
+    /// building the event.
+    pub(crate) fn apply_realloc(&mut self, at: At, realloc: Realloc) {
+        let seq = self.next_seq();
+        self.apply_realloc_at(seq, at, realloc);
+    }
+
+    fn apply_realloc_at(&mut self, seq: u64, at: At, realloc: Realloc) {
+        let Realloc {
+            old_addr,
+            new_addr,
+            new_size,
+            category,
+            released,
+        } = realloc;
+        let device = DeviceId::CPU;
+        self.device(device);
+        self.counts.reallocs += 1;
+        let mut carried = None;
+        let (old_key, freed) = self.end_realloced(at.thread, old_addr, released);
+        let growth = match freed {
+            Freed::Ended(entry) => {
+                let sample = self.sites.ended(old_key);
+                carried = self.split_changed(device, old_key, &entry, sample);
+                self.end(device, &entry);
+                new_size.saturating_sub(entry.size)
+            }
+            Freed::Straggler => {
+                self.counts.reorder_repairs += 1;
+                new_size
+            }
+            Freed::Unknown => {
+                self.counts.unknown_frees += 1;
+                new_size
+            }
+        };
+        self.counts.total_alloc_bytes = self.counts.total_alloc_bytes.saturating_add(growth);
+        let block = NewBlock {
+            device,
+            addr: new_addr,
+            size: new_size,
+            counted: growth,
+            category,
+            is_alloc: false,
+        };
+        self.make_live(at, block);
+        // After `make_live`: a block it displaced at the new address has been settled.
+        if let Some(carried) = carried {
+            self.temporaries.carry(device, new_addr, carried);
+        }
+        self.changed(device, at.ts, seq);
     }
 
     /// Applies a plain heap allocation `alloc` and the free of the same block `freed` that

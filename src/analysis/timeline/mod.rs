@@ -51,7 +51,7 @@ mod peaks;
 mod realloc;
 mod split;
 
-pub(crate) use apply::At;
+pub(crate) use apply::{At, Realloc};
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
