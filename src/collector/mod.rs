@@ -843,7 +843,12 @@ impl Merger {
 
     /// The first half `first` of a realloc of ring `index` whose second half is applied
     /// right after it: no release of its own, only what a lost realloc left pending ends.
+    #[inline]
     fn release_adjacent(&mut self, index: usize, first: &RawEvent) {
+        // Nearly always nothing is pending: then the stamp is not even converted.
+        if !self.timeline.has_pending_reallocs() {
+            return;
+        }
         let (Some(thread), Some(release)) = (self.cursors[index].thread, first.realloc_release())
         else {
             return;

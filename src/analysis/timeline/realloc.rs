@@ -100,9 +100,16 @@ impl Timeline {
     /// so nothing moves, but a release still pending on the thread (its realloc lost by a
     /// dropping stream) ends here, as the first half would have ended it.
     pub(crate) fn release_adjacent(&mut self, thread: u32, ts: u64) {
-        if !self.pending_reallocs.is_empty() {
+        if self.has_pending_reallocs() {
             self.settle_pending(thread, ts);
         }
+    }
+
+    /// Whether some thread's realloc was released and not completed yet: without one,
+    /// [`Timeline::release_adjacent`] has nothing to do.
+    #[inline]
+    pub(crate) fn has_pending_reallocs(&self) -> bool {
+        !self.pending_reallocs.is_empty()
     }
 
     /// A release whose realloc never came (the stream lost it): its block ends now, as if
