@@ -11,6 +11,11 @@
 //! stored once, as a [`Context`] the blocks refer to by id, counted so that contexts no block
 //! or peak row needs any more are swept and their ids reused.
 //!
+//! The newest heap blocks wait in a [`Nursery`] of sixteen before they enter the index: most
+//! blocks of allocation-heavy code die that young and then never touch the index or the slab.
+//! Every operation that finds a block by its key looks in the nursery first (one compare);
+//! the rare ones that change a block in place move it to the index first.
+//!
 //! # Live at the peak, incrementally
 //!
 //! Every block carries the *epoch* it became what it is (allocated, or last recategorised):
@@ -24,6 +29,10 @@
 //! the side rows. The side rows are O(contexts + top allocations) in memory, whatever the
 //! number of blocks live at the peak; each event costs O(1) amortised.
 
+#[cfg(test)]
+mod model_tests;
+mod nursery;
+
 use std::hash::Hash;
 
 use hashbrown::hash_table::Entry;
@@ -33,6 +42,7 @@ use rustc_hash::FxHashMap;
 use crate::model::Category;
 
 use super::event::DeviceId;
+use nursery::{Nursery, EMPTY};
 
 /// "None" for the `u32` ids kept in live entries (span nodes, instances, interned names).
 pub(crate) const NONE: u32 = u32::MAX;
@@ -313,6 +323,8 @@ pub(crate) struct LiveSet {
     index: Vec<HashTable<u32>>,
     packing: Packing,
     slab: Slab,
+    /// The newest heap blocks, not in the index yet.
+    nursery: Nursery,
     contexts: Contexts,
     live: usize,
     /// Peaks marked so far (wrapping: see [`LiveSet::mark_peak`]).
@@ -435,6 +447,7 @@ impl LiveSet {
             index: Vec::new(),
             packing: Packing::NARROWEST,
             slab: Slab::default(),
+            nursery: Nursery::default(),
             contexts: Contexts::default(),
             live: 0,
             epoch: 0,
@@ -519,6 +532,46 @@ impl LiveSet {
             context,
             epoch: self.epoch,
         };
+        if device == DeviceId::CPU && addr != EMPTY {
+            if let Some(slot) = self.nursery.find(addr) {
+                let old = std::mem::replace(&mut self.nursery.blocks[slot], block);
+                return Some(self.displace(device, old));
+            }
+            if self.nursery.admits() && self.find_indexed(device, addr).is_none() {
+                for out in self.nursery.push(block).into_iter().flatten() {
+                    // Never live in the index too: nothing enters the index at an address
+                    // the nursery holds.
+                    let displaced = self.index_insert(device, out);
+                    debug_assert!(displaced.is_none(), "a nursery block was indexed too");
+                    if let Some(old) = displaced {
+                        self.live -= 1;
+                        self.displace(device, old);
+                    }
+                }
+                self.live += 1;
+                return None;
+            }
+        }
+        match self.index_insert(device, block) {
+            Some(old) => Some(self.displace(device, old)),
+            None => {
+                self.live += 1;
+                None
+            }
+        }
+    }
+
+    /// Ends `old`, which a new block at its key replaced; returns it as it was.
+    fn displace(&mut self, device: DeviceId, old: Block) -> LiveEntry {
+        let displaced = self.entry(&old);
+        self.end_block(device, old);
+        displaced
+    }
+
+    /// Puts `block` in the index and the slab at `(device, block.addr)`; returns the block it
+    /// replaced there, if the key was indexed already. The live count is the caller's.
+    fn index_insert(&mut self, device: DeviceId, block: Block) -> Option<Block> {
+        let addr = block.addr;
         let slot = usize::from(device.0);
         if slot >= self.index.len() {
             self.index.resize_with(slot + 1, HashTable::new);
@@ -539,14 +592,26 @@ impl LiveSet {
                 vacant.insert(packing.pack(next, addr));
                 let at = slab.insert(block);
                 debug_assert_eq!(at, next);
-                self.live += 1;
                 return None;
             }
         };
-        let old = std::mem::replace(self.slab.get_mut(found), block);
-        let displaced = self.entry(&old);
-        self.end_block(device, old);
-        Some(displaced)
+        Some(std::mem::replace(self.slab.get_mut(found), block))
+    }
+
+    /// Moves the nursery's block at `(device, addr)`, if it holds one, into the index, for
+    /// an operation that works on indexed blocks only.
+    fn settle(&mut self, device: DeviceId, addr: u64) {
+        if device != DeviceId::CPU {
+            return;
+        }
+        if let Some(slot) = self.nursery.find(addr) {
+            let block = self.nursery.evict(slot);
+            if let Some(old) = self.index_insert(device, block) {
+                debug_assert!(false, "a nursery block was indexed too");
+                self.live -= 1;
+                self.displace(device, old);
+            }
+        }
     }
 
     /// A block stopped being what it was at the peak (ended, or about to change): side rows
@@ -561,6 +626,18 @@ impl LiveSet {
 
     /// Ends the block at `(device, addr)` for a free stamped `ts`.
     pub(crate) fn free(&mut self, device: DeviceId, addr: u64, ts: u64) -> Freed {
+        if device == DeviceId::CPU {
+            if let Some(slot) = self.nursery.find(addr) {
+                if ts < self.nursery.blocks[slot].ts {
+                    return Freed::Straggler;
+                }
+                let block = self.nursery.died(slot);
+                self.live -= 1;
+                let entry = self.entry(&block);
+                self.end_block(device, block);
+                return Freed::Ended(entry);
+            }
+        }
         let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
         let Some(table) = index.get_mut(usize::from(device.0)) else {
             return Freed::Unknown;
@@ -584,6 +661,8 @@ impl LiveSet {
     /// and peak epoch), for a given-up address that may be reused before the block ends; `ts`
     /// is judged as a free's would be. A block already at `to` is ended and handed back.
     pub(crate) fn rekey(&mut self, device: DeviceId, from: u64, to: u64, ts: u64) -> Rekeyed {
+        self.settle(device, from);
+        self.settle(device, to);
         let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
         let Some(table) = index.get_mut(usize::from(device.0)) else {
             return Rekeyed::Unknown;
@@ -663,10 +742,12 @@ impl LiveSet {
     /// Whether a block is live at `(device, addr)`.
     #[inline]
     pub(crate) fn contains(&self, device: DeviceId, addr: u64) -> bool {
-        self.find(device, addr).is_some()
+        (device == DeviceId::CPU && self.nursery.find(addr).is_some())
+            || self.find_indexed(device, addr).is_some()
     }
 
-    fn find(&self, device: DeviceId, addr: u64) -> Option<u32> {
+    /// The slab slot of the indexed block at `(device, addr)` (not one in the nursery).
+    fn find_indexed(&self, device: DeviceId, addr: u64) -> Option<u32> {
         let table = self.index.get(usize::from(device.0))?;
         let packing = self.packing;
         table
@@ -682,7 +763,8 @@ impl LiveSet {
         addr: u64,
         category: Category,
     ) -> Option<LiveEntry> {
-        let at = self.find(device, addr)?;
+        self.settle(device, addr);
+        let at = self.find_indexed(device, addr)?;
         let before = *self.slab.get(at);
         let old = self.contexts.get(before.context);
         if old.category == category {
@@ -701,7 +783,8 @@ impl LiveSet {
 
     /// Sets the op (name, shape, dtype id) of a live block; unknown blocks are ignored.
     pub(crate) fn annotate(&mut self, device: DeviceId, addr: u64, op: u32) {
-        let Some(at) = self.find(device, addr) else {
+        self.settle(device, addr);
+        let Some(at) = self.find_indexed(device, addr) else {
             return;
         };
         let before = self.slab.get(at).context;
@@ -722,6 +805,9 @@ impl LiveSet {
                     self.slab.get_mut(self.packing.slot(v)).epoch = 0;
                 }
             }
+            for block in self.nursery.blocks_mut() {
+                block.epoch = 0;
+            }
             self.epoch = 0;
         }
         self.epoch += 1;
@@ -737,19 +823,40 @@ impl LiveSet {
         }
     }
 
+    /// The blocks live now on `device`, indexed or in the nursery.
+    fn blocks_on(&self, device: DeviceId) -> impl Iterator<Item = &Block> + '_ {
+        let indexed = self
+            .index
+            .get(usize::from(device.0))
+            .into_iter()
+            .flat_map(move |table| {
+                table
+                    .iter()
+                    .map(move |&v| self.slab.get(self.packing.slot(v)))
+            });
+        let young = self
+            .nursery
+            .blocks()
+            .filter(move |_| device == DeviceId::CPU);
+        indexed.chain(young)
+    }
+
     /// Live blocks at the current peak: (device, address, block).
     fn still_live_at_peak(&self) -> impl Iterator<Item = (DeviceId, &Block)> + '_ {
-        self.index
+        let indexed = self
+            .index
             .iter()
             .enumerate()
             .flat_map(move |(device, table)| {
                 let device = DeviceId(u16::try_from(device).unwrap_or(u16::MAX));
                 table
                     .iter()
-                    .map(move |&v| self.slab.get(self.packing.slot(v)))
-                    .filter(|block| self.was_live_at_peak(block))
-                    .map(move |block| (device, block))
-            })
+                    .map(move |&v| (device, self.slab.get(self.packing.slot(v))))
+            });
+        let young = self.nursery.blocks().map(|block| (DeviceId::CPU, block));
+        indexed
+            .chain(young)
+            .filter(|(_, block)| self.was_live_at_peak(block))
     }
 
     /// Number of live blocks.
@@ -809,11 +916,7 @@ pub(crate) fn group_at_peak(live: &LiveSet) -> Vec<(GroupKey, u64, u64)> {
 /// order. O(live blocks on the device): for rare moments (a refused allocation), not per event.
 pub(crate) fn group_live_now(live: &LiveSet, device: DeviceId) -> Vec<(GroupKey, u64, u64)> {
     let mut groups: FxHashMap<GroupKey, (u64, u64)> = FxHashMap::default();
-    let Some(table) = live.index.get(usize::from(device.0)) else {
-        return Vec::new();
-    };
-    for &v in table {
-        let block = live.slab.get(live.packing.slot(v));
+    for block in live.blocks_on(device) {
         let context = live.contexts.get(block.context);
         let key = GroupKey {
             origin: context.origin,
@@ -1027,6 +1130,19 @@ mod tests {
         assert_eq!(live.epoch, 1);
         live.insert(cpu, 3, entry(30, 2));
         assert_eq!(sizes_at_peak(&live), vec![10, 20]);
+    }
+
+    #[test]
+    fn the_epoch_wrap_renumbers_the_blocks_in_the_nursery_too() {
+        let cpu = DeviceId::CPU;
+        let mut live = LiveSet::new(8);
+        live.epoch = 1;
+        // Young, so in the nursery, with the epoch the wrap comes back to.
+        live.insert(cpu, 1, entry(10, 0));
+        live.epoch = u32::MAX;
+        live.mark_peak();
+        assert_eq!(live.epoch, 1);
+        assert_eq!(sizes_at_peak(&live), vec![10]);
     }
 
     #[test]

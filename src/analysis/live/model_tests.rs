@@ -1,0 +1,234 @@
+//! The live set against a plain model of it: whatever the operations, on keys that share the
+//! nursery's buckets and more keys than the nursery holds, with the nursery open or closed
+//! for a while, it finds, frees, moves and recategorises the blocks the model says, and
+//! counts at the peak what was live there.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::nursery::NURSERY_BLOCKS;
+use super::*;
+
+/// What the model keeps of a live block.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Modeled {
+    size: u64,
+    ts: u64,
+    category: Category,
+    /// Live at the latest peak as it is now.
+    at_peak: bool,
+}
+
+#[derive(Debug, Default)]
+struct Model {
+    live: BTreeMap<(u16, u64), Modeled>,
+    /// Bytes and count per category of the blocks live at the latest peak.
+    at_peak: BTreeMap<Category, (u64, u64)>,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert {
+        device: u16,
+        key: usize,
+        size: u64,
+        category: u8,
+    },
+    Free {
+        device: u16,
+        key: usize,
+        early: bool,
+    },
+    SetCategory {
+        device: u16,
+        key: usize,
+        category: u8,
+    },
+    Annotate {
+        key: usize,
+        op: u32,
+    },
+    /// A realloc's release: the block moves to the pending key of a thread.
+    Rekey {
+        key: usize,
+        thread: u64,
+        early: bool,
+    },
+    MarkPeak,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let device = prop_oneof![4 => Just(0u16), 1 => Just(1u16)];
+    prop_oneof![
+        6 => (device.clone(), 0..KEYS, 1u64..5000, 0u8..5)
+            .prop_map(|(device, key, size, category)| Op::Insert { device, key, size, category }),
+        5 => (device.clone(), 0..KEYS, prop::bool::weighted(0.1))
+            .prop_map(|(device, key, early)| Op::Free { device, key, early }),
+        1 => (device, 0..KEYS, 0u8..5)
+            .prop_map(|(device, key, category)| Op::SetCategory { device, key, category }),
+        1 => (0..KEYS, 0u32..3).prop_map(|(key, op)| Op::Annotate { key, op }),
+        1 => (0..KEYS, 0u64..2, prop::bool::weighted(0.1))
+            .prop_map(|(key, thread, early)| Op::Rekey { key, thread, early }),
+        1 => Just(Op::MarkPeak),
+    ]
+}
+
+/// Keys the operations pick from: more than the nursery holds.
+const KEYS: usize = NURSERY_BLOCKS + 12;
+
+/// Addresses for the keys: the first six share one nursery bucket, the rest are neighbours.
+fn addresses() -> Vec<u64> {
+    let bucket = Nursery::bucket(0x10_0000);
+    let shared = (0..)
+        .map(|unit| 0x10_0000 + unit * 16)
+        .filter(|&addr| Nursery::bucket(addr) == bucket)
+        .take(6);
+    let neighbours = (0..).map(|unit| 0x20_0000 + unit * 48);
+    shared.chain(neighbours).take(KEYS).collect()
+}
+
+fn entry(size: u64, ts: u64, category: Category) -> LiveEntry {
+    LiveEntry {
+        size,
+        ts,
+        thread: 0,
+        owner: NONE,
+        origin: Origin::NOWHERE,
+        category,
+        at_peak: false,
+    }
+}
+
+fn modeled(entry: &LiveEntry) -> Modeled {
+    Modeled {
+        size: entry.size,
+        ts: entry.ts,
+        category: entry.category,
+        at_peak: entry.at_peak,
+    }
+}
+
+/// Bytes and count per category of `rows`.
+fn by_category(rows: &[(GroupKey, u64, u64)]) -> BTreeMap<Category, (u64, u64)> {
+    let mut totals = BTreeMap::new();
+    for (key, bytes, count) in rows {
+        let total: &mut (u64, u64) = totals.entry(key.category).or_default();
+        total.0 += bytes;
+        total.1 += count;
+    }
+    totals
+}
+
+fn totals<'a>(blocks: impl Iterator<Item = &'a Modeled>) -> BTreeMap<Category, (u64, u64)> {
+    let mut totals = BTreeMap::new();
+    for block in blocks {
+        let total: &mut (u64, u64) = totals.entry(block.category).or_default();
+        total.0 += block.size;
+        total.1 += 1;
+    }
+    totals
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_live_set_keeps_what_a_plain_map_keeps(
+        ops in prop::collection::vec(op(), 1..300),
+        closed in prop::option::weighted(0.3, (0usize..300, 1u32..100)),
+    ) {
+        let addrs = addresses();
+        let mut live = LiveSet::new(4);
+        let mut model = Model::default();
+        let mut peaked = false;
+        for (ts, op) in (1u64..).zip(ops) {
+            // The nursery may close for a while, as it does when few blocks die young.
+            if closed.is_some_and(|(at, _)| at as u64 + 1 == ts) {
+                live.nursery.close_for(closed.map_or(0, |(_, blocks)| blocks));
+            }
+            match op {
+                Op::Insert { device, key, size, category } => {
+                    let category = Category::from_index(category);
+                    let at = (device, addrs[key]);
+                    let got = live.insert(DeviceId(device), at.1, entry(size, ts, category));
+                    let fresh = Modeled { size, ts, category, at_peak: false };
+                    let want = model.live.insert(at, fresh);
+                    prop_assert_eq!(got.as_ref().map(modeled), want, "insert {:?}", at);
+                }
+                Op::Free { device, key, early } => {
+                    let at = (device, addrs[key]);
+                    let when = match model.live.get(&at) {
+                        Some(block) if early => block.ts - 1,
+                        _ => ts,
+                    };
+                    let got = live.free(DeviceId(device), at.1, when);
+                    match (got, model.live.get(&at).copied()) {
+                        (Freed::Ended(entry), Some(block)) if !early => {
+                            prop_assert_eq!(modeled(&entry), block);
+                            model.live.remove(&at);
+                        }
+                        (Freed::Straggler, Some(_)) if early => {}
+                        (Freed::Unknown, None) => {}
+                        (got, want) => prop_assert!(false, "free {:?}: {:?}, model {:?}", at, got, want),
+                    }
+                }
+                Op::SetCategory { device, key, category } => {
+                    let category = Category::from_index(category);
+                    let at = (device, addrs[key]);
+                    let got = live.set_category(DeviceId(device), at.1, category);
+                    let want = match model.live.get_mut(&at) {
+                        Some(block) if block.category != category => {
+                            let before = *block;
+                            block.category = category;
+                            block.at_peak = false;
+                            Some(before)
+                        }
+                        _ => None,
+                    };
+                    prop_assert_eq!(got.as_ref().map(modeled), want, "set_category {:?}", at);
+                }
+                Op::Annotate { key, op } => {
+                    live.annotate(DeviceId::CPU, addrs[key], op);
+                }
+                Op::Rekey { key, thread, early } => {
+                    let from = (0, addrs[key]);
+                    let to = (0, (1 << 63) | thread);
+                    let when = match model.live.get(&from) {
+                        Some(block) if early => block.ts - 1,
+                        _ => ts,
+                    };
+                    let got = live.rekey(DeviceId::CPU, from.1, to.1, when);
+                    match (got, model.live.get(&from).copied()) {
+                        (Rekeyed::Moved(displaced), Some(block)) if !early => {
+                            model.live.remove(&from);
+                            let want = model.live.insert(to, block);
+                            prop_assert_eq!(displaced.as_ref().map(modeled), want);
+                        }
+                        (Rekeyed::Straggler, Some(_)) if early => {}
+                        (Rekeyed::Unknown, None) => {}
+                        (got, want) => prop_assert!(false, "rekey {:?}: {:?}, model {:?}", from, got, want),
+                    }
+                }
+                Op::MarkPeak => {
+                    live.mark_peak();
+                    peaked = true;
+                    for block in model.live.values_mut() {
+                        block.at_peak = true;
+                    }
+                    model.at_peak = totals(model.live.values());
+                }
+            }
+            prop_assert_eq!(live.len(), model.live.len());
+            for &(device, addr) in model.live.keys() {
+                prop_assert!(live.contains(DeviceId(device), addr), "{:?} is live", (device, addr));
+            }
+        }
+        for device in [0u16, 1] {
+            let want = totals(model.live.iter().filter(|((d, _), _)| *d == device).map(|(_, b)| b));
+            prop_assert_eq!(by_category(&group_live_now(&live, DeviceId(device))), want);
+        }
+        let at_peak = by_category(&group_at_peak(&live));
+        prop_assert_eq!(at_peak, if peaked { model.at_peak } else { BTreeMap::new() });
+    }
+}
