@@ -27,6 +27,21 @@ struct Bucket<P> {
 }
 
 impl<P: Sample> Bucket<P> {
+    /// Keeps the sample `beats` describes in each slot it beats; `make` builds it only then.
+    #[inline]
+    fn offer_with(&mut self, beats: &impl Fn(&P, usize) -> bool, make: impl FnOnce() -> P) {
+        let (first, second) = (beats(&self.slots[0], 0), beats(&self.slots[1], 1));
+        if first || second {
+            let sample = make();
+            if first {
+                self.slots[0] = sample;
+            }
+            if second {
+                self.slots[1] = sample;
+            }
+        }
+    }
+
     fn offer(&mut self, sample: &P) {
         for slot in 0..2 {
             if sample.beats(&self.slots[slot], slot) {
@@ -46,6 +61,9 @@ pub(crate) struct Downsampler<P> {
     max_buckets: usize,
     /// In increasing `index` order (gaps allowed).
     buckets: Vec<Bucket<P>>,
+    /// Samples stamped before this go to the last bucket (`0`: no bucket yet): most samples
+    /// do, and this one comparison finds them.
+    open_until: u64,
 }
 
 impl<P: Sample> Downsampler<P> {
@@ -57,7 +75,19 @@ impl<P: Sample> Downsampler<P> {
             shift: 0,
             max_buckets: max_buckets.max(1),
             buckets: Vec::new(),
+            open_until: 0,
         }
+    }
+
+    /// The first stamp past the last bucket.
+    fn last_bucket_end(&self, origin: u64) -> u64 {
+        self.buckets.last().map_or(0, |last| {
+            last.index
+                .saturating_add(1)
+                .checked_shl(self.shift)
+                .filter(|end| end >> self.shift == last.index.saturating_add(1))
+                .map_or(u64::MAX, |end| origin.saturating_add(end))
+        })
     }
 
     fn index_of(&self, ts: u64, origin: u64) -> u64 {
@@ -85,21 +115,40 @@ impl<P: Sample> Downsampler<P> {
         beats: impl Fn(&P, usize) -> bool,
         make: impl FnOnce() -> P,
     ) {
+        if ts < self.open_until {
+            if let Some(last) = self.buckets.last_mut() {
+                last.offer_with(&beats, make);
+                return;
+            }
+        }
+        self.offer_past_the_last_bucket(ts, beats, make);
+    }
+
+    /// [`Downsampler::offer`] for a sample the last bucket may not take.
+    #[cold]
+    fn offer_past_the_last_bucket(
+        &mut self,
+        ts: u64,
+        beats: impl Fn(&P, usize) -> bool,
+        make: impl FnOnce() -> P,
+    ) {
         let origin = *self.origin.get_or_insert(ts);
+        self.offer_from(ts, origin, beats, make);
+        self.open_until = self.last_bucket_end(origin);
+    }
+
+    fn offer_from(
+        &mut self,
+        ts: u64,
+        origin: u64,
+        beats: impl Fn(&P, usize) -> bool,
+        make: impl FnOnce() -> P,
+    ) {
         loop {
             let index = self.index_of(ts, origin);
             if let Some(last) = self.buckets.last_mut() {
                 if index <= last.index {
-                    let (first, second) = (beats(&last.slots[0], 0), beats(&last.slots[1], 1));
-                    if first || second {
-                        let sample = make();
-                        if first {
-                            last.slots[0] = sample;
-                        }
-                        if second {
-                            last.slots[1] = sample;
-                        }
-                    }
+                    last.offer_with(&beats, make);
                     return;
                 }
             }
@@ -222,5 +271,62 @@ mod tests {
         let points: Vec<P> = curve.points().collect();
         assert!(points.len() <= 2);
         assert!(points.contains(&P { ts: u64::MAX, v: 3 }));
+    }
+
+    /// The bucket rule spelled out: a sample goes to the bucket of index
+    /// `(ts - origin) >> shift`, the last one when that index is not past it.
+    fn by_the_rule(samples: &[P], max_buckets: usize) -> Vec<(u64, [P; 2])> {
+        let mut curve: Downsampler<P> = Downsampler::new(max_buckets);
+        for sample in samples {
+            let origin = *curve.origin.get_or_insert(sample.ts);
+            curve.offer_from(
+                sample.ts,
+                origin,
+                |kept, slot| sample.beats(kept, slot),
+                || *sample,
+            );
+        }
+        buckets(&curve)
+    }
+
+    /// Each bucket's index and what its two slots keep.
+    fn buckets(curve: &Downsampler<P>) -> Vec<(u64, [P; 2])> {
+        curve
+            .buckets
+            .iter()
+            .map(|bucket| (bucket.index, bucket.slots))
+            .collect()
+    }
+
+    proptest::proptest! {
+        /// The last bucket's bound finds the bucket the rule gives, stragglers and stamps
+        /// near `u64::MAX` included.
+        #[test]
+        fn the_last_buckets_bound_follows_the_bucket_rule(
+            steps in proptest::collection::vec((0u32..13, proptest::bool::weighted(0.05), 0u64..1000), 1..400),
+            start in proptest::prop_oneof![proptest::strategy::Just(0u64), 0u64..1 << 40, (u64::MAX - (1 << 20))..u64::MAX],
+            max_buckets in 1usize..8,
+        ) {
+            // Gaps of powers of two land samples on bucket bounds; a few gaps of a third of
+            // the clock's range widen the buckets until their bounds overflow.
+            let mut ts = start;
+            let samples: Vec<P> = steps
+                .iter()
+                .map(|&(gap, late, v)| {
+                    let gap = match gap {
+                        0 => 0,
+                        12 => u64::MAX / 3,
+                        power => 1 << power,
+                    };
+                    ts = ts.saturating_add(gap);
+                    P { ts: if late { ts.saturating_sub(gap.saturating_mul(3)) } else { ts }, v }
+                })
+                .collect();
+            let mut curve = Downsampler::new(max_buckets);
+            for &sample in &samples {
+                curve.push(sample);
+            }
+            proptest::prop_assert_eq!(buckets(&curve), by_the_rule(&samples, max_buckets));
+        }
     }
 }
