@@ -539,14 +539,7 @@ impl LiveSet {
             }
             if self.nursery.admits() && self.find_indexed(device, addr).is_none() {
                 for out in self.nursery.push(block).into_iter().flatten() {
-                    // Never live in the index too: nothing enters the index at an address
-                    // the nursery holds.
-                    let displaced = self.index_insert(device, out);
-                    debug_assert!(displaced.is_none(), "a nursery block was indexed too");
-                    if let Some(old) = displaced {
-                        self.live -= 1;
-                        self.displace(device, old);
-                    }
+                    self.index_insert_new(device, out);
                 }
                 self.live += 1;
                 return None;
@@ -598,6 +591,30 @@ impl LiveSet {
         Some(std::mem::replace(self.slab.get_mut(found), block))
     }
 
+    /// Puts a block that leaves the nursery in the index, without looking for its key there:
+    /// nothing enters the index at an address the nursery holds (an insert finds the
+    /// nursery's block first, and the index was probed when the block entered the nursery).
+    fn index_insert_new(&mut self, device: DeviceId, block: Block) {
+        debug_assert!(
+            self.find_indexed(device, block.addr).is_none(),
+            "a nursery block was indexed too"
+        );
+        let slot = usize::from(device.0);
+        if slot >= self.index.len() {
+            self.index.resize_with(slot + 1, HashTable::new);
+        }
+        let next = self.slab.next_index();
+        if next > self.packing.slot_mask {
+            self.widen_packing(next);
+        }
+        let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
+        index[slot].insert_unique(hash(block.addr), packing.pack(next, block.addr), |&v| {
+            packing.rehash(slab, v)
+        });
+        let at = slab.insert(block);
+        debug_assert_eq!(at, next);
+    }
+
     /// Moves the nursery's block at `(device, addr)`, if it holds one, into the index, for
     /// an operation that works on indexed blocks only.
     fn settle(&mut self, device: DeviceId, addr: u64) {
@@ -606,11 +623,7 @@ impl LiveSet {
         }
         if let Some(slot) = self.nursery.find(addr) {
             let block = self.nursery.evict(slot);
-            if let Some(old) = self.index_insert(device, block) {
-                debug_assert!(false, "a nursery block was indexed too");
-                self.live -= 1;
-                self.displace(device, old);
-            }
+            self.index_insert_new(device, block);
         }
     }
 
