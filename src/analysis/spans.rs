@@ -427,7 +427,15 @@ impl Spans {
     }
 
     /// A block of `size` bytes owned by `owner` stopped being live.
+    #[inline]
     pub(crate) fn on_end(&mut self, owner: u32, size: u64) {
+        // Most blocks of most streams belong to no span: no call for them.
+        if owner != NONE {
+            self.end_owned(owner, size);
+        }
+    }
+
+    fn end_owned(&mut self, owner: u32, size: u64) {
         if self.instances.get(owner as usize).is_none() {
             return;
         }

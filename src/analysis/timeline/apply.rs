@@ -453,7 +453,16 @@ impl Timeline {
 
     /// Where a block allocated on `thread` inside span `span` comes from: innermost op and
     /// span.
+    #[inline]
     pub(super) fn origin(&self, thread: u32, span: SpanSeq) -> (Origin, u32) {
+        // Outside every span and op (what most allocations of most streams are), no lookup.
+        if span == 0 && self.open_ops == 0 {
+            return (Origin::NOWHERE, NONE);
+        }
+        self.origin_in(thread, span)
+    }
+
+    fn origin_in(&self, thread: u32, span: SpanSeq) -> (Origin, u32) {
         let owner = self.spans.lookup(thread, span).unwrap_or(NONE);
         let mut origin = Origin::NOWHERE;
         origin.node = self.spans.node_of(owner);
