@@ -394,6 +394,27 @@ mod tests {
     }
 
     #[test]
+    fn a_drain_appended_in_place_merges_like_a_push_and_holds_at_its_last_event() {
+        let mut m = merge(2);
+        let moved = m.append_with(0, |queue| {
+            queue.extend([(1, "a1"), (2, "a2")]);
+            2
+        });
+        assert_eq!(moved, 2);
+        // A second append to a queue with events: still one place in the order.
+        m.append_with(0, |queue| queue.push_back((3, "a3")));
+        // The drain left events in ring 0: it holds at its last event appended.
+        m.push(0, std::iter::empty(), false);
+        m.push(1, [(2, "b2"), (5, "b5")], true);
+        assert_eq!(m.staged_total(), 5);
+        assert!(m.holds_below(0, 4));
+        assert_eq!(release(&mut m, 10), ["a1", "a2", "b2", "a3"]);
+        m.push(0, std::iter::empty(), true);
+        assert_eq!(release(&mut m, 10), ["b5"]);
+        assert_eq!(m.staged_total(), 0);
+    }
+
+    #[test]
     fn ties_go_to_the_lower_ring_then_to_push_order() {
         let mut m = merge(3);
         m.push(2, [(5, "c5"), (5, "c5'")], true);

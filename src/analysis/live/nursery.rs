@@ -13,7 +13,8 @@ const NURSERY_BUCKETS: usize = 256;
 /// nursery keeps taking new blocks.
 const JUDGED_EVERY: u32 = 4096;
 
-/// New blocks that bypass a closed nursery before it takes them again on trial.
+/// New blocks that arrive at a closed nursery until it takes one again, on trial (the others
+/// bypass it).
 const CLOSED_FOR: u32 = 1 << 16;
 
 /// A free nursery place's address: no heap block starts at the last byte of the address space.
