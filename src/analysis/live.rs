@@ -206,6 +206,9 @@ impl Contexts {
         id
     }
 
+    /// Out of line: the recent contexts answer most acquisitions, which then stay small
+    /// enough to inline.
+    #[inline(never)]
     fn intern(&mut self, context: Context) -> u32 {
         if let Some(&id) = self.ids.get(&context) {
             return id;

@@ -138,6 +138,22 @@ impl Timeline {
         state
     }
 
+    /// `device`'s `live` bytes at event `seq`, stamped `ts`, are the highest of the run so far.
+    /// Out of line, so that [`Timeline::changed`], called for every event, stays small.
+    #[inline(never)]
+    fn new_peak(&mut self, device: DeviceId, live: u64, ts: u64, seq: u64) {
+        let by_category = self.devices[usize::from(device.0)].by_category;
+        self.peak = GlobalPeak {
+            bytes: live,
+            ts,
+            device: Some(device),
+            by_category,
+        };
+        self.live.mark_peak();
+        self.temporaries.mark_peak();
+        self.sites.mark_peak(seq);
+    }
+
     /// The counters of `device` changed at event `seq`: peaks, measure and curve follow.
     pub(super) fn changed(&mut self, device: DeviceId, ts: u64, seq: u64) {
         let state = self.device(device);
@@ -166,16 +182,7 @@ impl Timeline {
             },
         );
         if live > self.peak.bytes {
-            let by_category = self.devices[usize::from(device.0)].by_category;
-            self.peak = GlobalPeak {
-                bytes: live,
-                ts,
-                device: Some(device),
-                by_category,
-            };
-            self.live.mark_peak();
-            self.temporaries.mark_peak();
-            self.sites.mark_peak(seq);
+            self.new_peak(device, live, ts, seq);
         }
         let measure = if live >= self.measure || self.devices.len() == 1 {
             live
