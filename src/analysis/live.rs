@@ -29,6 +29,7 @@
 //! the side rows. The side rows are O(contexts + top allocations) in memory, whatever the
 //! number of blocks live at the peak; each event costs O(1) amortised.
 
+mod free_slots;
 #[cfg(test)]
 mod model_tests;
 mod nursery;
@@ -42,6 +43,7 @@ use rustc_hash::FxHashMap;
 use crate::model::Category;
 
 use super::event::DeviceId;
+use free_slots::FreeSlots;
 use nursery::{Nursery, EMPTY};
 
 /// "None" for the `u32` ids kept in live entries (span nodes, instances, interned names).
@@ -98,7 +100,7 @@ struct Context {
 /// A live block in the slab. 32 bytes.
 #[derive(Debug, Clone, Copy, Default)]
 struct Block {
-    /// Address or tensor id; for a free slab slot, the next free slot ([`NONE`]: none).
+    /// Address or tensor id.
     addr: u64,
     size: u64,
     ts: u64,
@@ -113,14 +115,14 @@ const _: () = assert!(std::mem::size_of::<Block>() == 32);
 /// Blocks per slab page: the slab grows a page at a time, never by doubling.
 const PAGE: usize = 4096;
 
-/// Blocks in pages, addressed by `u32` index, with a free list through the free slots.
+/// Blocks in pages, addressed by `u32` index; a new block takes a free slot likely to be
+/// cached ([`FreeSlots`]).
 #[derive(Debug, Default)]
 struct Slab {
     pages: Vec<Box<[Block; PAGE]>>,
     /// Slots ever handed out (the next fresh index).
     used: u32,
-    /// Head of the free list ([`NONE`]: empty).
-    free: Option<u32>,
+    free: FreeSlots,
 }
 
 impl Slab {
@@ -137,19 +139,18 @@ impl Slab {
     /// The index the next [`Slab::insert`] returns.
     #[inline]
     fn next_index(&self) -> u32 {
-        self.free.unwrap_or(self.used)
+        self.free.next().unwrap_or(self.used)
     }
 
     fn insert(&mut self, block: Block) -> u32 {
-        if let Some(index) = self.free {
-            let next = self.get(index).addr;
-            self.free = (next != u64::from(NONE)).then_some(next as u32);
+        if let Some(index) = self.free.take() {
             *self.get_mut(index) = block;
             return index;
         }
         let index = self.used;
         if (index as usize).is_multiple_of(PAGE) {
             self.pages.push(Box::new([Block::default(); PAGE]));
+            self.free.cover(self.pages.len() * PAGE);
         }
         self.used += 1;
         *self.get_mut(index) = block;
@@ -157,18 +158,15 @@ impl Slab {
     }
 
     fn remove(&mut self, index: u32) -> Block {
-        let next = self.free.map_or(u64::from(NONE), u64::from);
-        let slot = self.get_mut(index);
-        let block = *slot;
-        slot.addr = next;
-        self.free = Some(index);
-        block
+        self.free.insert(index);
+        *self.get(index)
     }
 
     #[cfg(test)]
     fn heap_bytes(&self) -> usize {
         self.pages.capacity() * std::mem::size_of::<usize>()
             + self.pages.len() * std::mem::size_of::<[Block; PAGE]>()
+            + self.free.heap_bytes()
     }
 }
 
@@ -1282,6 +1280,26 @@ mod tests {
             live.free(DeviceId::CPU, addr(3), BLOCKS + 2),
             Freed::Unknown
         ));
+    }
+
+    #[test]
+    fn the_slab_reuses_a_free_slot_before_a_fresh_one() {
+        let block = |addr| Block {
+            addr,
+            ..Block::default()
+        };
+        let mut slab = Slab::default();
+        let slots: Vec<u32> = (0..5000).map(|i| slab.insert(block(i))).collect();
+        assert_eq!(slots, (0..5000).collect::<Vec<u32>>());
+        for slot in [4999, 17, 4096, 3] {
+            assert_eq!(slab.remove(slot).addr, u64::from(slot));
+        }
+        // The freed last first.
+        assert_eq!(slab.next_index(), 3);
+        let reused: Vec<u32> = (0..5).map(|i| slab.insert(block(10_000 + i))).collect();
+        assert_eq!(reused, [3, 4096, 17, 4999, 5000]);
+        assert_eq!(slab.get(17).addr, 10_002);
+        assert_eq!(slab.next_index(), 5001);
     }
 
     /// The budget: recording adds at most 48 bytes per live allocation.
