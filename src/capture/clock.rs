@@ -80,8 +80,8 @@ pub(crate) struct Calibration {
     /// The reading at the session start.
     origin: u64,
     /// Nanoseconds per tick in fixed point, with `fraction_bits` fraction bits: the collector
-    /// converts every event's stamp, twice (to merge and to apply), and an integer multiply
-    /// is a few instructions where the float round trip of a `u64` is a few dozen.
+    /// converts the stamp of every event it applies (the merge orders raw readings), and an
+    /// integer multiply is a few instructions where a float round trip is a few dozen.
     ns_per_tick: u64,
     /// As many as leave `ns_per_tick` below 2^63: for a counter of 1 GHz or more, 62, so that
     /// the rounding drifts by well under a nanosecond a day.
@@ -131,6 +131,24 @@ impl Calibration {
         Some(u64::try_from(ns).unwrap_or(u64::MAX))
     }
 
+    /// The latest reading that converts to at most `ns`: as the conversion never decreases,
+    /// readings up to it are at or before `ns` and later ones after it, so readings can be
+    /// compared with a time in nanoseconds without converting each one.
+    pub(crate) fn latest_ticks_within(self, ns: u64) -> u64 {
+        // The most ticks `d` past the origin with `(d * ns_per_tick) >> fraction_bits <= ns`,
+        // that is `d * ns_per_tick < (ns + 1) << fraction_bits` (at most 2^126: no overflow).
+        if ns == u64::MAX {
+            // Conversions saturate there: every reading is within.
+            return u64::MAX;
+        }
+        let limit = (u128::from(ns) + 1) << self.fraction_bits;
+        let since = limit.div_ceil(u128::from(self.ns_per_tick)) - 1;
+        u64::try_from(since)
+            .ok()
+            .and_then(|since| self.origin.checked_add(since))
+            .unwrap_or(u64::MAX)
+    }
+
     /// Nanoseconds since the session start, now.
     pub(crate) fn now_ns(self) -> u64 {
         self.to_ns(ticks()).unwrap_or(0)
@@ -140,6 +158,38 @@ impl Calibration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_latest_reading_within_a_time_is_the_last_that_converts_to_it() {
+        for calibration in [
+            Calibration::with_rate(1_000, 0.37),
+            Calibration::with_rate(5, 1.0),
+            Calibration::with_rate(u64::MAX / 2, 3.3),
+            Calibration::with_rate(0, 1e-3),
+            Calibration {
+                origin: 7,
+                ns_per_tick: 1,
+                fraction_bits: 0,
+            },
+        ] {
+            for ns in [0, 1, 2, 999, 1_000_000_007, u64::MAX / 3] {
+                let latest = calibration.latest_ticks_within(ns);
+                assert!(
+                    calibration.to_ns(latest).unwrap_or(0) <= ns,
+                    "{calibration:?} {ns}"
+                );
+                if let Some(next) = latest.checked_add(1) {
+                    assert!(
+                        calibration.to_ns(next).unwrap_or(0) > ns,
+                        "{calibration:?} {ns}"
+                    );
+                }
+                // Every reading before the origin is at the start, within any time.
+                assert!(latest >= calibration.origin);
+            }
+            assert_eq!(calibration.latest_ticks_within(u64::MAX), u64::MAX);
+        }
+    }
 
     #[test]
     fn calibrated_clock_tracks_instant() {

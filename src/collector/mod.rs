@@ -260,15 +260,17 @@ struct RingCursor {
     dropped_seen: [u64; RawKind::COUNT],
 }
 
-/// The merge's order: a raw event's stamp in nanoseconds (a reading from before the session
-/// counts as its start).
+/// The merge's order: a raw event's clock reading. Nanoseconds never decrease with the
+/// reading, so this is their order too, without a conversion per event; watermarks in
+/// nanoseconds are given to the merge as the latest reading within them
+/// ([`Calibration::latest_ticks_within`]).
 #[derive(Debug, Clone, Copy)]
-struct StampNs(Calibration);
+struct StampTicks;
 
-impl Stamp<RawEvent> for StampNs {
+impl Stamp<RawEvent> for StampTicks {
     #[inline]
     fn stamp(&self, event: &RawEvent) -> u64 {
-        self.0.to_ns(event.ticks()).unwrap_or(0)
+        event.ticks()
     }
 }
 
@@ -278,7 +280,7 @@ struct Merger {
     timeline: Timeline,
     cursors: Vec<RingCursor>,
     /// Raw events staged per ring, decoded only as they are merged.
-    merge: Merge<RawEvent, StampNs>,
+    merge: Merge<RawEvent, StampTicks>,
     /// Span names by their `&'static str` address and length.
     names: HashMap<(usize, usize), NameId>,
     /// Timeline ids of the process-wide interner's names, shapes and devices.
@@ -319,7 +321,7 @@ impl Merger {
                     ..RingCursor::default()
                 })
                 .collect(),
-            merge: Merge::new(slots.len(), StampNs(calibration)),
+            merge: Merge::new(slots.len(), StampTicks),
             names: HashMap::new(),
             interned_names: HashMap::new(),
             interned_shapes: HashMap::new(),
@@ -352,6 +354,7 @@ impl Merger {
     /// many as each queue has room for. Returns whether some ring still holds the merge below
     /// `watermark_ns` (it was left with events and its last one drained is older).
     fn drain(&mut self, watermark_ns: u64) -> bool {
+        let watermark_ticks = self.calibration.latest_ticks_within(watermark_ns);
         let mut behind = false;
         let mut producing = 0;
         self.most_drained = 0;
@@ -385,7 +388,7 @@ impl Merger {
                 None if moved == 0 && dropped == self.cursors[index].dropped_seen => {
                     // Caught mid-push, its first event may be older than the next watermark.
                     self.merge.push(index, std::iter::empty(), !in_flight);
-                    behind |= self.merge.holds_below(index, watermark_ns);
+                    behind |= self.merge.holds_below(index, watermark_ticks);
                     if state == SlotState::Retired {
                         self.cursors[index].decoder.reset();
                         REGISTRY.free(index);
@@ -410,7 +413,7 @@ impl Merger {
             self.charge_drops(index, thread, dropped);
             // Everything a retired owner wrote before retiring is drained once it is emptied.
             self.cursors[index].retired = state == SlotState::Retired && emptied;
-            behind |= self.merge.holds_below(index, watermark_ns);
+            behind |= self.merge.holds_below(index, watermark_ticks);
         }
         self.producing = producing;
         behind
@@ -537,28 +540,30 @@ impl Merger {
     }
 
     fn merge_draining(&mut self, watermark_ns: u64, drain_between: bool) -> usize {
+        let watermark_ticks = self.calibration.latest_ticks_within(watermark_ns);
         let mut merged = 0;
         loop {
-            let mut merge =
-                std::mem::replace(&mut self.merge, Merge::new(0, StampNs(self.calibration)));
+            let mut merge = std::mem::replace(&mut self.merge, Merge::new(0, StampTicks));
             let log = self.log.is_some();
-            let applied = merge.release_with_next(watermark_ns, MERGE_CHUNK, |index, raw, next| {
-                // Two events of one ring adjacent in the merged order may take a shortcut
-                // (the allocation log wants every event on its own): a short-lived block's
-                // alloc and free go to the timeline as one; a realloc's first half needs no
-                // release of its own when nothing can reuse the old address before the second.
-                let paired =
-                    |next: &RawEvent| !log && (raw.is_freed_by(next) || raw.is_completed_by(next));
-                match next.take_if(paired) {
-                    Some(free) if raw.is_freed_by(&free) => self.apply_pair(index, raw, free),
-                    Some(second) => {
-                        self.release_adjacent(index, &raw);
-                        self.apply_record(index, raw);
-                        self.apply_record(index, second);
+            let applied =
+                merge.release_with_next(watermark_ticks, MERGE_CHUNK, |index, raw, next| {
+                    // Two events of one ring adjacent in the merged order may take a shortcut
+                    // (the allocation log wants every event on its own): a short-lived block's
+                    // alloc and free go to the timeline as one; a realloc's first half needs no
+                    // release of its own when nothing can reuse the old address before the second.
+                    let paired = |next: &RawEvent| {
+                        !log && (raw.is_freed_by(next) || raw.is_completed_by(next))
+                    };
+                    match next.take_if(paired) {
+                        Some(free) if raw.is_freed_by(&free) => self.apply_pair(index, raw, free),
+                        Some(second) => {
+                            self.release_adjacent(index, &raw);
+                            self.apply_record(index, raw);
+                            self.apply_record(index, second);
+                        }
+                        None => self.apply(index, raw),
                     }
-                    None => self.apply(index, raw),
-                }
-            });
+                });
             self.merge = merge;
             merged += applied;
             if applied < MERGE_CHUNK {
