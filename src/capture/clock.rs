@@ -166,6 +166,8 @@ mod tests {
             Calibration::with_rate(5, 1.0),
             Calibration::with_rate(u64::MAX / 2, 3.3),
             Calibration::with_rate(0, 1e-3),
+            // Near the counter's end: the latest reading saturates.
+            Calibration::with_rate(u64::MAX - 10, 0.5),
             Calibration {
                 origin: 7,
                 ns_per_tick: 1,

@@ -1174,6 +1174,57 @@ mod tests {
         assert_eq!(logged(false), frees + reallocs);
     }
 
+    /// A merger at 4 ticks a nanosecond with rings 0 and 1 owned by threads 0 and 1.
+    fn two_ring_merger() -> Merger {
+        let mut merger = Merger::new(Calibration::with_rate(0, 0.25), TimelineConfig::default());
+        for ring in 0..2 {
+            merger.cursors[ring].thread = Some(ring as u32);
+            merger.threads.push(ThreadCapture::default());
+        }
+        merger
+    }
+
+    /// Two events in one nanosecond are merged in the order of their readings, whatever their
+    /// rings: a free on ring 1 comes before the reuse of its address on ring 0 a few ticks
+    /// later (ordered by nanoseconds, the tie went to ring 0 and the reuse was freed).
+    #[test]
+    fn events_in_one_nanosecond_merge_in_the_order_of_their_readings() {
+        let mut merger = two_ring_merger();
+        let other = Category::Other;
+        merger.merge.push(
+            1,
+            [
+                RawEvent::alloc(0, 0, other, 0x1000, 100),
+                RawEvent::free(4, 0, 0x1000, 100),
+            ],
+            true,
+        );
+        merger
+            .merge
+            .push(0, [RawEvent::alloc(6, 0, other, 0x1000, 64)], true);
+        merger.merge_draining(u64::MAX, false);
+        let profile = serde_json::to_value(merger.checkpoint(0)).unwrap();
+        let summary = &profile["summary"];
+        assert_eq!(summary["final_live_bytes"], 64, "{summary}");
+        assert_eq!(summary["reorder_repairs"], 0, "{summary}");
+        assert_eq!(summary["unknown_frees"], 0, "{summary}");
+    }
+
+    /// A watermark in nanoseconds releases every reading that converts to it or earlier, and
+    /// none after.
+    #[test]
+    fn a_watermark_releases_the_readings_within_its_nanosecond_and_no_later() {
+        let mut merger = two_ring_merger();
+        let other = Category::Other;
+        // Ticks 4 and 7 are nanosecond 1; tick 8 is nanosecond 2.
+        let events = [4, 7, 8].map(|ticks| RawEvent::alloc(ticks, 0, other, 0x1000 * ticks, 8));
+        merger.merge.push(0, events, true);
+        assert_eq!(merger.merge_draining(1, false), 2);
+        assert_eq!(merger.merge.staged_total(), 1);
+        assert_eq!(merger.merge_draining(2, false), 1);
+        assert_eq!(merger.merge.staged_total(), 0);
+    }
+
     /// A backlog is four rings' worth, and a huge ring does not make it huge.
     #[test]
     fn the_backlog_is_four_rings_worth_up_to_a_bound() {
