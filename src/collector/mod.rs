@@ -550,7 +550,8 @@ impl Merger {
                     // Two events of one ring adjacent in the merged order may take a shortcut
                     // (the allocation log wants every event on its own): a short-lived block's
                     // alloc and free go to the timeline as one; a realloc's first half needs no
-                    // release of its own when nothing can reuse the old address before the second.
+                    // release of its own when nothing can reuse the old address before the
+                    // second.
                     let paired = |next: &RawEvent| {
                         !log && (raw.is_freed_by(next) || raw.is_completed_by(next))
                     };
