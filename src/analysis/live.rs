@@ -275,6 +275,61 @@ impl Contexts {
     }
 }
 
+/// Bytes and blocks per context id, for the blocks live at the peak that ended since: a
+/// table indexed by the id (ids are dense), and the ids that have a row, to list and clear
+/// them. On a growing program about half the frees land here, and an index costs less than a
+/// hash.
+#[derive(Debug, Default)]
+struct SideRows {
+    /// `(bytes, blocks)` by context id; `blocks == 0`: no row.
+    by_context: Vec<(u64, u64)>,
+    /// The ids with a row.
+    used: Vec<u32>,
+}
+
+impl SideRows {
+    /// Adds a block of `size` bytes to `context`'s row; true when that made the row.
+    #[inline]
+    fn add(&mut self, context: u32, size: u64) -> bool {
+        let at = context as usize;
+        if at >= self.by_context.len() {
+            self.by_context.resize(at + 1, (0, 0));
+        }
+        let row = &mut self.by_context[at];
+        row.0 = row.0.saturating_add(size);
+        row.1 += 1;
+        let made = row.1 == 1;
+        if made {
+            self.used.push(context);
+        }
+        made
+    }
+
+    fn is_empty(&self) -> bool {
+        self.used.is_empty()
+    }
+
+    /// The rows: `(context, (bytes, blocks))`.
+    fn rows(&self) -> impl Iterator<Item = (u32, (u64, u64))> + '_ {
+        self.used
+            .iter()
+            .map(|&context| (context, self.by_context[context as usize]))
+    }
+
+    /// Clears every row, calling `cleared` with the id of each.
+    fn clear(&mut self, mut cleared: impl FnMut(u32)) {
+        for context in self.used.drain(..) {
+            self.by_context[context as usize] = (0, 0);
+            cleared(context);
+        }
+    }
+
+    #[cfg(test)]
+    fn heap_bytes(&self) -> usize {
+        self.by_context.capacity() * std::mem::size_of::<(u64, u64)>() + self.used.capacity() * 4
+    }
+}
+
 /// What a free did to the live map.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Freed {
@@ -334,7 +389,7 @@ pub(crate) struct LiveSet {
     peaked: bool,
     /// Blocks live at the peak that were ended or changed since, as they were at the peak:
     /// bytes and count per context...
-    since_peak: FxHashMap<u32, (u64, u64)>,
+    since_peak: SideRows,
     /// ...and the largest of them, at most `top` (sorted by [`rank_order`]).
     since_peak_top: Vec<Ranked>,
     top: usize,
@@ -453,7 +508,7 @@ impl LiveSet {
             live: 0,
             epoch: 0,
             peaked: false,
-            since_peak: FxHashMap::default(),
+            since_peak: SideRows::default(),
             since_peak_top: Vec::new(),
             top,
         }
@@ -480,11 +535,7 @@ impl LiveSet {
     /// Folds a block that was live at the peak into the side rows; the rows take over the
     /// block's reference to its context.
     fn remember(&mut self, device: DeviceId, block: Block) {
-        let row = self.since_peak.entry(block.context).or_insert((0, 0));
-        let new_row = row.1 == 0;
-        row.0 = row.0.saturating_add(block.size);
-        row.1 += 1;
-        if !new_row {
+        if !self.since_peak.add(block.context, block.size) {
             self.contexts.release(block.context);
         }
         if self.top == 0 {
@@ -827,10 +878,8 @@ impl LiveSet {
         self.epoch += 1;
         self.peaked = true;
         if !self.since_peak.is_empty() || !self.since_peak_top.is_empty() {
-            for &context in self.since_peak.keys() {
-                self.contexts.release(context);
-            }
-            self.since_peak.clear();
+            let contexts = &mut self.contexts;
+            self.since_peak.clear(|context| contexts.release(context));
             for ranked in self.since_peak_top.drain(..) {
                 self.contexts.release(ranked.block.context);
             }
@@ -887,7 +936,7 @@ impl LiveSet {
             + self.index.capacity() * std::mem::size_of::<HashTable<u32>>()
             + self.slab.heap_bytes()
             + self.contexts.heap_bytes()
-            + self.since_peak.capacity() * (std::mem::size_of::<(u32, (u64, u64))>() + 1)
+            + self.since_peak.heap_bytes()
             + self.since_peak_top.capacity() * std::mem::size_of::<Ranked>()
     }
 }
@@ -902,7 +951,7 @@ pub(crate) struct GroupKey {
 
 /// Aggregates live-at-peak blocks by [`GroupKey`]: `(key, bytes, count)`, in no order.
 pub(crate) fn group_at_peak(live: &LiveSet) -> Vec<(GroupKey, u64, u64)> {
-    let mut by_context: FxHashMap<u32, (u64, u64)> = live.since_peak.clone();
+    let mut by_context: FxHashMap<u32, (u64, u64)> = live.since_peak.rows().collect();
     for (_, block) in live.still_live_at_peak() {
         let row = by_context.entry(block.context).or_default();
         row.0 = row.0.saturating_add(block.size);
@@ -1103,7 +1152,7 @@ mod tests {
         for addr in 0..100u64 {
             assert!(matches!(live.free(cpu, addr, 200), Freed::Ended(_)));
         }
-        assert_eq!(live.since_peak.len(), 1);
+        assert_eq!(live.since_peak.rows().count(), 1);
         assert_eq!(live.since_peak_top.len(), 2);
         let rows = group_at_peak(&live);
         assert_eq!(rows.len(), 1);
@@ -1113,6 +1162,28 @@ mod tests {
             .map(|(_, e)| e.size)
             .collect();
         assert_eq!(top, vec![100, 99]);
+    }
+
+    #[test]
+    fn side_rows_are_made_once_per_context_and_cleared_together() {
+        let mut rows = SideRows::default();
+        assert!(rows.is_empty());
+        assert!(rows.add(7, 10));
+        assert!(!rows.add(7, 5));
+        assert!(rows.add(2, 1));
+        assert_eq!(
+            rows.rows().collect::<Vec<_>>(),
+            vec![(7, (15, 2)), (2, (1, 1))]
+        );
+        let mut cleared = Vec::new();
+        rows.clear(|context| cleared.push(context));
+        cleared.sort_unstable();
+        assert_eq!(cleared, vec![2, 7]);
+        assert!(rows.is_empty());
+        assert_eq!(rows.rows().count(), 0);
+        // A cleared context starts a new row.
+        assert!(rows.add(7, 3));
+        assert_eq!(rows.rows().collect::<Vec<_>>(), vec![(7, (3, 1))]);
     }
 
     #[test]
