@@ -24,7 +24,7 @@ const RECENT: usize = 64;
 pub(super) struct FreeSlots {
     /// The most recently freed slots, the newest last; when full, the older half moves to the
     /// levels.
-    recent: Vec<u32>,
+    recent: Recent,
     /// `levels[0]`: a bit per slot, set when it is free. `levels[k + 1]`: a bit per word of
     /// `levels[k]`, set when that word is not zero. The last level is one word.
     levels: Vec<Vec<u64>>,
@@ -36,7 +36,7 @@ impl FreeSlots {
     /// Free slots held.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.recent.len() + self.count
+        self.recent.len + self.count
     }
 
     /// Makes room for slot indexes below `slots`.
@@ -66,18 +66,24 @@ impl FreeSlots {
     }
 
     /// Marks `slot` free. It must be covered ([`FreeSlots::cover`]) and not free already.
+    #[inline]
     pub(super) fn insert(&mut self, slot: u32) {
-        if self.recent.len() == RECENT {
-            for at in 0..RECENT / 2 {
-                let older = self.recent[at];
-                self.set(older);
-            }
-            self.recent.drain(..RECENT / 2);
+        if self.recent.len == RECENT {
+            self.spill_older_half();
         }
-        if self.recent.capacity() == 0 {
-            self.recent.reserve_exact(RECENT);
+        self.recent.slots[self.recent.len] = slot;
+        self.recent.len += 1;
+    }
+
+    /// Moves the older half of the recent stack to the levels.
+    #[cold]
+    fn spill_older_half(&mut self) {
+        for at in 0..RECENT / 2 {
+            let older = self.recent.slots[at];
+            self.set(older);
         }
-        self.recent.push(slot);
+        self.recent.slots.copy_within(RECENT / 2.., 0);
+        self.recent.len -= RECENT / 2;
     }
 
     /// Sets `slot`'s bit, and its words' bits above.
@@ -98,10 +104,11 @@ impl FreeSlots {
     /// The free slot [`FreeSlots::take`] would take, left free.
     #[inline]
     pub(super) fn next(&self) -> Option<u32> {
-        self.recent.last().copied().or_else(|| self.lowest())
+        self.recent.last().or_else(|| self.lowest())
     }
 
     /// Takes the most recently freed slot while it is likely cached, else the lowest.
+    #[inline]
     pub(super) fn take(&mut self) -> Option<u32> {
         self.recent.pop().or_else(|| self.take_lowest())
     }
@@ -138,13 +145,42 @@ impl FreeSlots {
     /// Heap bytes held.
     #[cfg(test)]
     pub(super) fn heap_bytes(&self) -> usize {
-        self.recent.capacity() * std::mem::size_of::<u32>()
-            + self.levels.capacity() * std::mem::size_of::<Vec<u64>>()
+        self.levels.capacity() * std::mem::size_of::<Vec<u64>>()
             + self
                 .levels
                 .iter()
                 .map(|level| level.capacity() * std::mem::size_of::<u64>())
                 .sum::<usize>()
+    }
+}
+
+/// A stack of at most [`RECENT`] slots, kept inline: pushed and popped once per block.
+#[derive(Debug)]
+struct Recent {
+    slots: [u32; RECENT],
+    len: usize,
+}
+
+impl Default for Recent {
+    fn default() -> Recent {
+        Recent {
+            slots: [0; RECENT],
+            len: 0,
+        }
+    }
+}
+
+impl Recent {
+    #[inline]
+    fn last(&self) -> Option<u32> {
+        self.len.checked_sub(1).map(|at| self.slots[at])
+    }
+
+    #[inline]
+    fn pop(&mut self) -> Option<u32> {
+        let slot = self.last()?;
+        self.len -= 1;
+        Some(slot)
     }
 }
 
@@ -161,11 +197,11 @@ mod tests {
         for &slot in slots {
             free.insert(slot);
         }
-        for at in 0..free.recent.len() {
-            let slot = free.recent[at];
+        for at in 0..free.recent.len {
+            let slot = free.recent.slots[at];
             free.set(slot);
         }
-        free.recent.clear();
+        free.recent.len = 0;
     }
 
     #[test]
@@ -189,7 +225,7 @@ mod tests {
             free.insert(slot);
         }
         // The recent stack was full at the last insert: its older half moved to the levels.
-        assert_eq!(free.recent.len(), RECENT / 2 + 1);
+        assert_eq!(free.recent.len, RECENT / 2 + 1);
         let taken: Vec<u32> = std::iter::from_fn(|| free.take()).collect();
         let mut expected: Vec<u32> = slots[RECENT / 2..].iter().rev().copied().collect();
         let mut older = slots[..RECENT / 2].to_vec();
