@@ -155,6 +155,7 @@ impl Timeline {
     }
 
     /// The counters of `device` changed at event `seq`: peaks, measure and curve follow.
+    #[inline(always)]
     pub(super) fn changed(&mut self, device: DeviceId, ts: u64, seq: u64) {
         let state = self.device(device);
         let live = state.live;
