@@ -38,9 +38,9 @@ const CATEGORY: u8 = 3;
 pub const MAX_LOG_BYTES: u64 = 4 << 30;
 
 /// How far a record's timestamp may fall behind the newest one before it: the collector applies
-/// a straggling event (a thread that read its clock but published late) after newer ones, by at
-/// most its few-millisecond lag window. A record a whole second older than one before it is not
-/// from a session.
+/// a straggling event (a thread that read its clock but published late) after newer ones, by
+/// microseconds in practice. A record a whole second older than one before it is not from a
+/// session.
 pub const MAX_TIMESTAMP_STEP_BACK_NS: u64 = 1_000_000_000;
 
 /// Largest block a record may name: sizes stay representable as `i64`, as the exports need.

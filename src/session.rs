@@ -315,7 +315,7 @@ impl SessionBuilder {
         let (collector, control) = collector::spawn(CollectorConfig {
             calibration,
             interval: Duration::from_millis(2),
-            lag: Duration::from_millis(5),
+            lag: collector::MERGE_LAG,
             timeline: self.timeline,
             sample_bytes: settings.sample_bytes,
             alloc_log: settings.alloc_log.clone(),

@@ -24,7 +24,7 @@ const OLD_SIZE: usize = 3001;
 /// Size the block is grown to (the inner realloc always moves it).
 const NEW_SIZE: usize = 6001;
 /// Longest the inner realloc holds its thread: long enough for a snapshot that does not wait
-/// for the reallocating thread to finish first, far longer than the merge's 5 ms lag.
+/// for the reallocating thread to finish first, far longer than the merge's lag.
 const HOLD: Duration = Duration::from_secs(1);
 
 /// The thread whose realloc of an `OLD_SIZE` block is held (`0`: none).

@@ -3,15 +3,16 @@
 //! Each ring is in time order on its own (one thread writes it, stamping each event as it
 //! pushes it). Across rings, an event may be stamped before another ring's older-looking event
 //! is published, so an event is handed out only once it is at or before the *watermark* the
-//! caller gives: the clock reading taken before the drain, minus the lag a thread may take
-//! between reading its clock and publishing.
+//! caller gives: the clock reading taken before the drain, minus a short lag for the counter's
+//! disagreement across cores (a thread caught between reading its clock and publishing holds
+//! the watermark, below).
 //!
 //! A ring the caller drained only partly (the drain stopped at its bound, so events remain in
 //! the ring) *holds* the watermark at the stamp of the last event taken from it: the events
 //! still in the ring are at least that new, and anything newer from another ring must wait for
 //! them. The hold is lifted by the next drain that empties the ring. A ring whose producer was
-//! caught mid-push (between its clock reading and its publish: a thread descheduled there for
-//! longer than the lag would otherwise publish a straggler) is passed as not emptied too, and
+//! caught mid-push (between its clock reading and its publish: a thread descheduled there would
+//! otherwise publish a straggler) is passed as not emptied too, and
 //! holds at the last stamp ever taken from it, even when its queue is empty. A ring caught
 //! mid-push before it ever gave an event holds at the highest watermark released so far: its
 //! producer marked itself busy after that watermark's clock reading was taken by an earlier

@@ -1,10 +1,11 @@
 //! The collector thread: drains every ring, merges threads into one time order and feeds the
 //! [`Timeline`].
 //!
-//! Each ring is already in time order. An event is merged only once it is older than a lag
-//! window behind the newest clock reading, because a thread may have read its clock but not yet
-//! published. A straggler that arrives later is still applied; the analysis settles what it
-//! means from its timestamp.
+//! Each ring is already in time order. An event is merged only once it is at or before a
+//! watermark: the clock reading taken before the drain, less a short lag ([`MERGE_LAG`]), and
+//! no later than the last stamp drained from any ring whose thread was caught between reading
+//! its clock and publishing. A straggler that arrives later is still applied; the analysis
+//! settles what it means from its timestamp.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -74,6 +75,22 @@ fn checkpoint_refusals(
     merger.catch_up(now);
     checkpointer.write_now(merger.checkpoint(now), asked);
 }
+
+/// How far behind the clock reading taken before a drain the merge stops (the session's
+/// [`CollectorConfig::lag`]).
+///
+/// A ring found busy holds the watermark at its last drained stamp (see [`merge`]), however
+/// long its thread is descheduled between reading the clock and publishing; a ring found idle
+/// reads the clock for its next event after the collector's reading. What is left is how far a
+/// reading may run ahead of the busy check it precedes in program order (`rdtsc` is not
+/// serialising: nanoseconds) and how far two cores' counters may disagree (an invariant TSC is
+/// synchronised by the kernel, within a microsecond): this is a hundred times that.
+///
+/// It used to be 5 ms, from before the busy holds. Events younger than the lag cannot be merged,
+/// so a producer that filled its ring and the backlog with them waited for the collector's next
+/// round while the collector had nothing it could merge: with a 16 Ki-event ring, syn took
+/// 3.26× its unprofiled time instead of 1.65× (BENCHMARKS §6).
+pub(crate) const MERGE_LAG: Duration = Duration::from_micros(100);
 
 /// A drain that took fewer events than this from every ring was quiet.
 const QUIET_DRAIN: u64 = 1024;
