@@ -513,6 +513,12 @@ pub struct CaptureStats {
     /// Times a thread found its ring full and waited for the collector (lossless mode).
     #[serde(default)]
     pub producer_waits: u64,
+    /// Events the collector merged after an event of another thread stamped later than them:
+    /// published later than the merge's watermark allowed for (two cores' clocks that
+    /// disagree, for one). Each is still applied at its own time, but a peak judged between
+    /// may be off by its size. 0 in a sound capture.
+    #[serde(default)]
+    pub late_events: u64,
     /// Per recording thread, in order of first event.
     pub threads: Vec<ThreadCapture>,
 }

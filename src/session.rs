@@ -408,7 +408,8 @@ impl Session {
     /// The profile as of now, while recording goes on. Nothing is written.
     ///
     /// Events younger than the collector's merge lag are included: a snapshot merges every event
-    /// stamped before the collector took the request.
+    /// stamped before the collector took the request. Its `capture` says how capture went so
+    /// far (per-thread counts, drops, late events).
     ///
     /// # Errors
     ///

@@ -230,6 +230,7 @@ fn a_signal_handler_allocating_mid_push_is_counted_exactly() {
                 HANDLED.load(Ordering::Relaxed)
             );
             assert_eq!(profile.summary.reorder_repairs, 0);
+            assert_eq!(capture.late_events, 0, "{capture:?}");
             assert!(profile.summary.unknown_frees <= loose[ALLOC] + loose[REALLOC]);
             println!(
                 "FIGURES {} signals, {} of {} records counted as re-entrant",

@@ -210,6 +210,10 @@ fn pass_buffers_around(snapshots: bool) {
                         snapshot.summary.reorder_repairs, 0,
                         "snapshot {taken} needed ordering repairs"
                     );
+                    assert_eq!(
+                        snapshot.capture.late_events, 0,
+                        "snapshot {taken} merged events after newer ones"
+                    );
                     taken += 1;
                     if taken == SNAPSHOTS {
                         MAY_STOP.store(true, Ordering::SeqCst);
@@ -247,6 +251,10 @@ fn pass_buffers_around(snapshots: bool) {
                 summary.reorder_repairs, 0,
                 "an allocation landed on a live address or a free arrived after its address \
                  was reused ({handoffs} handoffs)"
+            );
+            assert_eq!(
+                profile.capture.late_events, 0,
+                "events were merged after newer ones ({handoffs} handoffs)"
             );
             assert_eq!(summary.alloc_count, allocs, "allocations");
             assert_eq!(summary.free_count, known, "frees of blocks seen allocated");

@@ -144,6 +144,7 @@ fn rich_profile() -> Profile {
             unattributed_dropped: 1,
             reentrant_dropped: 0,
             producer_waits: 0,
+            late_events: 3,
             threads: vec![ThreadCapture {
                 thread: 0,
                 os_tid: 4242,

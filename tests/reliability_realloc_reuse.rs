@@ -152,6 +152,8 @@ fn a_reused_old_block_waits_for_the_realloc_that_freed_it() {
                 during.summary
             );
             assert_eq!(summary.reorder_repairs, 0, "{summary:?}");
+            assert_eq!(during.capture.late_events, 0, "{:?}", during.capture);
+            assert_eq!(profile.capture.late_events, 0, "{:?}", profile.capture);
             assert_eq!(summary.unknown_frees, 0, "{summary:?}");
             assert_eq!(summary.dropped_events, 0, "{summary:?}");
             assert!(summary.realloc_count >= 1, "{summary:?}");

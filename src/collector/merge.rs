@@ -3,9 +3,10 @@
 //! Each ring is in time order on its own (one thread writes it, stamping each event as it
 //! pushes it). Across rings, an event may be stamped before another ring's older-looking event
 //! is published, so an event is handed out only once it is at or before the *watermark* the
-//! caller gives: the clock reading taken before the drain, minus a short lag for the counter's
-//! disagreement across cores (a thread caught between reading its clock and publishing holds
-//! the watermark, below).
+//! caller gives: the clock reading taken before the drain, minus a short lag for what the
+//! memory model does not order (a clock reading taken while the producer's busy mark is still
+//! in its store buffer; a thread caught between reading its clock and publishing holds the
+//! watermark, below).
 //!
 //! A ring the caller drained only partly (the drain stopped at its bound, so events remain in
 //! the ring) *holds* the watermark at the stamp of the last event taken from it: the events
@@ -16,7 +17,8 @@
 //! holds at the last stamp ever taken from it, even when its queue is empty. A ring caught
 //! mid-push before it ever gave an event holds at the highest watermark released so far: its
 //! producer marked itself busy after that watermark's clock reading was taken by an earlier
-//! drain that saw it idle, so its event is no older.
+//! drain that saw it idle or did not see it at all, so its event is no older (a slot reused
+//! by a new thread holds lower still, at its previous owner's last stamp).
 //!
 //! Events at the same stamp are handed out ring by ring, lower index first; within a ring,
 //! in the order they were pushed. A straggler (an event pushed after newer ones were handed
@@ -61,6 +63,10 @@ pub(crate) struct Merge<T, S> {
     active: usize,
     /// Events staged over all queues.
     total: usize,
+    /// The highest stamp handed out so far.
+    highest: u64,
+    /// Events handed out with a stamp below one handed out before them ([`Merge::late`]).
+    late: u64,
 }
 
 impl<T: Copy, S: Stamp<T>> Merge<T, S> {
@@ -79,7 +85,17 @@ impl<T: Copy, S: Stamp<T>> Merge<T, S> {
             released: 0,
             active: 0,
             total: 0,
+            highest: 0,
+            late: 0,
         }
+    }
+
+    /// Events handed out so far with a stamp below one handed out before them: stragglers,
+    /// published after the merge had gone past their stamp. The holds leave none in a sound
+    /// capture; one would mean a clock reading the watermark did not account for (two cores'
+    /// counters that disagree by more than the lag, say).
+    pub(crate) fn late(&self) -> u64 {
+        self.late
     }
 
     /// Events staged for `ring`.
@@ -218,6 +234,7 @@ impl<T: Copy, S: Stamp<T>> Merge<T, S> {
             let room = max - handed;
             let mut run = 1;
             let mut after = None;
+            let mut run_last = front;
             for event in queue.events.range(1..) {
                 let stamp = self.stamp.stamp(event);
                 if run == room
@@ -228,7 +245,19 @@ impl<T: Copy, S: Stamp<T>> Merge<T, S> {
                     break;
                 }
                 run += 1;
+                run_last = stamp;
             }
+            // A run's events are in order, so only its first can reveal a straggler.
+            if front < self.highest {
+                let highest = self.highest;
+                let stamp = &self.stamp;
+                self.late += queue
+                    .events
+                    .range(..run)
+                    .take_while(|event| stamp.stamp(event) < highest)
+                    .count() as u64;
+            }
+            self.highest = self.highest.max(run_last);
             let mut at = 0;
             while at < run {
                 let event = queue.events[at];
@@ -433,6 +462,25 @@ mod tests {
         m.push(1, [(7, "b7"), (25, "b25")], true);
         assert_eq!(release(&mut m, 20), ["b7"]);
         assert_eq!(m.staged(1), 1);
+    }
+
+    #[test]
+    fn stragglers_are_counted_and_events_in_order_are_not() {
+        let mut m = merge(3);
+        m.push(0, [(3, "a3"), (10, "a10")], true);
+        m.push(1, [(5, "b5"), (10, "b10")], true);
+        // Interleaved rings and equal stamps are the merge's own order, not lateness.
+        assert_eq!(release(&mut m, 10), ["a3", "b5", "a10", "b10"]);
+        assert_eq!(m.late(), 0);
+        // Two events of a third ring, published after the merge passed their stamps, and one
+        // it has not passed.
+        m.push(2, [(4, "c4"), (9, "c9"), (12, "c12")], true);
+        assert_eq!(release(&mut m, 20), ["c4", "c9", "c12"]);
+        assert_eq!(m.late(), 2);
+        // In order again from here: the count stays.
+        m.push(0, [(15, "a15")], true);
+        assert_eq!(release(&mut m, 20), ["a15"]);
+        assert_eq!(m.late(), 2);
     }
 
     /// Released a few at a time, with another ring's events pushed between two calls, the

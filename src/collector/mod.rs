@@ -2,10 +2,11 @@
 //! [`Timeline`].
 //!
 //! Each ring is already in time order. An event is merged only once it is at or before a
-//! watermark: the clock reading taken before the drain, less a short lag ([`MERGE_LAG`]), and
-//! no later than the last stamp drained from any ring whose thread was caught between reading
-//! its clock and publishing. A straggler that arrives later is still applied; the analysis
-//! settles what it means from its timestamp.
+//! watermark: the clock reading taken before the drain, less a short lag ([`MERGE_LAG`]; a
+//! snapshot takes none), and no later than any ring's hold: the last stamp drained from a ring
+//! drained only partly or whose thread was caught between reading its clock and publishing (see
+//! [`merge`]). A straggler that arrives later is still applied, the analysis settles what it
+//! means from its timestamp, and the profile counts it ([`CaptureStats::late_events`]).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -81,10 +82,14 @@ fn checkpoint_refusals(
 ///
 /// A ring found busy holds the watermark at its last drained stamp (see [`merge`]), however
 /// long its thread is descheduled between reading the clock and publishing; a ring found idle
-/// reads the clock for its next event after the collector's reading. What is left is how far a
-/// reading may run ahead of the busy check it precedes in program order (`rdtsc` is not
-/// serialising: nanoseconds) and how far two cores' counters may disagree (an invariant TSC is
-/// synchronised by the kernel, within a microsecond): this is a hundred times that.
+/// reads the clock for its next event after the collector's reading. What is left is physical,
+/// not ordered by the memory model: the producer's busy store may still sit in its store
+/// buffer when its clock reading is taken, and the collector's `rdtsc` (not serialising) may
+/// run ahead of its busy check, each well under a microsecond; and two cores' counters must
+/// agree, which the design assumes throughout (holds and snapshots compare raw readings with no
+/// lag, and a thread that moves between cores keeps its ring in order only if they agree; the
+/// kernel checks an invariant TSC's synchronisation at boot). This is a hundred times the
+/// first. A straggler it let through would be counted ([`CaptureStats::late_events`]).
 ///
 /// It used to be 5 ms, from before the busy holds. Events younger than the lag cannot be merged,
 /// so a producer that filled its ring and the backlog with them waited for the collector's next
@@ -214,7 +219,8 @@ fn run(
                 merger.catch_up(now);
                 let end = now.max(merger.newest_ns);
                 merger.timeline.set_capture_mode(session_capture_mode());
-                let _ = reply.send(merger.timeline.profile(end));
+                // With how capture went so far, as a checkpoint says it.
+                let _ = reply.send(merger.checkpoint(end));
             }
             Ok(Control::Stop(reply)) => {
                 // No checkpoint may land after the final profile the session writes.
@@ -746,8 +752,8 @@ impl Merger {
                 new_addr,
                 new_size,
                 category,
-                // The old half is stamped just before the recording gate is checked, so it
-                // may predate the session by a moment: it counts as the session's start.
+                // A reading of the old half from before the clock's origin counts as the
+                // session's start.
                 released_ns: Some(self.calibration.to_ns(released).unwrap_or(0)),
             },
             Record::SpanEnter { name, id, label } => EventKind::SpanEnter {
@@ -1000,6 +1006,7 @@ impl Merger {
         let mut stats = CaptureStats {
             ring_events: capture::ring_capacity(),
             unattributed_dropped: unattributed.iter().sum(),
+            late_events: self.merge.late(),
             threads: self.threads.clone(),
             ..CaptureStats::default()
         };

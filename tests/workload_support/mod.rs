@@ -110,6 +110,10 @@ pub fn check_exact(name: &str, profile: &Profile, workers: &[u64]) {
         "{name}: events needed ordering repairs"
     );
     assert_eq!(
+        profile.capture.late_events, 0,
+        "{name}: events were merged after newer ones"
+    );
+    assert_eq!(
         summary.peak_bytes as i64, expected_peak,
         "{name}: peak live bytes differ from the independent count"
     );
