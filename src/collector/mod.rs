@@ -24,7 +24,7 @@ use crate::capture::raw::{Decoded, Decoder, Plain, RawEvent, RawKind, ReallocRel
 use crate::capture::registry::{SlotState, REGISTRY};
 use crate::capture::{self, gate, names, oom, wake, UNATTRIBUTED_DROPS};
 use crate::checkpoint::{CheckpointConfig, Checkpointer};
-use crate::profile::{CaptureMode, CaptureStats, Profile, ThreadCapture};
+use crate::profile::{CaptureMode, CaptureStats, Profile, ThreadCapture, Warning};
 
 use merge::{Merge, Stamp};
 
@@ -633,8 +633,17 @@ impl Merger {
             },
             ..self.capture_stats([0; RawKind::COUNT])
         };
+        self.warn_of_late_events(&mut profile);
         profile.meta.threads = self.threads.len() as u32;
         profile
+    }
+
+    /// Adds [`Warning::LateEvents`] to `profile` if the merge handed out any event late.
+    fn warn_of_late_events(&self, profile: &mut Profile) {
+        let events = self.merge.late();
+        if events > 0 {
+            profile.warnings.push(Warning::LateEvents { events });
+        }
     }
 
     /// Applies one raw event of ring `index`: a realloc's first half gives its old address up
@@ -990,13 +999,12 @@ impl Merger {
             mode: session_capture_mode(),
             ..self.capture_stats(loose)
         };
+        self.warn_of_late_events(&mut profile);
         if let Some(Err((path, error))) = self.log.take().map(AllocLogWriter::finish) {
-            profile
-                .warnings
-                .push(crate::profile::Warning::AllocLogIncomplete {
-                    path: path.display().to_string(),
-                    error: error.to_string(),
-                });
+            profile.warnings.push(Warning::AllocLogIncomplete {
+                path: path.display().to_string(),
+                error: error.to_string(),
+            });
         }
         profile.meta.threads = self.threads.len() as u32;
         profile
@@ -1233,6 +1241,29 @@ mod tests {
         assert_eq!(summary["final_live_bytes"], 64, "{summary}");
         assert_eq!(summary["reorder_repairs"], 0, "{summary}");
         assert_eq!(summary["unknown_frees"], 0, "{summary}");
+    }
+
+    /// An event merged after a newer one of another ring (its thread published it too late) is
+    /// still applied, and the profile counts it and says what it may have done to a peak.
+    #[test]
+    fn a_straggler_is_applied_counted_and_warned_of() {
+        let mut merger = two_ring_merger();
+        let other = Category::Other;
+        merger
+            .merge
+            .push(0, [RawEvent::alloc(40, 0, other, 0x1000, 64)], true);
+        merger.merge_draining(u64::MAX, false);
+        let clean = merger.checkpoint(0);
+        assert_eq!(clean.capture.late_events, 0);
+        assert!(clean.warnings.is_empty(), "{:?}", clean.warnings);
+        merger
+            .merge
+            .push(1, [RawEvent::alloc(8, 0, other, 0x2000, 32)], true);
+        merger.merge_draining(u64::MAX, false);
+        let profile = merger.checkpoint(0);
+        assert_eq!(profile.summary.final_live_bytes, 96);
+        assert_eq!(profile.capture.late_events, 1);
+        assert_eq!(profile.warnings, [Warning::LateEvents { events: 1 }]);
     }
 
     /// A watermark in nanoseconds releases every reading that converts to it or earlier, and

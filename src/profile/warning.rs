@@ -153,6 +153,14 @@ pub enum Warning {
         /// All samples ([`SiteSampling::samples`](super::SiteSampling::samples)).
         samples: u64,
     },
+    /// The collector merged events after newer events of other threads
+    /// ([`CaptureStats::late_events`](super::CaptureStats::late_events)): their threads
+    /// published them later than the merge allowed for. Each was applied at its own time, but a
+    /// peak judged in between may be off by its size.
+    LateEvents {
+        /// Events merged late.
+        events: u64,
+    },
     /// A warning from a profile written before warnings were typed: its sentence, as written.
     Note {
         /// The sentence.
@@ -176,6 +184,7 @@ impl Warning {
             Warning::Checkpoint => "checkpoint",
             Warning::OutOfMemory { .. } => "out_of_memory",
             Warning::StacksWithoutHook { .. } => "stacks_without_hook",
+            Warning::LateEvents { .. } => "late_events",
             Warning::Note { .. } => "note",
         }
     }
@@ -304,6 +313,12 @@ impl fmt::Display for Warning {
                  not where they were allocated; build with \
                  RUSTFLAGS=\"-C force-frame-pointers=yes\""
             ),
+            Warning::LateEvents { events } => write!(
+                f,
+                "{events} events were merged after newer events of other threads (published \
+                 later than the merge allowed for, as when two cores' clocks disagree): each \
+                 counts at its own time, but a peak judged in between may be off by its size"
+            ),
             Warning::Note { text } => f.write_str(text),
         }
     }
@@ -402,6 +417,7 @@ mod tests {
                 without_hook: 10_463,
                 samples: 10_463,
             },
+            Warning::LateEvents { events: 2 },
             Warning::Note {
                 text: "an old sentence".into(),
             },
