@@ -409,7 +409,8 @@ impl Session {
     ///
     /// Events younger than the collector's merge lag are included: a snapshot merges every event
     /// stamped before the collector took the request. Its `capture` says how capture went so
-    /// far (per-thread counts, drops, late events).
+    /// far: per-thread counts and drops, and late events. The counts of unattributed and
+    /// re-entrant drops and of producer waits are made only when the session finishes.
     ///
     /// # Errors
     ///
@@ -496,7 +497,11 @@ fn snapshot_of(generation: u64) -> Result<Profile, Error> {
         running.meta.clone()
     };
     let mut profile = profile.recv().map_err(|_| Error::CollectorLost)?;
-    profile.meta = meta;
+    // The session's run facts, with the collector's count of threads so far.
+    profile.meta = RunMeta {
+        threads: profile.meta.threads,
+        ..meta
+    };
     Ok(profile)
 }
 

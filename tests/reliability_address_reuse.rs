@@ -214,6 +214,11 @@ fn pass_buffers_around(snapshots: bool) {
                         snapshot.capture.late_events, 0,
                         "snapshot {taken} merged events after newer ones"
                     );
+                    assert_eq!(
+                        snapshot.meta.threads as usize,
+                        snapshot.capture.threads.len(),
+                        "snapshot {taken} counts its threads two ways"
+                    );
                     taken += 1;
                     if taken == SNAPSHOTS {
                         MAY_STOP.store(true, Ordering::SeqCst);

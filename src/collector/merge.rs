@@ -91,9 +91,9 @@ impl<T: Copy, S: Stamp<T>> Merge<T, S> {
     }
 
     /// Events handed out so far with a stamp below one handed out before them: stragglers,
-    /// published after the merge had gone past their stamp. The holds leave none in a sound
-    /// capture; one would mean a clock reading the watermark did not account for (two cores'
-    /// counters that disagree by more than the lag, say).
+    /// published after the merge had gone past their stamp, or a ring's own readings going
+    /// back. The holds and the lag leave none in a sound capture; one would mean a clock
+    /// reading they did not account for (two cores' counters that disagree, say).
     pub(crate) fn late(&self) -> u64 {
         self.late
     }
@@ -234,7 +234,10 @@ impl<T: Copy, S: Stamp<T>> Merge<T, S> {
             let room = max - handed;
             let mut run = 1;
             let mut after = None;
-            let mut run_last = front;
+            // Late: below a stamp handed out before it, from another ring or (a clock that
+            // stepped back) its own.
+            let mut late = u64::from(front < self.highest);
+            let mut highest = self.highest.max(front);
             for event in queue.events.range(1..) {
                 let stamp = self.stamp.stamp(event);
                 if run == room
@@ -245,19 +248,11 @@ impl<T: Copy, S: Stamp<T>> Merge<T, S> {
                     break;
                 }
                 run += 1;
-                run_last = stamp;
+                late += u64::from(stamp < highest);
+                highest = highest.max(stamp);
             }
-            // A run's events are in order, so only its first can reveal a straggler.
-            if front < self.highest {
-                let highest = self.highest;
-                let stamp = &self.stamp;
-                self.late += queue
-                    .events
-                    .range(..run)
-                    .take_while(|event| stamp.stamp(event) < highest)
-                    .count() as u64;
-            }
-            self.highest = self.highest.max(run_last);
+            self.late += late;
+            self.highest = highest;
             let mut at = 0;
             while at < run {
                 let event = queue.events[at];
@@ -481,6 +476,15 @@ mod tests {
         m.push(0, [(15, "a15")], true);
         assert_eq!(release(&mut m, 20), ["a15"]);
         assert_eq!(m.late(), 2);
+        // A ring whose own readings step back (its thread moved to a core whose counter is
+        // behind): the events after the step are late, until the readings pass the highest.
+        m.push(
+            1,
+            [(30, "b30"), (26, "b26"), (29, "b29"), (31, "b31")],
+            true,
+        );
+        assert_eq!(release(&mut m, 40), ["b30", "b26", "b29", "b31"]);
+        assert_eq!(m.late(), 4);
     }
 
     /// Released a few at a time, with another ring's events pushed between two calls, the

@@ -3,7 +3,7 @@
 //!
 //! Each ring is already in time order. An event is merged only once it is at or before a
 //! watermark: the clock reading taken before the drain, less a short lag ([`MERGE_LAG`]; a
-//! snapshot takes none), and no later than any ring's hold: the last stamp drained from a ring
+//! snapshot waits that long after its reading instead), and no later than any ring's hold: the last stamp drained from a ring
 //! drained only partly or whose thread was caught between reading its clock and publishing (see
 //! [`merge`]). A straggler that arrives later is still applied, the analysis settles what it
 //! means from its timestamp, and the profile counts it ([`CaptureStats::late_events`]).
@@ -72,9 +72,20 @@ fn checkpoint_refusals(
         oom::written(asked);
         return;
     };
-    let now = config.calibration.now_ns();
+    let now = reading_settled(&config.calibration);
     merger.catch_up(now);
     checkpointer.write_now(merger.checkpoint(now), asked);
+}
+
+/// A clock reading to merge everything up to, for a snapshot or a refusal's checkpoint, taken
+/// [`MERGE_LAG`] before it is returned: what the lag covers in a round's watermark (a busy mark
+/// still in a store buffer, a reading run ahead) has then passed, so the drain that follows
+/// sees every ring that stamped before it as busy or published, and nothing merged up to the
+/// reading can be late. These are rare, and the wait is short next to what they do.
+fn reading_settled(calibration: &Calibration) -> u64 {
+    let now = calibration.now_ns();
+    std::thread::sleep(MERGE_LAG);
+    now
 }
 
 /// How far behind the clock reading taken before a drain the merge stops (the session's
@@ -85,11 +96,12 @@ fn checkpoint_refusals(
 /// reads the clock for its next event after the collector's reading. What is left is physical,
 /// not ordered by the memory model: the producer's busy store may still sit in its store
 /// buffer when its clock reading is taken, and the collector's `rdtsc` (not serialising) may
-/// run ahead of its busy check, each well under a microsecond; and two cores' counters must
-/// agree, which the design assumes throughout (holds and snapshots compare raw readings with no
-/// lag, and a thread that moves between cores keeps its ring in order only if they agree; the
-/// kernel checks an invariant TSC's synchronisation at boot). This is a hundred times the
-/// first. A straggler it let through would be counted ([`CaptureStats::late_events`]).
+/// run ahead of its busy check, each well under a microsecond: the lag is more than a hundred
+/// times that. Snapshots and refusal checkpoints, which merge up to their reading, wait it out
+/// instead ([`reading_settled`]). Two cores' counters must agree, which the design assumes
+/// throughout (holds compare raw readings, and a thread that moves between cores keeps its ring
+/// in order only if they agree; the kernel checks an invariant TSC's synchronisation at boot).
+/// A straggler let through would be counted ([`CaptureStats::late_events`]).
 ///
 /// It used to be 5 ms, from before the busy holds. Events younger than the lag cannot be merged,
 /// so a producer that filled its ring and the backlog with them waited for the collector's next
@@ -215,7 +227,7 @@ fn run(
                 // Everything stamped before the request, not everything drained: an event
                 // stamped later may depend on one its thread publishes just after its ring was
                 // drained (see above); it stays staged for the next round.
-                let now = config.calibration.now_ns();
+                let now = reading_settled(&config.calibration);
                 merger.catch_up(now);
                 let end = now.max(merger.newest_ns);
                 merger.timeline.set_capture_mode(session_capture_mode());
