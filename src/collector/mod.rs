@@ -72,19 +72,19 @@ fn checkpoint_refusals(
         oom::written(asked);
         return;
     };
-    let now = reading_settled(&config.calibration);
+    let now = reading_settled(config);
     merger.catch_up(now);
     checkpointer.write_now(merger.checkpoint(now), asked);
 }
 
 /// A clock reading to merge everything up to, for a snapshot or a refusal's checkpoint, taken
-/// [`MERGE_LAG`] before it is returned: what the lag covers in a round's watermark (a busy mark
+/// the merge's lag ([`MERGE_LAG`]) before it is returned: what the lag covers in a round's watermark (a busy mark
 /// still in a store buffer, a reading run ahead) has then passed, so the drain that follows
 /// sees every ring that stamped before it as busy or published, and nothing merged up to the
 /// reading can be late. These are rare, and the wait is short next to what they do.
-fn reading_settled(calibration: &Calibration) -> u64 {
-    let now = calibration.now_ns();
-    std::thread::sleep(MERGE_LAG);
+fn reading_settled(config: &CollectorConfig) -> u64 {
+    let now = config.calibration.now_ns();
+    std::thread::sleep(config.lag);
     now
 }
 
@@ -227,7 +227,7 @@ fn run(
                 // Everything stamped before the request, not everything drained: an event
                 // stamped later may depend on one its thread publishes just after its ring was
                 // drained (see above); it stays staged for the next round.
-                let now = reading_settled(&config.calibration);
+                let now = reading_settled(&config);
                 merger.catch_up(now);
                 let end = now.max(merger.newest_ns);
                 merger.timeline.set_capture_mode(session_capture_mode());
@@ -636,26 +636,20 @@ impl Merger {
 
     /// The profile of what is merged up to `end_ns`, for a checkpoint; recording goes on.
     fn checkpoint(&self, end_ns: u64) -> Profile {
-        let mut profile = self.timeline.profile(end_ns.max(self.newest_ns));
-        profile.capture = CaptureStats {
-            mode: if capture::lossless() {
-                CaptureMode::Lossless
-            } else {
-                CaptureMode::DropWhenFull
-            },
-            ..self.capture_stats([0; RawKind::COUNT])
-        };
-        self.warn_of_late_events(&mut profile);
-        profile.meta.threads = self.threads.len() as u32;
-        profile
+        let profile = self.timeline.profile(end_ns.max(self.newest_ns));
+        self.with_capture(profile, self.capture_stats([0; RawKind::COUNT]))
     }
 
-    /// Adds [`Warning::LateEvents`] to `profile` if the merge handed out any event late.
-    fn warn_of_late_events(&self, profile: &mut Profile) {
+    /// `profile` with how capture went: `capture`, the threads recorded, and a warning if the
+    /// merge handed out any event late.
+    fn with_capture(&self, mut profile: Profile, capture: CaptureStats) -> Profile {
+        profile.capture = capture;
         let events = self.merge.late();
         if events > 0 {
             profile.warnings.push(Warning::LateEvents { events });
         }
+        profile.meta.threads = self.threads.len() as u32;
+        profile
     }
 
     /// Applies one raw event of ring `index`: a realloc's first half gives its old address up
@@ -1000,30 +994,29 @@ impl Merger {
                 .note_dropped(unattributed_total + reentrant_total);
         }
         self.timeline.set_capture_mode(session_capture_mode());
-        let mut profile = self.timeline.profile(end_ns);
+        let profile = self.timeline.profile(end_ns);
         // Re-entrant records have no ring to be charged to: they join the unattributed ones in
         // `dropped_by_kind` and have their own total.
         let loose = std::array::from_fn(|kind| unattributed[kind] + reentrant[kind]);
-        profile.capture = CaptureStats {
+        let capture = CaptureStats {
             unattributed_dropped: unattributed_total,
             reentrant_dropped: reentrant_total,
             producer_waits: capture::take_waits(),
-            mode: session_capture_mode(),
             ..self.capture_stats(loose)
         };
-        self.warn_of_late_events(&mut profile);
+        let mut profile = self.with_capture(profile, capture);
         if let Some(Err((path, error))) = self.log.take().map(AllocLogWriter::finish) {
             profile.warnings.push(Warning::AllocLogIncomplete {
                 path: path.display().to_string(),
                 error: error.to_string(),
             });
         }
-        profile.meta.threads = self.threads.len() as u32;
         profile
     }
 
     fn capture_stats(&self, unattributed: [u64; RawKind::COUNT]) -> CaptureStats {
         let mut stats = CaptureStats {
+            mode: session_capture_mode(),
             ring_events: capture::ring_capacity(),
             unattributed_dropped: unattributed.iter().sum(),
             late_events: self.merge.late(),
@@ -1260,19 +1253,17 @@ mod tests {
     #[test]
     fn a_straggler_is_applied_counted_and_warned_of() {
         let mut merger = two_ring_merger();
-        let other = Category::Other;
-        merger
-            .merge
-            .push(0, [RawEvent::alloc(40, 0, other, 0x1000, 64)], true);
-        merger.merge_draining(u64::MAX, false);
-        let clean = merger.checkpoint(0);
+        // An allocation stamped `ticks` on `ring`, merged as far as it goes.
+        let mut merge_alloc = |ring: usize, ticks: u64, addr: u64, size: u64| {
+            let alloc = RawEvent::alloc(ticks, 0, Category::Other, addr, size);
+            merger.merge.push(ring, [alloc], true);
+            merger.merge_draining(u64::MAX, false);
+            merger.checkpoint(0)
+        };
+        let clean = merge_alloc(0, 40, 0x1000, 64);
         assert_eq!(clean.capture.late_events, 0);
         assert!(clean.warnings.is_empty(), "{:?}", clean.warnings);
-        merger
-            .merge
-            .push(1, [RawEvent::alloc(8, 0, other, 0x2000, 32)], true);
-        merger.merge_draining(u64::MAX, false);
-        let profile = merger.checkpoint(0);
+        let profile = merge_alloc(1, 8, 0x2000, 32);
         assert_eq!(profile.summary.final_live_bytes, 96);
         assert_eq!(profile.capture.late_events, 1);
         assert_eq!(profile.warnings, [Warning::LateEvents { events: 1 }]);
