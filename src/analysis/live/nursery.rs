@@ -7,7 +7,7 @@ pub(super) const NURSERY_BLOCKS: usize = 16;
 
 /// Buckets of the nursery's lookup table: a power of two, larger than [`NURSERY_BLOCKS`] so
 /// that two blocks seldom want one.
-const NURSERY_BUCKETS: usize = 256;
+pub(super) const NURSERY_BUCKETS: usize = 256;
 
 /// Blocks whose fate (died in the nursery, or left it for the index) decides whether the
 /// nursery keeps taking new blocks.
