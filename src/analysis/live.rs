@@ -681,9 +681,13 @@ impl LiveSet {
         displaced
     }
 
-    /// The index of `device`'s table, which has room for one more entry.
+    /// The index of `device`'s table, about to take a block at `addr`: a heap address is no
+    /// longer known as not indexed, and the table has room for one more entry.
     #[inline]
-    fn table_with_room(&mut self, device: DeviceId) -> usize {
+    fn table_for(&mut self, device: DeviceId, addr: u64) -> usize {
+        if device == DeviceId::CPU {
+            self.unindexed.forget(addr);
+        }
         let slot = usize::from(device.0);
         if slot >= self.index.len() {
             self.index.resize_with(slot + 1, HashTable::new);
@@ -720,20 +724,22 @@ impl LiveSet {
         let mut built = HashTable::with_capacity(wanted.max(1));
         let (slab, packing) = (&self.slab, self.packing);
         let rehash = |entry: &u32| packing.rehash(slab, *entry);
+        let mut insert = |entry: u32| {
+            built.insert_unique(rehash(&entry), entry, rehash);
+        };
+        // Entries wait in `ahead` while their slab blocks are fetched.
         let mut ahead = [0u32; GROWTH_AHEAD];
         for (n, &entry) in old.iter().enumerate() {
             let at = n % GROWTH_AHEAD;
             if n >= GROWTH_AHEAD {
-                let due = ahead[at];
-                built.insert_unique(rehash(&due), due, rehash);
+                insert(ahead[at]);
             }
             prefetch(slab.get(packing.slot(entry)));
             ahead[at] = entry;
         }
         let held = old.len();
         for n in held.saturating_sub(GROWTH_AHEAD)..held {
-            let due = ahead[n % GROWTH_AHEAD];
-            built.insert_unique(rehash(&due), due, rehash);
+            insert(ahead[n % GROWTH_AHEAD]);
         }
         self.index_room[slot] = built.capacity();
         self.index[slot] = built;
@@ -743,10 +749,7 @@ impl LiveSet {
     /// replaced there, if the key was indexed already. The live count is the caller's.
     fn index_insert(&mut self, device: DeviceId, block: Block) -> Option<Block> {
         let addr = block.addr;
-        if device == DeviceId::CPU {
-            self.unindexed.forget(addr);
-        }
-        let slot = self.table_with_room(device);
+        let slot = self.table_for(device, addr);
         // One probe: the slot index the block will get is known before it is stored.
         let next = self.slab.next_index();
         if next > self.packing.slot_mask {
@@ -777,10 +780,7 @@ impl LiveSet {
             self.find_indexed(device, block.addr).is_none(),
             "a nursery block was indexed too"
         );
-        if device == DeviceId::CPU {
-            self.unindexed.forget(block.addr);
-        }
-        let slot = self.table_with_room(device);
+        let slot = self.table_for(device, block.addr);
         let next = self.slab.next_index();
         if next > self.packing.slot_mask {
             self.widen_packing(next);
@@ -870,12 +870,11 @@ impl LiveSet {
             return Rekeyed::Straggler;
         }
         found.remove();
+        // Noted before `to` is forgotten: a move to the same key leaves it indexed.
         if device == DeviceId::CPU {
-            // In this order: a move to the same key leaves it indexed.
             self.unindexed.note(from);
-            self.unindexed.forget(to);
         }
-        let slot = self.table_with_room(device);
+        let slot = self.table_for(device, to);
         let (table, slab, packing) = (&mut self.index[slot], &mut self.slab, self.packing);
         let moved = packing.pack(at, to);
         let displaced = match table.entry(
