@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crossbeam_channel::Sender;
 
@@ -113,8 +113,9 @@ pub struct SessionBuilder {
 impl SessionBuilder {
     /// Writes the profile to `path` (default `./highwater-profile.json`; `$HIGHWATER_OUT`
     /// overrides). Missing directories are created. A regular file is replaced atomically;
-    /// anything else (`/dev/null`, `/dev/stdout`, a FIFO) is written through, and a symlink's
-    /// target is written, not the link.
+    /// anything else (`/dev/null`, `/dev/stdout`, a FIFO) is written through, and the target of
+    /// a symlink this user or root owns is written, not the link (a symlink another user owns
+    /// is refused).
     pub fn output(mut self, path: impl Into<PathBuf>) -> SessionBuilder {
         self.requested.output = Some(path.into());
         self
@@ -669,17 +670,18 @@ fn write_outputs(
     Ok(profile)
 }
 
-/// Writes a copy of a profile whose output failed into the temporary directory; its path, if
-/// that worked.
+/// Writes a copy of a profile whose output failed into the temporary directory, under a new
+/// name created exclusively (never a name another user could have planted); its path, if that
+/// worked.
 fn write_fallback(profile: &Profile, generation: u64) -> Option<PathBuf> {
-    let stamp = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis());
-    let path = std::env::temp_dir().join(format!(
-        "highwater-profile-{}-{stamp}-{generation}.json",
-        this_pid()
-    ));
-    profile.write(&path).ok().map(|()| path)
+    let prefix = format!("highwater-profile-{}-{generation}-", this_pid());
+    crate::fileio::write_new_file_in(
+        &std::env::temp_dir(),
+        &prefix,
+        ".json",
+        profile.to_json().as_bytes(),
+    )
+    .ok()
 }
 
 /// Checks, before recording starts, that `path` can take a file: not empty, not a directory,

@@ -91,3 +91,55 @@ fn endless_and_empty_special_inputs_are_refused_not_read_forever() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("run.alloc"), "{stderr}");
 }
+
+#[test]
+fn a_fifo_whose_writer_never_writes_is_refused_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("f.json");
+    mkfifo(&fifo);
+    // A writer that opens the FIFO and never writes.
+    let _writer = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .unwrap();
+    let output = highwater(&["summary", fifo.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("f.json") && stderr.contains("FIFO"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn links_planted_at_an_export_s_temporary_names_are_not_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let precious = dir.path().join("precious");
+    std::fs::write(&precious, "the victim's data").unwrap();
+    let out = dir.path().join("trace.json");
+    // The command's pid is not known before it starts: plant links at every name the old
+    // scheme (`.<name>.<pid>.tmp`) could use for the next pids.
+    let base = std::process::id();
+    for pid in base..base + 2000 {
+        std::os::unix::fs::symlink(&precious, dir.path().join(format!(".trace.json.{pid}.tmp")))
+            .unwrap();
+    }
+    let profile = data("minimal.json");
+    let output = highwater(&[
+        "export",
+        profile.to_str().unwrap(),
+        "-f",
+        "chrome",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(
+        std::fs::read_to_string(&precious).unwrap(),
+        "the victim's data"
+    );
+    assert!(std::fs::symlink_metadata(&out).unwrap().is_file());
+}
