@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use highwater::analysis::{Timeline, TimelineConfig};
+use highwater::profile::analysis::{Timeline, TimelineConfig};
 use highwater::Profile;
 use serde_json::{json, Value};
 
@@ -210,7 +210,7 @@ fn replay_case(stream: &stream::Stream, count: usize, repeat: usize) -> (Value, 
 
 /// Heap a `Timeline` holds per live block once `blocks` allocations are live (no spans).
 fn live_map_case(blocks: u64) -> Value {
-    use highwater::analysis::{DeviceId, Event, EventKind};
+    use highwater::profile::analysis::{DeviceId, Event, EventKind};
     use highwater::Category;
     let before = heap_mark();
     let mut timeline = Timeline::new(TimelineConfig::default());
@@ -260,8 +260,8 @@ fn output_case(name: &str, events: usize, profile: &Profile, dir: &Path) -> Valu
     let json_bytes = std::fs::metadata(&path).expect("profile written").len();
     let (load, loaded) = timed(REPEAT, || Profile::load(&path).expect("load the profile"));
     assert_eq!(&loaded, profile, "a profile reads back as written");
-    let (html, html_text) = timed(REPEAT, || highwater::export::html::render(profile));
-    let (chrome, chrome_text) = timed(REPEAT, || highwater::export::chrome::render(profile));
+    let (html, html_text) = timed(REPEAT, || highwater_export::html::render(profile));
+    let (chrome, chrome_text) = timed(REPEAT, || highwater_export::chrome::render(profile));
     let _ = std::fs::remove_file(&path);
     json!({
         "name": name,
@@ -431,7 +431,7 @@ mod candle_graph {
     use std::path::Path;
     use std::time::Instant;
 
-    use highwater::analysis::EventKind;
+    use highwater::profile::analysis::EventKind;
     use highwater::{Category, SpanLabel, Step};
     use serde::{Deserialize, Serialize};
     use serde_json::{json, Value};
@@ -566,7 +566,7 @@ mod candle_graph {
         let mut doc = Document::default();
         // Innermost open op of each thread: (name, shape, dtype).
         let mut ops: HashMap<u32, Vec<(String, Vec<usize>, String)>> = HashMap::new();
-        let shape_of = |id: Option<highwater::analysis::ShapeId>| -> Vec<usize> {
+        let shape_of = |id: Option<highwater::profile::analysis::ShapeId>| -> Vec<usize> {
             id.map(|s| {
                 stream.shapes[s.0 as usize]
                     .iter()

@@ -11,9 +11,9 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use highwater::alloc_log::{AllocLog, AllocRecord};
-use highwater::export::{html, torch};
+use highwater::profile::alloc_log::{AllocLog, AllocRecord};
 use highwater::Profile;
+use highwater_export::{html, torch};
 
 /// A profile whose timeline (or pool timeline) names `devices` devices, one point each.
 fn profile_with_devices(devices: u64, pools: bool) -> Profile {

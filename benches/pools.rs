@@ -29,9 +29,8 @@ use std::time::{Duration, Instant};
 
 use cpu_time::thread_cpu_time;
 use criterion::{criterion_group, criterion_main, Criterion};
-use highwater::device::{
-    replay, Allocator, DeviceIndex, PoolManager, Reservation, SimOp, Strategy, Trace,
-};
+use highwater::device::{DeviceIndex, PoolManager, Reservation, Strategy};
+use highwater_device::{replay, Allocator, SimOp, Trace};
 
 #[path = "support/cpu_time.rs"]
 mod cpu_time;

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use highwater::units::{format_bytes, format_count, format_duration_ns};
+use highwater::profile::units::{format_bytes, format_count, format_duration_ns};
 use highwater::{Category, Session, Step};
 
 #[global_allocator]

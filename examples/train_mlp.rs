@@ -24,10 +24,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use candle_core::{DType, Device};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
-use highwater::export::vocabulary as words;
+use highwater::profile::units::{
+    format_bytes, format_bytes_delta, format_duration_ns, format_shape,
+};
 use highwater::profile::PeakRow;
-use highwater::units::{format_bytes, format_bytes_delta, format_duration_ns, format_shape};
 use highwater::{Category, Profile, Session, Step};
+use highwater_export::vocabulary as words;
 
 #[path = "support/collector_cpu.rs"]
 mod collector_cpu;
@@ -662,7 +664,7 @@ fn print_summary(profile: &Profile, out: &std::path::Path) {
     let html_off = std::env::var("HIGHWATER_HTML")
         .is_ok_and(|value| matches!(value.to_ascii_lowercase().as_str(), "0" | "off" | "false"));
     if !html_off {
-        let report = highwater::export::html::path_beside(out);
+        let report = highwater_export::html::path_beside(out);
         println!("report: {} (open it in a browser)", report.display());
     }
 }

@@ -196,7 +196,9 @@ impl EnvConfig {
             const EXPECTED: &str = "lossless or drop";
             text(NAME, EXPECTED)?
                 .map(|value| {
-                    CaptureMode::parse(&value)
+                    value
+                        .parse::<CaptureMode>()
+                        .ok()
                         .ok_or_else(|| invalid(NAME, value.as_ref(), EXPECTED))
                 })
                 .transpose()?

@@ -60,19 +60,19 @@
 #[cfg(test)]
 extern crate self as highwater;
 
-pub mod analysis;
 mod capture;
 #[cfg(not(loom))]
 pub mod device;
-pub mod export;
-mod fileio;
-mod model;
-pub mod profile;
-pub mod units;
+
+/// The profile document, its vocabulary and the analysis that builds it (the
+/// `highwater-profile` crate): the types a [`Profile`] is made of.
+pub use highwater_profile as profile;
+// The parts of the profile crate this library builds on, by their short names.
+use highwater_export as export;
+use highwater_profile::{alloc_log, analysis, fileio, model, units};
 
 #[cfg(not(loom))]
 mod alloc;
-pub mod alloc_log;
 #[cfg(all(feature = "candle", not(loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "candle")))]
 pub mod candle;
@@ -107,13 +107,13 @@ pub use alloc::Alloc;
 pub use checkpoint::DEFAULT_CHECKPOINT_INTERVAL;
 #[cfg(not(loom))]
 pub use error::Error;
+pub use highwater_profile::model::{Category, ParseLabelError, SpanLabel, Step};
+pub use highwater_profile::{CaptureMode, Profile};
 #[cfg(not(loom))]
 pub use measure::{
     measure, Budget, BudgetExceeded, IterationReport, LeakCheck, LeakDetected, Measurement,
     SiteFigures, SpanFigures,
 };
-pub use model::{Category, ParseLabelError, SpanLabel, Step};
-pub use profile::{CaptureMode, Profile};
 #[cfg(not(loom))]
 pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};
 #[cfg(not(loom))]

@@ -27,7 +27,8 @@ use crate::config::{check_ring_events, EnvConfig, Requested, Settings};
 use crate::error::Error;
 use crate::export::html;
 use crate::fork_lock::{ForkSafeGuard, ForkSafeMutex};
-use crate::profile::{CaptureMode, OomSource, Profile, RunMeta, Warning};
+use crate::model::OomSource;
+use crate::profile::{CaptureMode, Profile, RunMeta, Warning};
 
 pub use crate::config::DEFAULT_OUTPUT;
 

@@ -22,6 +22,10 @@ use rustc_hash::FxHashMap;
 use crate::analysis::ResolveFrames;
 use crate::profile::Frame;
 
+/// Where this library's sources were when it was built: every sampled stack starts in its hook,
+/// and inlined frames say whose they are only by their file.
+pub(crate) const RECORDER_SOURCES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/");
+
 /// The process that first made a resolver (`0`: none yet).
 static FIRST_PID: AtomicU32 = AtomicU32::new(0);
 
@@ -46,6 +50,10 @@ impl Default for Resolver {
 }
 
 impl ResolveFrames for Resolver {
+    fn recorder_sources(&self) -> &str {
+        RECORDER_SOURCES
+    }
+
     fn resolve(&self, pcs: &[u64]) -> Vec<Vec<Frame>> {
         if FIRST_PID.load(Ordering::SeqCst) != std::process::id() {
             // A forked child: addresses only (see the module docs).

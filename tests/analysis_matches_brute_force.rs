@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 
-use highwater::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq};
-use highwater::analysis::{Timeline, TimelineConfig};
+use highwater::profile::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq};
+use highwater::profile::analysis::{Timeline, TimelineConfig};
 use highwater::{Category, Profile, SpanLabel, Step};
 
 #[derive(Debug, Clone)]

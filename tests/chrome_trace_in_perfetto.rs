@@ -10,14 +10,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use highwater::export::chrome;
 use highwater::ops::{self, Tensor};
 use highwater::{Alloc, Profile, Session, Step};
-use sample::sample_profile_with_drops;
+use highwater_export::chrome;
+use highwater_testkit::sample::sample_profile_with_drops;
 use serde_json::Value;
-
-#[path = "support/sample.rs"]
-mod sample;
 
 #[global_allocator]
 static ALLOC: Alloc = Alloc::system();

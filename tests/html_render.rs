@@ -10,13 +10,10 @@ use std::path::{Path, PathBuf};
 mod browser;
 use browser::{browser, run_browser};
 
-use highwater::export::html;
-use highwater::units::format_bytes;
+use highwater::profile::units::format_bytes;
 use highwater::Profile;
-use sample::{sample_profile, sample_profile_with_drops};
-
-#[path = "support/sample.rs"]
-mod sample;
+use highwater_export::html;
+use highwater_testkit::sample::{sample_profile, sample_profile_with_drops};
 
 /// Writes the report of `profile`, plus `script` run after the report's own, and returns the
 /// DOM after scripts ran.

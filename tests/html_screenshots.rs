@@ -14,13 +14,11 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
-use highwater::export::html;
 use highwater::{Alloc, Category, Profile, Session, Step};
+use highwater_export::html;
 
 #[path = "support/browser.rs"]
 mod browser;
-#[path = "support/sample.rs"]
-mod sample;
 use browser::{browser, run_browser};
 
 #[global_allocator]
@@ -340,7 +338,7 @@ fn normal_and_leaking_runs_lay_out_zoom_and_show_the_step_that_peaked() {
 fn the_call_sites_icicle_lays_out_hovers_zooms_and_the_rows_link_to_their_sites() {
     let Some(browser) = browser() else { return };
     let dir = tempfile::tempdir().unwrap();
-    let profile = sample::sample_profile();
+    let profile = highwater_testkit::sample::sample_profile();
     for width in [1400, 1000] {
         let seen = look(&browser, dir.path(), "sites", &profile, width);
         assert_laid_out("sites", width, &seen);
@@ -408,7 +406,7 @@ fn an_empty_profile_lays_out_cleanly() {
 
 #[test]
 fn the_script_formats_units_exactly_as_the_text_reports_do() {
-    use highwater::units::{format_bytes, format_duration_ns};
+    use highwater::profile::units::{format_bytes, format_duration_ns};
     let Some(browser) = browser() else { return };
     let dir = tempfile::tempdir().unwrap();
     let seen = look(&browser, dir.path(), "formats", &Profile::empty(), 1000);

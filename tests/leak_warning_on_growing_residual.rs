@@ -78,7 +78,7 @@ fn growing_residual_warns_and_names_the_iteration_span() {
     assert!(
         sentence.contains(&format!(
             "{} over all 24, from the first iteration's end",
-            highwater::units::format_bytes_delta(run_growth)
+            highwater::profile::units::format_bytes_delta(run_growth)
         )),
         "{sentence}"
     );

@@ -8,7 +8,7 @@ mod common;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 
-use highwater::profile::OomSource;
+use highwater::profile::model::OomSource;
 use highwater::{Alloc, Category, Profile, Session, Step};
 
 /// Requests at least this big are refused, as an exhausted system would.

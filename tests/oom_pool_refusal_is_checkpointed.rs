@@ -3,7 +3,7 @@
 //! span that asked) and a checkpoint holding it, written before `reserve` returns the error.
 
 use highwater::device::{DeviceIndex, DeviceKind, PoolError, PoolManager, Strategy};
-use highwater::profile::OomSource;
+use highwater::profile::model::OomSource;
 use highwater::{Alloc, Profile, Session, Step};
 
 #[global_allocator]

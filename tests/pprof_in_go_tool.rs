@@ -9,11 +9,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use highwater::export::{pprof, stacks};
 use highwater::{Category, Profile};
-
-#[path = "support/sample.rs"]
-mod sample;
+use highwater_export::{pprof, stacks};
 
 /// The `go` command, or `None` when Go tests are explicitly skipped.
 fn go() -> Option<String> {
@@ -88,7 +85,7 @@ fn flat_by_function(top: &str) -> BTreeMap<String, i64> {
 }
 
 fn write_sample(dir: &Path) -> (Profile, std::path::PathBuf) {
-    let profile = sample::sample_profile();
+    let profile = highwater_testkit::sample::sample_profile();
     let file = dir.join("sample.pb.gz");
     pprof::write(&profile, &file).unwrap();
     (profile, file)

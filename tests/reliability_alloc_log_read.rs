@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use highwater::alloc_log::{AllocLog, MAGIC};
+use highwater::profile::alloc_log::{AllocLog, MAGIC};
 use proptest::prelude::*;
 
 /// A valid log: `cpu` and `cuda:0` named, then `records` allocs and frees on both.

@@ -40,7 +40,7 @@ const BACKLOG_RINGS: usize = 4;
 fn staging_bound() -> i64 {
     (2 * (THREADS + BACKLOG_RINGS)
         * RING_EVENTS
-        * std::mem::size_of::<highwater::analysis::Event>()) as i64
+        * std::mem::size_of::<highwater::profile::analysis::Event>()) as i64
 }
 /// The profile must stay under this, whatever the run's length.
 const MAX_PROFILE_JSON: usize = 10 << 20;

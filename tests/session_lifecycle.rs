@@ -177,7 +177,7 @@ fn allocation_log_records_every_allocation_the_profile_counts() {
         profile.meta.alloc_log.as_deref(),
         Some(log_path.to_str().unwrap())
     );
-    let log = highwater::alloc_log::AllocLog::read(&log_path).unwrap();
+    let log = highwater::profile::alloc_log::AllocLog::read(&log_path).unwrap();
     assert_eq!(log.devices, vec!["cpu".to_string()]);
     let allocs = log.records.iter().filter(|r| r.alloc).count() as u64;
     assert!(profile.summary.realloc_count > 0, "the Vec grew by realloc");

@@ -16,10 +16,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
-use highwater::alloc_log::AllocLog;
-use highwater::export::torch;
 use highwater::ops::{self, Tensor};
+use highwater::profile::alloc_log::AllocLog;
 use highwater::{Alloc, Category, Profile, Session};
+use highwater_export::torch;
 
 #[path = "support/browser.rs"]
 mod browser;

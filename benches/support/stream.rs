@@ -21,7 +21,9 @@
 
 use std::collections::VecDeque;
 
-use highwater::analysis::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq, Timeline};
+use highwater::profile::analysis::{
+    DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq, Timeline,
+};
 use highwater::{Category, SpanLabel, Step};
 
 /// A recorded-looking stream and what a replay needs to know about it.

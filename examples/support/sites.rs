@@ -3,9 +3,9 @@
 //! that span exited), each with the sites that hold it, named the way `highwater sites` names
 //! them.
 
-use highwater::export::stacks;
 use highwater::profile::{CallSite, Frame, SiteShare};
 use highwater::{Category, Profile};
+use highwater_export::stacks;
 
 /// Which part of a category's bytes at the peak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

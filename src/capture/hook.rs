@@ -17,8 +17,8 @@ use super::sample;
 use super::stack::{self, StackBounds, Walked};
 use super::sync::{AtomicBool, Ordering};
 use super::{clock, lifecycle, wake};
+use crate::model::OomSource;
 use crate::model::{Category, CategoryScope, SpanLabel};
-use crate::profile::OomSource;
 
 /// Default events per ring: 64 Ki events, 2 MiB per recording thread (touched as it fills, and
 /// all of it once the ring has wrapped). Lossless capture waits for the collector when a ring is

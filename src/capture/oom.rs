@@ -187,7 +187,7 @@ impl Tickets {
 mod process {
     use super::{Collector, SoundTicket, Tickets};
     use crate::capture::wake;
-    use crate::profile::OomSource;
+    use crate::model::OomSource;
 
     /// The process's tickets.
     static TICKETS: Tickets = Tickets::starting_at(0);

@@ -8,8 +8,8 @@
 //! writes it and [`Decoder::decode`] the one place that reads it back, so the invariant the
 //! rebuilt `&'static str` rests on is kept in this file.
 
+use crate::model::OomSource;
 use crate::model::{Category, SpanLabel};
-use crate::profile::OomSource;
 
 /// What a [`RawEvent`] records. Also the index of per-kind drop counters.
 ///

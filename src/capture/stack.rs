@@ -30,7 +30,7 @@ pub(crate) const MAX_FRAMES: usize = 64;
 
 /// How stacks are walked, as the profile names it.
 pub(crate) const UNWINDER: &str = if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
-    crate::profile::FRAME_POINTERS_UNWINDER
+    crate::model::FRAME_POINTERS_UNWINDER
 } else {
     "none"
 };

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{DeviceIndex, Reservation};
+use super::{DeviceIndex, Reservation, ShortfallCause};
 
 /// Why [`PoolManager`](super::PoolManager) refused or could not complete a call.
 ///
@@ -170,35 +170,6 @@ impl fmt::Display for Shortfall {
     }
 }
 
-/// Why a device could not take its share.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShortfallCause {
-    /// Fewer bytes are free than the rounded request.
-    Capacity,
-    /// Enough bytes are free, but no free block holds the rounded request.
-    Fragmentation,
-}
-
-impl ShortfallCause {
-    /// The cause for a rounded request that did not fit with `free` bytes free.
-    pub(crate) fn of(rounded: u64, free: u64) -> Self {
-        if free >= rounded {
-            ShortfallCause::Fragmentation
-        } else {
-            ShortfallCause::Capacity
-        }
-    }
-}
-
-impl fmt::Display for ShortfallCause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            ShortfallCause::Capacity => "capacity",
-            ShortfallCause::Fragmentation => "fragmentation",
-        })
-    }
-}
-
 /// Formats a byte count for people: exact below 1 KiB, else two decimals and the exact count.
 pub(crate) struct Bytes(pub(crate) u64);
 
@@ -233,11 +204,5 @@ mod tests {
         assert_eq!(Bytes(1023).to_string(), "1023 B");
         assert_eq!(Bytes(32 << 30).to_string(), "32 GiB");
         assert_eq!(Bytes(1536).to_string(), "1.50 KiB (1536 B)");
-    }
-
-    #[test]
-    fn cause_is_fragmentation_only_when_free_bytes_cover_the_request() {
-        assert_eq!(ShortfallCause::of(512, 512), ShortfallCause::Fragmentation);
-        assert_eq!(ShortfallCause::of(512, 511), ShortfallCause::Capacity);
     }
 }

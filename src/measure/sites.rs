@@ -335,7 +335,7 @@ pub(crate) fn name_sites(sites: &[SiteFigures]) -> Vec<NamedSite> {
         .map(|dir| format!("{}/", dir.display()));
     let mut named: Vec<NamedSite> = Vec::new();
     for site in sites {
-        let frames = trimmed_frames(&site.stack, &frames_at);
+        let frames = trimmed_frames(&site.stack, &frames_at, crate::symbolize::RECORDER_SOURCES);
         // The caller of the standard library's collections, not `RawVec`.
         let caller = frames
             .iter()

@@ -11,9 +11,6 @@ use clap::Parser;
 
 mod cli;
 mod report;
-#[cfg(test)]
-#[path = "../../../tests/support/sample.rs"]
-mod sample;
 mod watch;
 
 /// The error and its causes on one line, each cause once (a cause whose text the message

@@ -240,7 +240,7 @@ fn simulate_rejects_what_it_cannot_replay() {
     let profile = record(dir.path());
     let profile = profile.to_str().unwrap();
     let bare = dir.path().join("bare.json");
-    highwater::Profile::empty().write(&bare).unwrap();
+    highwater_profile::Profile::empty().write(&bare).unwrap();
     let cases: [(&[&str], &str); 4] = [
         (
             &["simulate", bare.to_str().unwrap(), "--device", "l4"],

@@ -151,7 +151,7 @@ fn a_file_larger_than_any_profile_is_refused_before_reading() {
     let path = dir.path().join("enormous.json");
     // Sparse: no disk used, but its size is over the limit.
     let file = fs::File::create(&path).unwrap();
-    file.set_len(highwater::profile::MAX_PROFILE_BYTES + 1)
+    file.set_len(highwater_profile::MAX_PROFILE_BYTES + 1)
         .unwrap();
     assert_refused_everywhere(&path);
     let stderr = String::from_utf8_lossy(&highwater(&["summary", path.to_str().unwrap()]).stderr)

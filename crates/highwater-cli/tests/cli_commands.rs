@@ -4,13 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-#[path = "../../../tests/support/sample.rs"]
-mod sample;
-
-use highwater::profile::Warning;
-use highwater::units::format_bytes;
 use highwater::{Category, Profile};
-use sample::{sample_profile, sample_profile_with_drops};
+use highwater_profile::units::format_bytes;
+use highwater_profile::Warning;
+use highwater_testkit::sample::{sample_profile, sample_profile_with_drops};
 use serde_json::Value;
 
 fn highwater(args: &[&str]) -> Output {
@@ -74,7 +71,7 @@ fn summary_warns_about_dropped_events() {
         json["warnings"][0]["message"],
         Warning::DroppedEvents {
             events: 1234,
-            mode: highwater::CaptureMode::DropWhenFull,
+            mode: highwater_profile::CaptureMode::DropWhenFull,
         }
         .to_string()
     );
@@ -92,7 +89,8 @@ fn summary_json_carries_the_exact_figures() {
     assert_eq!(json["summary"]["peak_bytes"], profile.summary.peak_bytes);
     assert_eq!(json["summary"]["peak_device"], "cuda:0");
     assert_eq!(json["devices"].as_array().unwrap().len(), 3);
-    let temporary = profile.summary.peak_temporary_by_category[&highwater::Category::Activation];
+    let temporary =
+        profile.summary.peak_temporary_by_category[&highwater_profile::model::Category::Activation];
     assert_eq!(
         json["summary"]["peak_temporary_by_category"]["activation"],
         temporary
@@ -384,8 +382,8 @@ fn spans_explains_peak_and_residual_under_the_table() {
     let (path, _) = sample_file(dir.path());
     let text = stdout(&highwater(&["spans", path.to_str().unwrap()]));
     assert!(
-        text.contains(highwater::export::vocabulary::RESIDUAL_EXPLAINED),
+        text.contains(highwater_export::vocabulary::RESIDUAL_EXPLAINED),
         "{text}"
     );
-    assert!(text.contains(highwater::export::vocabulary::SPAN_PEAK_EXPLAINED));
+    assert!(text.contains(highwater_export::vocabulary::SPAN_PEAK_EXPLAINED));
 }

@@ -3,11 +3,8 @@
 
 use std::process::Command;
 
-#[path = "../../../tests/support/sample.rs"]
-mod sample;
-
-use highwater::profile::Warning;
-use sample::sample_profile;
+use highwater_profile::Warning;
+use highwater_testkit::sample::sample_profile;
 
 #[test]
 fn every_command_reads_a_checkpoint_and_says_so() {

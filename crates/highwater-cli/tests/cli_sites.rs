@@ -5,12 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-#[path = "../../../tests/support/sample.rs"]
-mod sample;
-
-use highwater::export::stacks::estimate;
-use highwater::Profile;
-use sample::sample_profile;
+use highwater_export::stacks::estimate;
+use highwater_profile::Profile;
+use highwater_testkit::sample::sample_profile;
 use serde_json::Value;
 
 fn highwater(args: &[&str]) -> Output {
@@ -144,7 +141,7 @@ fn the_temporary_part_and_the_blocks_at_the_peak_are_in_the_text_and_the_json() 
     assert!(
         text.contains(&format!(
             "    temporary: {} of it",
-            highwater::units::format_bytes(temporary)
+            highwater_profile::units::format_bytes(temporary)
         )),
         "{text}"
     );
@@ -242,7 +239,7 @@ fn pprof_goes_beside_the_profile_or_where_asked() {
     assert!(said.contains("go tool pprof"), "{said}");
     let written = std::fs::read(&beside).unwrap();
     assert_eq!(written[..2], [0x1f, 0x8b], "gzip");
-    assert_eq!(written, highwater::export::pprof::render(&profile));
+    assert_eq!(written, highwater_export::pprof::render(&profile));
     let piped = highwater(&["export", &path, "--format", "pprof", "-o", "-"]);
     assert!(piped.status.success());
     assert_eq!(piped.stdout, written);

@@ -13,14 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-#[path = "../../../tests/support/sample.rs"]
-mod sample;
-
 use highwater::device::{DeviceIndex, DeviceKind, PoolManager, Strategy};
-use highwater::profile::{OomEvent, OomSource};
-use highwater::units::{format_bytes, format_duration_ns};
 use highwater::{Category, Profile, Session, Step};
-use sample::sample_profile;
+use highwater_profile::model::OomSource;
+use highwater_profile::units::{format_bytes, format_duration_ns};
+use highwater_profile::OomEvent;
+use highwater_testkit::sample::sample_profile;
 
 #[global_allocator]
 static ALLOC: highwater::Alloc = highwater::Alloc::system();

@@ -18,15 +18,38 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLock};
 
-use super::error::{PoolError, Shortfall, ShortfallCause};
-use super::pool::Pool;
+use super::error::{PoolError, Shortfall};
+use super::ShortfallCause;
 use super::{DeviceIndex, DeviceKind, Strategy};
+use highwater_device::Pool;
 
 pub use builder::PoolManagerBuilder;
 pub use observer::PoolObserver;
 pub(crate) use observer::{clear_pool_sink, set_pool_sink, set_refusal_sink};
 pub use reserve::{Reservation, ReservedBlock};
 pub use stats::{PoolSnapshot, PoolStats};
+
+/// One device's pool, and the admissions refused on it: a manager's figure, since the pool
+/// only knows what it placed.
+#[derive(Debug, Clone, PartialEq)]
+struct Device {
+    pool: Pool,
+    refusals: u64,
+}
+
+impl std::ops::Deref for Device {
+    type Target = Pool;
+
+    fn deref(&self) -> &Pool {
+        &self.pool
+    }
+}
+
+impl std::ops::DerefMut for Device {
+    fn deref_mut(&mut self) -> &mut Pool {
+        &mut self.pool
+    }
+}
 
 /// Source of manager ids, so a reservation can tell which manager made it.
 static NEXT_MANAGER_ID: AtomicU64 = AtomicU64::new(1);
@@ -61,7 +84,7 @@ pub struct PoolManager {
     kind: Option<DeviceKind>,
     strategy: Strategy,
     /// Pool of device `i` at index `i`. Lock in ascending index order only.
-    pools: Vec<Mutex<Pool>>,
+    pools: Vec<Mutex<Device>>,
     /// Bytes reserved over every pool and their peak, in `u128` so they cannot wrap; changed
     /// while the touched pools are locked.
     totals: Mutex<Totals>,
@@ -123,7 +146,12 @@ impl PoolManager {
             kind,
             strategy,
             pools: (0..devices)
-                .map(|_| Mutex::new(Pool::new(bytes, strategy)))
+                .map(|_| {
+                    Mutex::new(Device {
+                        pool: Pool::new(bytes, strategy),
+                        refusals: 0,
+                    })
+                })
                 .collect(),
             totals: Mutex::new(Totals::default()),
             observer: RwLock::new(None),
@@ -158,8 +186,8 @@ impl PoolManager {
             device,
             name: self.device_name(device),
             capacity_bytes: pool.capacity(),
-            reserved_bytes: pool.counters.in_use,
-            requested_bytes: pool.counters.requested,
+            reserved_bytes: pool.counters().in_use,
+            requested_bytes: pool.counters().requested,
             largest_free_block: pool.largest_free(),
             free_blocks: pool.free_blocks(),
             fragmentation: pool.fragmentation(),
@@ -180,7 +208,7 @@ impl PoolManager {
             requested,
             rounded,
             capacity: pool.capacity(),
-            in_use: pool.counters.in_use,
+            in_use: pool.counters().in_use,
             free,
             largest_free: pool.largest_free(),
             cause: ShortfallCause::of(rounded, free),

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
+use super::Device;
 use super::{PoolManager, PoolSnapshot};
-use crate::device::pool::Pool;
 use crate::device::DeviceIndex;
 use crate::device::Shortfall;
 
@@ -87,7 +87,7 @@ impl PoolManager {
     /// set.
     pub(super) fn observe<'a>(
         &self,
-        touched: impl Iterator<Item = (DeviceIndex, &'a Pool)>,
+        touched: impl Iterator<Item = (DeviceIndex, &'a Device)>,
     ) -> Option<(Option<Arc<PoolObserver>>, Vec<PoolSnapshot>)> {
         let observer = self.observer.read().clone();
         if observer.is_none() && SINK.read().is_none() {

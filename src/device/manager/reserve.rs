@@ -3,10 +3,10 @@
 use parking_lot::MutexGuard;
 
 use super::observer::{report, report_refusal};
+use super::Device;
 use super::PoolManager;
-use crate::device::error::{AdmissionError, PoolError};
-use crate::device::pool::Pool;
 use crate::device::DeviceIndex;
+use crate::device::{AdmissionError, PoolError};
 
 /// Device memory held by a successful [`PoolManager::reserve`], until passed to
 /// [`PoolManager::release`].
@@ -133,7 +133,7 @@ impl PoolManager {
         if let Some(e) = overflow {
             return Err(e);
         }
-        let mut held: Vec<(DeviceIndex, u64, u64, MutexGuard<'_, Pool>)> =
+        let mut held: Vec<(DeviceIndex, u64, u64, MutexGuard<'_, Device>)> =
             Vec::with_capacity(wanted.len());
         for (device, bytes) in wanted {
             let pool = self.pools[device.0 as usize].lock();
@@ -147,7 +147,7 @@ impl PoolManager {
         for (device, bytes, rounded, pool) in &mut held {
             if !pool.fits(*rounded) {
                 shortfalls.push(self.shortfall(*device, *bytes, *rounded, pool));
-                pool.counters.failures += 1;
+                pool.refusals += 1;
             }
         }
         if !shortfalls.is_empty() {
@@ -169,10 +169,9 @@ impl PoolManager {
                 None => {
                     // `fits` said yes, so this is a bug; still leave the pools consistent.
                     let shortfall = self.shortfall(*device, *bytes, *rounded, pool);
-                    pool.counters.failures += 1;
+                    pool.refusals += 1;
                     for (block, (_, _, _, pool)) in blocks.iter().zip(held.iter_mut()) {
-                        pool.free(block.offset, block.requested);
-                        pool.counters.reservations -= 1;
+                        pool.undo(block.offset, block.requested);
                     }
                     drop(held);
                     let shortfalls = vec![shortfall];
@@ -205,7 +204,7 @@ impl PoolManager {
             .ok_or(PoolError::Overflow { device, bytes })?;
         let Some(offset) = pool.alloc(rounded, bytes) else {
             let shortfall = self.shortfall(device, bytes, rounded, &pool);
-            pool.counters.failures += 1;
+            pool.refusals += 1;
             drop(pool);
             let shortfalls = vec![shortfall];
             report_refusal(&shortfalls);
@@ -314,7 +313,7 @@ impl PoolManager {
             report(observed);
             return Ok(u128::from(freed));
         }
-        let mut held: Vec<(DeviceIndex, MutexGuard<'_, Pool>)> =
+        let mut held: Vec<(DeviceIndex, MutexGuard<'_, Device>)> =
             Vec::with_capacity(reservation.blocks().len());
         for block in reservation.blocks() {
             held.push((block.device, self.pools[block.device.0 as usize].lock()));

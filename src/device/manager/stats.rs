@@ -2,10 +2,10 @@
 
 use parking_lot::MutexGuard;
 
+use super::Device;
 use super::PoolManager;
-use crate::device::error::PoolError;
-use crate::device::pool::Pool;
 use crate::device::DeviceIndex;
+use crate::device::PoolError;
 
 /// Usage statistics of one device's pool, or of all of them ([`PoolManager::total_stats`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -138,11 +138,11 @@ impl PoolManager {
 
     /// Rebases every peak (per device and total) to the bytes reserved now.
     pub fn reset_peak(&self) {
-        let held: Vec<MutexGuard<'_, Pool>> = self.pools.iter().map(|p| p.lock()).collect();
+        let held: Vec<MutexGuard<'_, Device>> = self.pools.iter().map(|p| p.lock()).collect();
         let mut total = 0u128;
         for mut pool in held {
-            pool.counters.peak = pool.counters.in_use;
-            total += u128::from(pool.counters.in_use);
+            pool.reset_peak();
+            total += u128::from(pool.counters().in_use);
         }
         self.totals.lock().peak = total;
     }
@@ -158,8 +158,8 @@ impl PoolManager {
     }
 }
 
-pub(super) fn stats_of(pool: &Pool) -> PoolStats {
-    let c = pool.counters;
+fn stats_of(pool: &Device) -> PoolStats {
+    let c = pool.counters();
     PoolStats {
         capacity_bytes: pool.capacity(),
         in_use_bytes: c.in_use,
@@ -170,8 +170,8 @@ pub(super) fn stats_of(pool: &Pool) -> PoolStats {
         free_blocks: pool.free_blocks(),
         fragmentation: pool.fragmentation(),
         reservations: c.reservations,
-        failures: c.failures,
-        success_rate: success_rate(c.reservations, c.failures),
+        failures: pool.refusals,
+        success_rate: success_rate(c.reservations, pool.refusals),
         saturated: false,
     }
 }

@@ -4,24 +4,13 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::*;
-use crate::device::pool::Counters;
 use crate::device::{AdmissionError, PoolSnapshot};
 
 const MIB: u64 = 1 << 20;
 
 /// Every pool's state with the failure counters zeroed: what a refused call must not change.
 fn state(m: &PoolManager) -> Vec<Pool> {
-    m.pools
-        .iter()
-        .map(|p| {
-            let mut pool = p.lock().clone();
-            pool.counters = Counters {
-                failures: 0,
-                ..pool.counters
-            };
-            pool
-        })
-        .collect()
+    m.pools.iter().map(|p| p.lock().pool.clone()).collect()
 }
 
 fn admission(err: PoolError) -> AdmissionError {

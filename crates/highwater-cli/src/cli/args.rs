@@ -4,8 +4,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use highwater::device::{Allocator, DeviceKind, Factor, ParseNameError, Strategy};
-use highwater::Category;
+use highwater_device::{Allocator, DeviceKind, Factor, ParseNameError, Strategy};
+use highwater_profile::model::Category;
 
 use super::check::{parse_budget_bytes, parse_category_budget, parse_percent};
 
@@ -127,7 +127,7 @@ pub(crate) enum Command {
         output: Option<PathBuf>,
         /// torch only: most allocations and frees per device, a window ending at the device's
         /// peak (the viewer replays every event in the browser).
-        #[arg(long, default_value_t = highwater::export::torch::DEFAULT_MAX_EVENTS)]
+        #[arg(long, default_value_t = highwater_export::torch::DEFAULT_MAX_EVENTS)]
         max_events: usize,
     },
     /// Check memory budgets on a profile, for CI: exit 0 when all hold, 1 with one line per
@@ -297,7 +297,7 @@ fn parse_scale(text: &str) -> Result<(Category, Factor), String> {
         .ok_or_else(|| format!("expected CATEGORY=FACTOR such as parameter=0.5, got {text:?}"))?;
     let factor = factor
         .parse()
-        .map_err(|e: highwater::device::ParseFactorError| e.to_string())?;
+        .map_err(|e: highwater_device::ParseFactorError| e.to_string())?;
     Ok((parse_category(category)?, factor))
 }
 

@@ -23,8 +23,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use highwater::units::format_bytes;
-use highwater::{Category, Profile};
+use highwater_profile::model::Category;
+use highwater_profile::units::format_bytes;
+use highwater_profile::Profile;
 use serde::Deserialize;
 
 use super::args::parse_size;
@@ -281,7 +282,7 @@ pub(crate) fn parse_category_budget(text: &str) -> Result<(Category, u64), Strin
 
 fn parse_category(name: &str) -> Result<Category, String> {
     name.parse()
-        .map_err(|error: highwater::ParseLabelError| error.to_string())
+        .map_err(|error: highwater_profile::model::ParseLabelError| error.to_string())
 }
 
 /// A byte budget in the file: a number of bytes or a string with a unit.
@@ -360,7 +361,7 @@ fn read_file(path: &Path) -> Result<Budgets, BadBudget> {
 
 #[cfg(test)]
 mod tests {
-    use highwater::profile::IterationResidual;
+    use highwater_profile::IterationResidual;
 
     use super::*;
 

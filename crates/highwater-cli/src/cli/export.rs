@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use highwater::alloc_log::AllocLog;
-use highwater::export::{chrome, html, pprof, torch};
-use highwater::units::format_bytes;
+use highwater_export::{chrome, html, pprof, torch};
+use highwater_profile::alloc_log::AllocLog;
+use highwater_profile::units::format_bytes;
 
 use super::args::Format;
 

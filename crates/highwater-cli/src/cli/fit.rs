@@ -3,10 +3,11 @@
 
 use std::path::Path;
 
-use highwater::device::{figures, fit, Allocator, DeviceKind, Edits, FitAnswer, FitQuery};
-use highwater::export::html::fit::{section, DeviceFigures};
-use highwater::units::format_bytes;
-use highwater::{Category, Profile};
+use highwater_device::{figures, fit, Allocator, DeviceKind, Edits, FitAnswer, FitQuery};
+use highwater_export::html::fit::{section, DeviceFigures};
+use highwater_profile::model::Category;
+use highwater_profile::units::format_bytes;
+use highwater_profile::Profile;
 use serde_json::json;
 
 use super::replay::{self, DoesNotFit};
@@ -67,7 +68,7 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
             Some(&answer),
             note.trim(),
         );
-        highwater::export::html::write_with(&profile, &html, path)?;
+        highwater_export::html::write_with(&profile, &html, path)?;
     }
     if request.json {
         super::emit_json(&answer_json(&stream.name, request, &answer, &whatif))?;
@@ -179,7 +180,7 @@ fn answer_json(
     stream: &str,
     request: &Request<'_>,
     answer: &FitAnswer,
-    whatif: &highwater::device::Figures,
+    whatif: &highwater_device::Figures,
 ) -> serde_json::Value {
     json!({
         "stream": stream,

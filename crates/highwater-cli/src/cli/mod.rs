@@ -16,8 +16,8 @@ mod top;
 use std::io::{self, Write};
 use std::path::Path;
 
-use highwater::profile::ProfileError;
-use highwater::Profile;
+use highwater_profile::Profile;
+use highwater_profile::ProfileError;
 
 pub(crate) use args::Cli;
 use args::Command;
@@ -130,7 +130,7 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let edits = scale
                 .into_iter()
-                .fold(highwater::device::Edits::new(), |e, (c, f)| e.scale(c, f));
+                .fold(highwater_device::Edits::new(), |e, (c, f)| e.scale(c, f));
             let edits = shard.into_iter().fold(edits, |e, (c, n)| e.shard(c, n));
             fit::run(&fit::Request {
                 input: &input,
@@ -156,7 +156,7 @@ pub(crate) fn exit_code(error: &anyhow::Error) -> u8 {
         return EXIT_DOES_NOT_FIT;
     }
     if error
-        .downcast_ref::<highwater::alloc_log::AllocLogError>()
+        .downcast_ref::<highwater_profile::alloc_log::AllocLogError>()
         .is_some()
         || error.downcast_ref::<replay::InputError>().is_some()
         || error.downcast_ref::<check::BadBudget>().is_some()
@@ -176,7 +176,7 @@ pub(crate) fn exit_code(error: &anyhow::Error) -> u8 {
 /// is tried as written, then beside the profile), and the profile when `input` is one.
 fn locate_log(input: &Path) -> anyhow::Result<(std::path::PathBuf, Option<Profile>)> {
     // Never blocks on a FIFO without a writer (highwater's reader opens it non-blocking).
-    if highwater::alloc_log::AllocLog::is_log(input) {
+    if highwater_profile::alloc_log::AllocLog::is_log(input) {
         return Ok((input.to_path_buf(), None));
     }
     let profile = load(input)?;
@@ -207,7 +207,7 @@ fn load(path: &Path) -> anyhow::Result<Profile> {
             "highwater: note: {} is a checkpoint of a run that had not finished (meta.partial); \
              its figures stop at {}",
             path.display(),
-            highwater::units::format_duration_ns(profile.summary.duration_ns)
+            highwater_profile::units::format_duration_ns(profile.summary.duration_ns)
         );
     }
     Ok(profile)

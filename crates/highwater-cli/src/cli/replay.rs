@@ -3,10 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use highwater::alloc_log::AllocLog;
-use highwater::device::{blocks_at_least, Figures, SimOp, Trace};
-use highwater::units::format_bytes;
-use highwater::Profile;
+use highwater_device::{blocks_at_least, ops_from_log, Figures, SimOp, Trace};
+use highwater_profile::alloc_log::AllocLog;
+use highwater_profile::units::format_bytes;
+use highwater_profile::Profile;
 use serde_json::json;
 
 /// The input cannot be replayed (no log, unknown stream).
@@ -63,8 +63,8 @@ pub(crate) fn load_stream(
     })?;
     let proxy = (name == CPU).then_some(min_block);
     let ops = match proxy {
-        Some(min) => blocks_at_least(&log.sim_ops(index), min),
-        None => log.sim_ops(index),
+        Some(min) => blocks_at_least(&ops_from_log(&log, index), min),
+        None => ops_from_log(&log, index),
     };
     let trace = Trace::new(&ops);
     Ok(Stream {

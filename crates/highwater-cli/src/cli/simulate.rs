@@ -3,11 +3,11 @@
 
 use std::path::Path;
 
-use highwater::device::{
+use highwater_device::{
     compare_strategies, figures, simulate, Allocator, DeviceKind, SimComparison, SimOpKind,
     SimReport, Strategy,
 };
-use highwater::units::{format_bytes, format_duration_ns};
+use highwater_profile::units::{format_bytes, format_duration_ns};
 use serde_json::json;
 
 use super::replay::{self, DoesNotFit};

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use crate::report::{top_rows, top_text};
-use highwater::profile::PeakRow;
+use highwater_profile::PeakRow;
 use serde::Serialize;
 
 /// What `top --json` prints.

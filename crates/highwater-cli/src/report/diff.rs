@@ -4,9 +4,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use highwater_profile::model::Category;
+use highwater_profile::Profile;
 #[cfg(test)]
-use highwater::profile::SpanMetrics;
-use highwater::{Category, Profile};
+use highwater_profile::SpanMetrics;
 
 /// The difference `after - before` as an `i64`, saturating at the ends of its range.
 fn signed_delta(before: u64, after: u64) -> i64 {

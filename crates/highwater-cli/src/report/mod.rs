@@ -1,8 +1,8 @@
 //! Reading a profile as a person at a terminal: the plain-text and JSON views the `highwater`
 //! commands print, and the differences between two runs.
 //!
-//! Everything here is a pure function of [`Profile`](highwater::Profile) values. Units come from
-//! [`highwater::units`] and the span tree's order from [`highwater::profile::span_tree`], the
+//! Everything here is a pure function of [`Profile`](highwater_profile::Profile) values. Units come from
+//! [`highwater_profile::units`] and the span tree's order from [`highwater_profile::span_tree`], the
 //! same ones the HTML report uses, so every output shows the same numbers in the same units.
 
 mod diff;

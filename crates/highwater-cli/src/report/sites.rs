@@ -8,11 +8,12 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::text::{clean, percent, Table};
-use highwater::export::stacks::{self, estimate};
-use highwater::export::vocabulary as words;
-use highwater::profile::{CallSite, SiteSampling, SiteShare};
-use highwater::units::{format_bytes, format_count};
-use highwater::{Category, Profile};
+use highwater_export::stacks::{self, estimate};
+use highwater_export::vocabulary as words;
+use highwater_profile::model::Category;
+use highwater_profile::units::{format_bytes, format_count};
+use highwater_profile::Profile;
+use highwater_profile::{CallSite, SiteSampling, SiteShare};
 
 /// Which figure ranks the sites.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -461,7 +462,7 @@ pub fn sites_json<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample::sample_profile;
+    use highwater_testkit::sample::sample_profile;
 
     fn query() -> SiteQuery {
         SiteQuery {

@@ -6,15 +6,15 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::diff::{Delta, ProfileDiff};
-use highwater::export::vocabulary as words;
-use highwater::profile::span_tree;
-use highwater::profile::{
-    DeviceStats, OomEvent, OomSource, PeakRow, RunMeta, SpanMetrics, Summary, Warning,
-};
-use highwater::units::{
+use highwater_export::vocabulary as words;
+use highwater_profile::model::Category;
+use highwater_profile::model::OomSource;
+use highwater_profile::span_tree;
+use highwater_profile::units::{
     format_bytes, format_bytes_delta, format_count, format_duration_ns, format_shape,
 };
-use highwater::{Category, Profile};
+use highwater_profile::Profile;
+use highwater_profile::{DeviceStats, OomEvent, PeakRow, RunMeta, SpanMetrics, Summary, Warning};
 
 /// Replaces control characters (newlines, escape sequences) in profile strings, which are user
 /// data, so they cannot move the cursor or forge lines in a terminal.
@@ -193,17 +193,14 @@ pub fn summary_text(profile: &Profile) -> String {
         .iter()
         .max_by_key(|site| (site.peak_bytes, std::cmp::Reverse(site.id)))
     {
-        let frame = highwater::export::stacks::interesting(&site.frames)
+        let frame = highwater_export::stacks::interesting(&site.frames)
             .frames
             .first()
             .map(|frame| {
-                let at = highwater::export::stacks::source_location(frame)
+                let at = highwater_export::stacks::source_location(frame)
                     .map(|at| format!(" ({at})"))
                     .unwrap_or_default();
-                format!(
-                    " in {}{at}",
-                    highwater::export::stacks::function_name(frame)
-                )
+                format!(" in {}{at}", highwater_export::stacks::function_name(frame))
             })
             .unwrap_or_default();
         let _ = writeln!(
@@ -211,7 +208,7 @@ pub fn summary_text(profile: &Profile) -> String {
             "call sites:  {} listed; the largest at the peak is #{}, {}{} (highwater sites)",
             format_count(profile.sites.len() as u64),
             site.id,
-            highwater::export::stacks::estimate(site.peak_bytes, site.peak_bytes_error),
+            highwater_export::stacks::estimate(site.peak_bytes, site.peak_bytes_error),
             clean(&frame)
         );
     }
@@ -610,7 +607,7 @@ pub fn summary_json(profile: &Profile) -> SummaryJson<'_> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::sample::{sample_profile, sample_profile_with_drops};
+    use highwater_testkit::sample::{sample_profile, sample_profile_with_drops};
 
     #[test]
     fn summary_names_peak_device_and_categories() {
@@ -742,7 +739,7 @@ pub(crate) mod tests {
         let text = summary_text(&profile);
         let notice = Warning::DroppedEvents {
             events: 1_234,
-            mode: highwater::CaptureMode::DropWhenFull,
+            mode: highwater_profile::CaptureMode::DropWhenFull,
         }
         .to_string();
         assert!(text.starts_with("highwater profile of"), "{text}");

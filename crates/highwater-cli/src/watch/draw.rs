@@ -3,7 +3,9 @@
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use highwater::units::{format_bytes, format_bytes_delta, format_count, format_duration_ns};
+use highwater_profile::units::{
+    format_bytes, format_bytes_delta, format_count, format_duration_ns,
+};
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
@@ -224,7 +226,7 @@ fn footer_lines(frame: &mut Frame, area: Rect, screen: &Screen) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample::sample_profile;
+    use highwater_testkit::sample::sample_profile;
     use ratatui::backend::TestBackend;
     use ratatui::Terminal;
 
@@ -295,7 +297,10 @@ mod tests {
             text.contains("the device pool refused 20.0 GiB on tpu:0 in step/forward"),
             "{text}"
         );
-        let calm = View::new(&crate::sample::sample_profile(), RunState::Running);
+        let calm = View::new(
+            &highwater_testkit::sample::sample_profile(),
+            RunState::Running,
+        );
         let text = rendered(
             &Screen {
                 view: Some(&calm),

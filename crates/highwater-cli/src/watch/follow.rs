@@ -12,8 +12,8 @@ use std::hash::{Hash, Hasher};
 use std::io;
 use std::path::{Path, PathBuf};
 
-use highwater::profile::MAX_PROFILE_BYTES;
-use highwater::Profile;
+use highwater_profile::Profile;
+use highwater_profile::MAX_PROFILE_BYTES;
 
 /// What identifies one version of the file: its length and a hash of its bytes.
 type Version = (usize, u64);
@@ -121,7 +121,7 @@ pub(crate) fn process_alive(pid: u32) -> Option<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample::sample_profile;
+    use highwater_testkit::sample::sample_profile;
 
     #[test]
     fn follows_rewrites_and_keeps_the_last_good_profile() {

@@ -1,8 +1,9 @@
 //! What `highwater watch` shows, worked out from one profile: plain figures, no terminal, so
 //! the arithmetic is tested without a screen.
 
-use highwater::profile::{IterationResidual, TimelinePoint};
-use highwater::{Category, Profile};
+use highwater_profile::model::Category;
+use highwater_profile::Profile;
+use highwater_profile::{IterationResidual, TimelinePoint};
 
 /// How many spans the view lists.
 pub(crate) const TOP_SPANS: usize = 6;
@@ -235,7 +236,7 @@ fn total_curve(timeline: &[TimelinePoint]) -> Vec<(u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample::sample_profile;
+    use highwater_testkit::sample::sample_profile;
 
     fn point(ts: u64, device: &str, live: u64) -> TimelinePoint {
         TimelinePoint {

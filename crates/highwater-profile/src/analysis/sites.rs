@@ -1,0 +1,877 @@
+//! Call sites: the sampled allocations' stacks, their weights, and what they add up to.
+//!
+//! # Weights
+//!
+//! Capture samples an allocation of `s` bytes with probability `p(s) = 1 - e^(-s/R)`, or 1
+//! from `4R` bytes on (and for every allocation when `R = 1`); see [`sample_probability`].
+//! Each sample stands for `s / p` bytes and `1 / p` allocations, so a sum of weights over any
+//! set of allocations (one site's, those live at the peak) is an unbiased estimate of its true
+//! total. Its variance is `Σ s² (1 - p) / p` over the set's allocations, which the samples
+//! estimate without bias as `Σ s² (1 - p) / p²` over the samples: the standard error
+//! reported is its square root (about `√(R · bytes)`, a relative error of `1/√(bytes/R)`).
+//!
+//! # Live at the peak
+//!
+//! The sampled blocks that are live are kept in a side table keyed by address, each with the
+//! peak epoch it became what it is, the way `live` does for every block: a block of an older
+//! epoch than the current one was live at the latest peak, and one that is ended or
+//! recategorised after the peak is kept, as it was, in a side list that a new peak clears.
+//!
+//! # Temporary at the peak
+//!
+//! Whether a block live at the peak was temporary is decided by the timeline's state/temporary
+//! split (`analysis::temporary`), when the block (or what it was resized into) ends. A sampled
+//! block that leaves the live table after the peak is handed back as a [`PeakSample`], its
+//! place in the side list; the split carries it along with the block's fate and, when the block
+//! turns out temporary, marks it ([`Sites::temporary_at_peak`]). Each share's temporary bytes
+//! are then the weighted bytes of its marked samples: the same estimate as its bytes at the
+//! peak, restricted to the blocks the summary's `peak_temporary_by_category` counts.
+//!
+//! # Sites
+//!
+//! Stacks are interned as program counters. When a profile is assembled they are resolved
+//! ([`ResolveFrames`]), the innermost frames of highwater itself and of the allocator are
+//! trimmed, and stacks that are the same once trimmed are one [`CallSite`].
+
+use rustc_hash::FxHashMap;
+
+use crate::model::Category;
+use crate::profile::{CallSite, Frame, SiteSampling, SiteShare, MAX_CALL_SITES, MAX_SITE_SHARES};
+
+use super::event::StackId;
+use super::live::NONE;
+
+/// Allocations of at least this many times `R` bytes are always sampled (capture keeps the
+/// same rule).
+pub const ALWAYS_SAMPLED_MEANS: u64 = 4;
+
+/// Most sites a live-at-peak row names.
+const TOP_SITES_PER_ROW: usize = 3;
+
+/// The probability that capture sampled an allocation of `size` bytes with mean `mean`.
+pub fn sample_probability(size: u64, mean: u64) -> f64 {
+    if mean <= 1 || size >= mean.saturating_mul(ALWAYS_SAMPLED_MEANS) {
+        1.0
+    } else {
+        -(-(size as f64) / mean as f64).exp_m1()
+    }
+}
+
+/// Resolves program counters to frames, after the session (it may read files and allocate).
+pub trait ResolveFrames: Send + std::fmt::Debug {
+    /// The frames at each of `pcs` (return addresses as recorded), innermost first: functions
+    /// inlined at that address before the function they were inlined into. An address that
+    /// cannot be resolved gives one frame with only its `pc`.
+    fn resolve(&self, pcs: &[u64]) -> Vec<Vec<Frame>>;
+
+    /// The directory of the recording library's own sources, ending in `/`. Every sampled
+    /// stack starts in the recorder's hook; its frames (inlined ones carry short names only, so
+    /// they are told by their file) are trimmed from the stacks.
+    fn recorder_sources(&self) -> &str;
+
+    /// Time the last [`ResolveFrames::resolve`] took, ns.
+    fn last_resolve_ns(&self) -> u64 {
+        0
+    }
+}
+
+/// Where a sampled block was allocated, as the live-at-peak rows group blocks: span node,
+/// innermost op id and category.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct ShareKey {
+    pub(crate) node: u32,
+    pub(crate) op: u32,
+    pub(crate) category: Category,
+}
+
+/// A sampled block live at the latest peak that has ended or changed since: its place in the
+/// side list, until a new peak clears it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PeakSample(u32);
+
+/// Weighted sums of samples.
+#[derive(Debug, Clone, Copy, Default)]
+struct Figures {
+    samples: u64,
+    bytes: f64,
+    count: f64,
+    variance: f64,
+}
+
+impl Figures {
+    fn add_sample(&mut self, size: u64, mean: u64) {
+        let p = sample_probability(size, mean);
+        let size = size as f64;
+        self.samples += 1;
+        self.bytes += size / p;
+        self.count += 1.0 / p;
+        self.variance += size * size * (1.0 - p) / (p * p);
+    }
+
+    fn add(&mut self, other: &Figures) {
+        self.samples += other.samples;
+        self.bytes += other.bytes;
+        self.count += other.count;
+        self.variance += other.variance;
+    }
+}
+
+/// Weighted sums of the samples live at the peak in one share.
+#[derive(Debug, Clone, Copy, Default)]
+struct AtPeak {
+    bytes: f64,
+    count: f64,
+    /// The part of `bytes` that was temporary.
+    temporary_bytes: f64,
+}
+
+impl AtPeak {
+    fn add(&mut self, other: &AtPeak) {
+        self.bytes += other.bytes;
+        self.count += other.count;
+        self.temporary_bytes += other.temporary_bytes;
+    }
+}
+
+/// One interned stack and the samples taken from it.
+#[derive(Debug)]
+struct Stack {
+    pcs: Box<[u64]>,
+    /// Some walk of this stack was cut.
+    truncated: bool,
+    allocated: Figures,
+    /// Allocated figures by where the samples were taken.
+    shares: FxHashMap<ShareKey, Figures>,
+}
+
+/// A sampled block live now (or, in the side list, as it was at the peak).
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    stack: u32,
+    size: u64,
+    key: ShareKey,
+    /// Peaks marked before it became what it is.
+    epoch: u64,
+    /// In the side list: it turned out temporary at the peak.
+    temporary: bool,
+}
+
+/// The call-site state of a timeline.
+#[derive(Debug, Default)]
+pub(crate) struct Sites {
+    mean_bytes: u64,
+    unwinder: String,
+    stacks: Vec<Stack>,
+    ids: FxHashMap<Box<[u64]>, u32>,
+    live: FxHashMap<u64, Block>,
+    epoch: u64,
+    peaked: bool,
+    /// Sequence number of the event that marked the latest peak.
+    peak_seq: u64,
+    /// Sampled blocks live at the peak that were ended or recategorised since.
+    since_peak: Vec<Block>,
+    resolver: Option<Box<dyn ResolveFrames>>,
+}
+
+/// What [`Sites::report`] gives the profile.
+#[derive(Debug, Default)]
+pub(crate) struct SitesReport {
+    pub(crate) sites: Vec<CallSite>,
+    pub(crate) sampling: SiteSampling,
+    /// The listed sites behind each live-at-peak group, largest first.
+    pub(crate) top_sites: FxHashMap<ShareKey, Vec<u32>>,
+}
+
+/// One call site while the report is built.
+#[derive(Debug, Default)]
+struct Group<'a> {
+    /// Borrowed from the resolved table: only listed sites' frames are ever copied.
+    frames: Vec<&'a Frame>,
+    allocated: Figures,
+    at_peak: Figures,
+    /// (figures at the peak, allocated figures) by where.
+    shares: FxHashMap<ShareKey, (AtPeak, Figures)>,
+}
+
+impl Sites {
+    /// Says how the session sampled: mean bytes `R` and the unwinder's name.
+    pub(crate) fn set_sampling(&mut self, mean_bytes: u64, unwinder: &str) {
+        self.mean_bytes = mean_bytes;
+        self.unwinder = if mean_bytes == 0 {
+            String::new()
+        } else {
+            unwinder.to_string()
+        };
+    }
+
+    /// Resolves stacks when a profile is assembled.
+    pub(crate) fn set_resolver(&mut self, resolver: Box<dyn ResolveFrames>) {
+        self.resolver = Some(resolver);
+    }
+
+    /// The id of a stack, innermost first; `truncated`: the walk was cut.
+    pub(crate) fn intern_stack(&mut self, pcs: &[u64], truncated: bool) -> StackId {
+        if let Some(&id) = self.ids.get(pcs) {
+            let stack = &mut self.stacks[id as usize];
+            stack.truncated |= truncated;
+            return StackId(id);
+        }
+        let id = u32::try_from(self.stacks.len()).unwrap_or(NONE);
+        let pcs: Box<[u64]> = pcs.into();
+        self.ids.insert(pcs.clone(), id);
+        self.stacks.push(Stack {
+            pcs,
+            truncated,
+            allocated: Figures::default(),
+            shares: FxHashMap::default(),
+        });
+        StackId(id)
+    }
+
+    /// The block just made live at `addr` by event `alloc_seq` was sampled from `stack`.
+    /// A stack id never interned is ignored.
+    pub(crate) fn sampled(
+        &mut self,
+        addr: u64,
+        size: u64,
+        key: ShareKey,
+        stack: StackId,
+        alloc_seq: u64,
+    ) {
+        let Some(entry) = self.stacks.get_mut(stack.0 as usize) else {
+            return;
+        };
+        entry.allocated.add_sample(size, self.mean_bytes);
+        entry
+            .shares
+            .entry(key)
+            .or_default()
+            .add_sample(size, self.mean_bytes);
+        // The allocation itself may have set the latest peak: then it counts there.
+        let epoch = if self.peaked && self.peak_seq == alloc_seq {
+            self.epoch - 1
+        } else {
+            self.epoch
+        };
+        let block = Block {
+            stack: stack.0,
+            size,
+            key,
+            epoch,
+            temporary: false,
+        };
+        if let Some(old) = self.live.insert(addr, block) {
+            self.forget(old);
+        }
+    }
+
+    fn was_live_at_peak(&self, block: &Block) -> bool {
+        self.peaked && block.epoch < self.epoch
+    }
+
+    /// A block left the live table (or changed): the side list keeps it, as it was, if it
+    /// counted at the peak.
+    fn forget(&mut self, block: Block) -> Option<PeakSample> {
+        if !self.was_live_at_peak(&block) {
+            return None;
+        }
+        let at = u32::try_from(self.since_peak.len()).ok()?;
+        self.since_peak.push(block);
+        Some(PeakSample(at))
+    }
+
+    /// The heap block at `addr` ended (freed, or the old side of a realloc); if it was a
+    /// sampled block live at the peak, where it is kept now.
+    #[inline]
+    pub(crate) fn ended(&mut self, addr: u64) -> Option<PeakSample> {
+        if self.live.is_empty() {
+            return None;
+        }
+        let block = self.live.remove(&addr)?;
+        self.forget(block)
+    }
+
+    /// The sampled block kept at `sample` was temporary at the peak (see the module docs).
+    pub(crate) fn temporary_at_peak(&mut self, sample: PeakSample) {
+        if let Some(block) = self.since_peak.get_mut(sample.0 as usize) {
+            block.temporary = true;
+        }
+    }
+
+    /// The sampled block at `from`, if any, is known by `to` from now on (see `LiveSet::rekey`).
+    pub(crate) fn rekeyed(&mut self, from: u64, to: u64) {
+        if let Some(block) = self.live.remove(&from) {
+            if let Some(displaced) = self.live.insert(to, block) {
+                self.forget(displaced);
+            }
+        }
+    }
+
+    /// The heap block at `addr` has `category` from now on; if it was a sampled block live
+    /// at the peak, where what it was there is kept now.
+    pub(crate) fn recategorised(&mut self, addr: u64, category: Category) -> Option<PeakSample> {
+        let epoch = self.epoch;
+        let block = self.live.get_mut(&addr)?;
+        let before = *block;
+        block.key.category = category;
+        block.epoch = epoch;
+        self.forget(before)
+    }
+
+    /// The heap block at `addr` was made by op `op`.
+    pub(crate) fn annotated(&mut self, addr: u64, op: u32) {
+        if let Some(block) = self.live.get_mut(&addr) {
+            block.key.op = op;
+        }
+    }
+
+    /// Event `seq` set a new global peak: every sampled block live now counts at it.
+    pub(crate) fn mark_peak(&mut self, seq: u64) {
+        self.epoch += 1;
+        self.peaked = true;
+        self.peak_seq = seq;
+        self.since_peak.clear();
+    }
+
+    /// The call sites as of now. `op_name` names an op id.
+    pub(crate) fn report(&self, op_name: impl Fn(u32) -> Option<String>) -> SitesReport {
+        let mut report = SitesReport {
+            sampling: SiteSampling {
+                mean_bytes: self.mean_bytes,
+                unwinder: self.unwinder.clone(),
+                ..SiteSampling::default()
+            },
+            ..SitesReport::default()
+        };
+        if self.stacks.is_empty() {
+            return report;
+        }
+        // What was live at the peak, by stack and by (stack, where).
+        let mut at_peak: FxHashMap<u32, Figures> = FxHashMap::default();
+        let mut share_at_peak: FxHashMap<(u32, ShareKey), AtPeak> = FxHashMap::default();
+        let live_at_peak = self
+            .live
+            .values()
+            .filter(|block| self.was_live_at_peak(block))
+            .chain(&self.since_peak);
+        for block in live_at_peak {
+            let mut one = Figures::default();
+            one.add_sample(block.size, self.mean_bytes);
+            at_peak.entry(block.stack).or_default().add(&one);
+            let share = AtPeak {
+                bytes: one.bytes,
+                count: one.count,
+                temporary_bytes: if block.temporary { one.bytes } else { 0.0 },
+            };
+            share_at_peak
+                .entry((block.stack, block.key))
+                .or_default()
+                .add(&share);
+        }
+
+        let frames_at = self.resolve_all();
+        let recorder = self.resolver.as_ref().map_or("", |r| r.recorder_sources());
+        report.sampling.symbolize_ns = self.resolver.as_ref().map_or(0, |r| r.last_resolve_ns());
+
+        // Stacks that are the same once trimmed are one site.
+        let mut groups: Vec<Group> = Vec::new();
+        let mut group_of: FxHashMap<Vec<u64>, usize> = FxHashMap::default();
+        let mut stack_group: Vec<usize> = Vec::with_capacity(self.stacks.len());
+        for (id, stack) in self.stacks.iter().enumerate() {
+            let frames = trimmed_frames(&stack.pcs, &frames_at, recorder);
+            let key: Vec<u64> = frames.iter().map(|frame| frame.pc).collect();
+            let index = *group_of.entry(key).or_insert_with(|| {
+                groups.push(Group {
+                    frames,
+                    ..Group::default()
+                });
+                groups.len() - 1
+            });
+            stack_group.push(index);
+            let group = &mut groups[index];
+            group.allocated.add(&stack.allocated);
+            if let Some(peak) = at_peak.get(&(id as u32)) {
+                group.at_peak.add(peak);
+            }
+            for (key, figures) in &stack.shares {
+                group.shares.entry(*key).or_default().1.add(figures);
+            }
+            report.sampling.samples += stack.allocated.samples;
+            if stack.truncated {
+                report.sampling.truncated_stacks += stack.allocated.samples;
+            }
+            if !starts_at_the_hook(&stack.pcs, &frames_at, recorder) {
+                report.sampling.stacks_without_hook += stack.allocated.samples;
+            }
+            report.sampling.max_depth = report.sampling.max_depth.max(stack.pcs.len() as u32);
+        }
+        for (&(stack, key), peak) in &share_at_peak {
+            let group = &mut groups[stack_group[stack as usize]];
+            group.shares.entry(key).or_default().0.add(peak);
+        }
+        report.sampling.distinct_sites = groups.len() as u64;
+
+        let mut order: Vec<usize> = (0..groups.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (a, b) = (&groups[a], &groups[b]);
+            b.at_peak
+                .bytes
+                .total_cmp(&a.at_peak.bytes)
+                .then(b.allocated.bytes.total_cmp(&a.allocated.bytes))
+                .then_with(|| {
+                    let pcs = |g: &Group| g.frames.iter().map(|f| f.pc).collect::<Vec<_>>();
+                    pcs(a).cmp(&pcs(b))
+                })
+        });
+        let mut site_of_group = vec![None; groups.len()];
+        for (rank, &index) in order.iter().enumerate() {
+            let group = &mut groups[index];
+            if rank >= MAX_CALL_SITES {
+                report.sampling.unlisted_peak_bytes += estimate(group.at_peak.bytes);
+                report.sampling.unlisted_alloc_bytes += estimate(group.allocated.bytes);
+                continue;
+            }
+            let id = rank as u32;
+            site_of_group[index] = Some(id);
+            report.sites.push(CallSite {
+                id,
+                frames: group.frames.iter().map(|&frame| frame.clone()).collect(),
+                peak_bytes: estimate(group.at_peak.bytes),
+                peak_bytes_error: estimate(group.at_peak.variance.sqrt()),
+                peak_count: estimate(group.at_peak.count),
+                alloc_bytes: estimate(group.allocated.bytes),
+                alloc_bytes_error: estimate(group.allocated.variance.sqrt()),
+                alloc_count: estimate(group.allocated.count),
+                samples: group.allocated.samples,
+                shares: shares(&group.shares, &op_name),
+            });
+        }
+
+        // The listed sites behind each live-at-peak group.
+        let mut by_key: FxHashMap<ShareKey, Vec<(u32, f64)>> = FxHashMap::default();
+        for (index, group) in groups.iter().enumerate() {
+            let Some(site) = site_of_group[index] else {
+                continue;
+            };
+            for (key, (peak, _)) in &group.shares {
+                if peak.bytes > 0.0 {
+                    by_key.entry(*key).or_default().push((site, peak.bytes));
+                }
+            }
+        }
+        for (key, mut sites) in by_key {
+            sites.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            sites.truncate(TOP_SITES_PER_ROW);
+            report
+                .top_sites
+                .insert(key, sites.into_iter().map(|(site, _)| site).collect());
+        }
+        report
+    }
+
+    /// Frames of every program counter of every stack.
+    fn resolve_all(&self) -> FxHashMap<u64, Vec<Frame>> {
+        let mut pcs: Vec<u64> = self
+            .stacks
+            .iter()
+            .flat_map(|stack| stack.pcs.iter().copied())
+            .collect();
+        pcs.sort_unstable();
+        pcs.dedup();
+        let resolved = match &self.resolver {
+            Some(resolver) => resolver.resolve(&pcs),
+            None => Vec::new(),
+        };
+        let mut resolved = resolved.into_iter();
+        pcs.into_iter()
+            .map(|pc| {
+                let frames = resolved
+                    .next()
+                    .filter(|frames| !frames.is_empty())
+                    .unwrap_or_else(|| vec![bare(pc)]);
+                (pc, frames)
+            })
+            .collect()
+    }
+}
+
+/// A frame known only by its address.
+fn bare(pc: u64) -> Frame {
+    Frame {
+        pc,
+        ..Frame::default()
+    }
+}
+
+/// A stack's frames, innermost first, without the leading frames of the recorder (whose
+/// sources are under `recorder`, see [`ResolveFrames::recorder_sources`]) and of the allocator
+/// (all of them kept when nothing else is left).
+///
+/// The leading run is the frames that are highwater's or the allocator's, or the standard
+/// library's (a thread-local access inlined into the hook); it is trimmed up to its last frame
+/// of highwater or the allocator, so `RawVec` and the caller's frames stay.
+pub fn trimmed_frames<'a>(
+    pcs: &[u64],
+    frames_at: &'a FxHashMap<u64, Vec<Frame>>,
+    recorder: &str,
+) -> Vec<&'a Frame> {
+    let all: Vec<&Frame> = pcs
+        .iter()
+        .flat_map(|pc| frames_at.get(pc).map(Vec::as_slice).unwrap_or_default())
+        .collect();
+    let mut trimmed = 0;
+    for (index, frame) in all.iter().enumerate() {
+        if is_allocator_frame(frame, recorder) {
+            trimmed = index + 1;
+        } else if !is_std_frame(frame) {
+            break;
+        }
+    }
+    let mut all = all;
+    if trimmed < all.len() {
+        all.drain(..trimmed);
+    }
+    all
+}
+
+/// Whether a walked stack starts in highwater's hook, as every frame-pointer walk does when the
+/// hook has frame pointers. `false` for an empty stack or one whose innermost frame is named
+/// and someone else's (the walk started from a frame-pointer register the hook never set);
+/// `true` when the frame has no name to tell (no symbols).
+fn starts_at_the_hook(pcs: &[u64], frames_at: &FxHashMap<u64, Vec<Frame>>, recorder: &str) -> bool {
+    let Some(innermost) = pcs.first() else {
+        return false;
+    };
+    frames_at
+        .get(innermost)
+        .and_then(|frames| frames.last())
+        .is_none_or(|frame| frame.function.is_none() || is_allocator_frame(frame, recorder))
+}
+
+/// Whether a frame is the recorder's own (its sources under `recorder`) or the allocator's:
+/// what every sampled stack starts with, which says nothing about the caller. Inlined frames
+/// are named by their short function name only, so their file says whose they are.
+fn is_allocator_frame(frame: &Frame, recorder: &str) -> bool {
+    /// The standard library's allocator front ends (`alloc::alloc`, `std::alloc`,
+    /// `core::alloc`), by source file: inlined, their frames carry short names only.
+    const STD_ALLOCATOR_FILES: [&str; 3] = [
+        "/library/alloc/src/alloc.rs",
+        "/library/std/src/alloc.rs",
+        "/library/core/src/alloc/",
+    ];
+    frame.file.as_deref().is_some_and(|file| {
+        (!recorder.is_empty() && file.starts_with(recorder))
+            || (file.starts_with("/rustc/")
+                && STD_ALLOCATOR_FILES.iter().any(|part| file.contains(part)))
+    }) || frame.function.as_deref().is_some_and(is_allocator_function)
+}
+
+/// Whether a frame is the standard library's, by its source path.
+fn is_std_frame(frame: &Frame) -> bool {
+    frame
+        .file
+        .as_deref()
+        .is_some_and(|file| file.starts_with("/rustc/"))
+}
+
+/// Whether a (demangled) function name is highwater's or the global allocator's.
+fn is_allocator_function(function: &str) -> bool {
+    const PREFIXES: [&str; 12] = [
+        "highwater::",
+        "<highwater::",
+        "__rust_",
+        "__rustc::",
+        "__rg_",
+        "__rdl_",
+        "alloc::alloc::",
+        "<alloc::alloc::Global",
+        "std::alloc::",
+        "<std::alloc::System",
+        "core::alloc::",
+        "<core::alloc::",
+    ];
+    PREFIXES.iter().any(|prefix| function.starts_with(prefix))
+}
+
+/// An estimate rounded to whole bytes or allocations.
+fn estimate(value: f64) -> u64 {
+    if value.is_finite() && value > 0.0 {
+        value.round() as u64
+    } else {
+        0
+    }
+}
+
+/// A site's shares, largest at the peak first; past [`MAX_SITE_SHARES`], the rest in one.
+fn shares(
+    by_key: &FxHashMap<ShareKey, (AtPeak, Figures)>,
+    op_name: &impl Fn(u32) -> Option<String>,
+) -> Vec<SiteShare> {
+    let mut rows: Vec<(&ShareKey, &(AtPeak, Figures))> = by_key.iter().collect();
+    rows.sort_by(|a, b| {
+        b.1 .0
+            .bytes
+            .total_cmp(&a.1 .0.bytes)
+            .then(b.1 .1.bytes.total_cmp(&a.1 .1.bytes))
+            .then((a.0.node, a.0.op, a.0.category).cmp(&(b.0.node, b.0.op, b.0.category)))
+    });
+    let share = |key: Option<&ShareKey>, peak: &AtPeak, allocated: &Figures| SiteShare {
+        span: key.and_then(|key| (key.node != NONE).then_some(key.node)),
+        op: key.and_then(|key| (key.op != NONE).then(|| op_name(key.op)).flatten()),
+        category: key.map_or(Category::Other, |key| key.category),
+        peak_bytes: estimate(peak.bytes),
+        peak_count: estimate(peak.count),
+        // Summed apart, the part could round a byte above the whole.
+        peak_temporary_bytes: estimate(peak.temporary_bytes).min(estimate(peak.bytes)),
+        alloc_bytes: estimate(allocated.bytes),
+        alloc_count: estimate(allocated.count),
+    };
+    if rows.len() <= MAX_SITE_SHARES {
+        return rows
+            .into_iter()
+            .map(|(key, (peak, allocated))| share(Some(key), peak, allocated))
+            .collect();
+    }
+    let rest = rows.split_off(MAX_SITE_SHARES - 1);
+    let mut out: Vec<SiteShare> = rows
+        .into_iter()
+        .map(|(key, (peak, allocated))| share(Some(key), peak, allocated))
+        .collect();
+    let mut peak = AtPeak::default();
+    let mut allocated = Figures::default();
+    for (_, (at_peak, figures)) in rest {
+        peak.add(at_peak);
+        allocated.add(figures);
+    }
+    out.push(share(None, &peak, &allocated));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probability_follows_the_capture_rule() {
+        assert_eq!(sample_probability(7, 1), 1.0);
+        assert_eq!(sample_probability(4096, 1024), 1.0);
+        let p = sample_probability(1024, 1024);
+        assert!((p - (1.0 - (-1.0f64).exp())).abs() < 1e-12);
+        // Tiny allocations keep their precision (no 1 - (1 - x) cancellation).
+        let tiny = sample_probability(1, 1 << 20);
+        assert!((tiny * (1u64 << 20) as f64 - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn allocator_frames_are_recognised() {
+        for own in [
+            "highwater::capture::hook::record_alloc",
+            "<highwater::alloc::Alloc<A> as core::alloc::global::GlobalAlloc>::alloc",
+            "__rust_alloc",
+            "alloc::alloc::exchange_malloc",
+            "<alloc::alloc::Global as core::alloc::Allocator>::allocate",
+        ] {
+            assert!(is_allocator_function(own), "{own}");
+        }
+        for user in [
+            "alloc::raw_vec::RawVec<T,A>::grow_one",
+            "my_crate::train",
+            "highwater_example::main",
+        ] {
+            assert!(!is_allocator_function(user), "{user}");
+        }
+        let inlined_here = Frame {
+            function: Some("record_alloc".into()),
+            file: Some(format!("{RECORDER}capture/hook.rs")),
+            ..Frame::default()
+        };
+        assert!(is_allocator_frame(&inlined_here, RECORDER));
+        let inlined_std = Frame {
+            function: Some("alloc_zeroed".into()),
+            file: Some("/rustc/0123/library/alloc/src/alloc.rs".into()),
+            ..Frame::default()
+        };
+        assert!(is_allocator_frame(&inlined_std, RECORDER));
+        let raw_vec = Frame {
+            function: Some("try_allocate_in<alloc::alloc::Global>".into()),
+            file: Some("/rustc/0123/library/alloc/src/raw_vec/mod.rs".into()),
+            ..Frame::default()
+        };
+        assert!(!is_allocator_frame(&raw_vec, RECORDER));
+    }
+
+    /// Where the tests' recorder keeps its sources.
+    const RECORDER: &str = "/src/highwater/src/";
+
+    /// A resolver that names `pc` after a table, for the tests.
+    #[derive(Debug)]
+    struct Table(Vec<(u64, &'static [&'static str])>);
+
+    impl ResolveFrames for Table {
+        fn resolve(&self, pcs: &[u64]) -> Vec<Vec<Frame>> {
+            pcs.iter()
+                .map(|&pc| {
+                    let names = self
+                        .0
+                        .iter()
+                        .find(|(at, _)| *at == pc)
+                        .map_or(&[][..], |(_, names)| names);
+                    names
+                        .iter()
+                        .enumerate()
+                        .map(|(i, name)| Frame {
+                            pc,
+                            function: Some(name.to_string()),
+                            file: None,
+                            line: None,
+                            inlined: i + 1 < names.len(),
+                        })
+                        .collect()
+                })
+                .collect()
+        }
+
+        fn recorder_sources(&self) -> &str {
+            RECORDER
+        }
+    }
+
+    /// Issue 12: without frame pointers the walk starts from a register the hook never set:
+    /// stacks come out empty (release builds) or start elsewhere (debug builds, where the
+    /// register still holds an outer frame).
+    #[test]
+    fn stacks_that_do_not_start_at_the_hook_are_counted() {
+        let mut sites = Sites::default();
+        sites.set_sampling(1, "frame-pointers");
+        sites.set_resolver(Box::new(Table(vec![
+            (1, &["highwater::capture::hook::walk_for_sample"]),
+            (2, &["user::make"]),
+            (3, &["std::rt::lang_start"]),
+        ])));
+        let hooked = sites.intern_stack(&[1, 2, 3], false);
+        let elsewhere = sites.intern_stack(&[2, 3], false);
+        let empty = sites.intern_stack(&[], true);
+        let unnamed = sites.intern_stack(&[9, 3], false);
+        for (addr, stack) in [
+            (1, hooked),
+            (2, elsewhere),
+            (3, empty),
+            (4, empty),
+            (5, unnamed),
+        ] {
+            sites.sampled(addr, 8, KEY, stack, addr);
+        }
+        let sampling = sites.report(|_| None).sampling;
+        assert_eq!(sampling.samples, 5);
+        assert_eq!(sampling.stacks_without_hook, 3);
+    }
+
+    const KEY: ShareKey = ShareKey {
+        node: NONE,
+        op: NONE,
+        category: Category::Other,
+    };
+
+    #[test]
+    fn stacks_that_differ_only_inside_the_allocator_are_one_site() {
+        let mut sites = Sites::default();
+        sites.set_sampling(1, "frame-pointers");
+        sites.set_resolver(Box::new(Table(vec![
+            (1, &["highwater::capture::hook::record_alloc"]),
+            (2, &["__rust_realloc"]),
+            (3, &["alloc::alloc::exchange_malloc", "user::make"]),
+            (4, &["user::main"]),
+        ])));
+        let a = sites.intern_stack(&[1, 3, 4], false);
+        let b = sites.intern_stack(&[2, 3, 4], true);
+        assert_ne!(a, b);
+        sites.sampled(0x10, 100, KEY, a, 0);
+        sites.sampled(0x20, 50, KEY, b, 1);
+        let report = sites.report(|_| None);
+        assert_eq!(report.sites.len(), 1);
+        let site = &report.sites[0];
+        let names: Vec<_> = site
+            .frames
+            .iter()
+            .map(|f| f.function.clone().unwrap())
+            .collect();
+        assert_eq!(names, ["user::make", "user::main"]);
+        assert_eq!(
+            (site.alloc_bytes, site.alloc_count, site.samples),
+            (150, 2, 2)
+        );
+        assert_eq!(site.alloc_bytes_error, 0, "R = 1 is exact");
+        assert_eq!(report.sampling.distinct_sites, 1);
+        assert_eq!(report.sampling.truncated_stacks, 1);
+        assert_eq!(report.sampling.max_depth, 3);
+    }
+
+    #[test]
+    fn blocks_live_at_the_peak_count_there_even_when_freed_or_recategorised_later() {
+        let mut sites = Sites::default();
+        sites.set_sampling(1, "frame-pointers");
+        let a = sites.intern_stack(&[10], false);
+        let b = sites.intern_stack(&[20], false);
+        // The timeline marks a peak while applying the allocation, before its sample.
+        sites.mark_peak(0);
+        sites.sampled(0x1, 1000, KEY, a, 0);
+        sites.mark_peak(1);
+        // Allocated by the event that set the peak: it counts there too.
+        sites.sampled(0x2, 500, KEY, b, 1);
+        sites.ended(0x1);
+        sites.recategorised(0x2, Category::Optimizer);
+        sites.sampled(0x3, 7, KEY, b, 5);
+        let report = sites.report(|_| None);
+        let peak: Vec<(u64, u64)> = report
+            .sites
+            .iter()
+            .map(|s| (s.frames[0].pc, s.peak_bytes))
+            .collect();
+        assert_eq!(peak, [(10, 1000), (20, 500)]);
+        let b_site = &report.sites[1];
+        assert_eq!(b_site.alloc_bytes, 507);
+        assert_eq!(b_site.shares.len(), 1, "{:?}", b_site.shares);
+        assert_eq!(b_site.shares[0].category, Category::Other);
+        assert_eq!(report.top_sites.get(&KEY), Some(&vec![0, 1]));
+        // A newer peak: the freed block was not live there, the two others were.
+        sites.mark_peak(9);
+        let report = sites.report(|_| None);
+        let peak: u64 = report.sites.iter().map(|s| s.peak_bytes).sum();
+        assert_eq!(peak, 507, "only the blocks still live at the newest peak");
+    }
+
+    #[test]
+    fn weights_undo_the_sampling_probability() {
+        let mut sites = Sites::default();
+        let mean = 1000;
+        sites.set_sampling(mean, "frame-pointers");
+        let stack = sites.intern_stack(&[1], false);
+        sites.sampled(0x1, 100, KEY, stack, 0);
+        sites.sampled(0x2, 5000, KEY, stack, 1);
+        let report = sites.report(|_| None);
+        let p = sample_probability(100, mean);
+        let site = &report.sites[0];
+        assert_eq!(site.alloc_bytes, (100.0 / p + 5000.0).round() as u64);
+        assert_eq!(site.alloc_count, (1.0 / p + 1.0).round() as u64);
+        let se = (100.0f64 * 100.0 * (1.0 - p) / (p * p)).sqrt();
+        assert_eq!(site.alloc_bytes_error, se.round() as u64);
+    }
+
+    #[test]
+    fn shares_past_the_limit_fold_into_one() {
+        let mut sites = Sites::default();
+        sites.set_sampling(1, "frame-pointers");
+        let stack = sites.intern_stack(&[1], false);
+        for node in 0..(MAX_SITE_SHARES as u32 + 4) {
+            let key = ShareKey { node, ..KEY };
+            sites.sampled(u64::from(node), 10 + u64::from(node), key, stack, 0);
+        }
+        let report = sites.report(|_| None);
+        let shares = &report.sites[0].shares;
+        assert_eq!(shares.len(), MAX_SITE_SHARES);
+        let last = shares.last().unwrap();
+        assert_eq!((last.span, last.op.as_deref()), (None, None));
+        let total: u64 = shares.iter().map(|s| s.alloc_bytes).sum();
+        assert_eq!(total, report.sites[0].alloc_bytes);
+    }
+}

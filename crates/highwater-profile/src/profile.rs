@@ -1,0 +1,957 @@
+//! The profile document: what a run's memory did, as written to `highwater-profile.json`.
+//!
+//! Every figure in it comes from the [`Timeline`](crate::analysis::Timeline). It is bounded in
+//! size whatever the run's length: the timeline is downsampled and the live-at-peak breakdown is
+//! aggregated.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::fileio::{self, ReadError};
+
+use crate::model::{Category, OomSource, Step};
+
+mod sites;
+mod tree;
+mod warning;
+
+pub use sites::{CallSite, Frame, SiteSampling, SiteShare, MAX_CALL_SITES, MAX_SITE_SHARES};
+pub use tree::{span_tree, TreeRow};
+pub use warning::Warning;
+
+/// The value of [`Profile::schema`] this version writes and reads.
+///
+/// # Compatibility rule
+///
+/// The schema is `highwater/N`; `N` changes exactly when a change breaks readers: a field
+/// removed, renamed, retyped or given another meaning. A reader reads its own `N` only, and
+/// names both versions when it refuses another. Within one `N`, a newer writer may *add*
+/// fields: readers ignore fields they do not know (there is no `deny_unknown_fields`), and every
+/// field added after the first release of an `N` is `#[serde(default)]`, so older documents
+/// of the same `N` still read. `highwater/2` (span tree by id) replaced `highwater/1` (full
+/// span paths on every span node and span event).
+pub const SCHEMA: &str = "highwater/2";
+
+/// Deepest span nesting a profile keeps ([`SpanMetrics`] depth 0 is top level). Spans nested
+/// deeper are counted in one [`FOLDED_SPANS`] node under the deepest kept one, and the profile
+/// says so in [`Profile::warnings`].
+pub const MAX_SPAN_DEPTH: u32 = 64;
+
+/// Most span-tree nodes a profile keeps; spans at new paths past it are counted in one
+/// top-level [`FOLDED_SPANS`] node, and the profile says so.
+pub const MAX_SPAN_NODES: usize = 8192;
+
+/// The name of the span node that stands for spans nested deeper than [`MAX_SPAN_DEPTH`] or
+/// past [`MAX_SPAN_NODES`].
+pub const FOLDED_SPANS: &str = "(folded spans)";
+
+/// Largest profile file [`Profile::load`] accepts; profiles are bounded far below this.
+pub const MAX_PROFILE_BYTES: u64 = 256 << 20;
+
+/// A run's memory profile.
+///
+/// Its size is bounded whatever the run did (well under 10 MiB with the default
+/// [`TimelineConfig`](crate::analysis::TimelineConfig)): the curve is downsampled, tables are
+/// capped, and the span tree is stored once, by id with parent links, at most
+/// [`MAX_SPAN_DEPTH`] deep and [`MAX_SPAN_NODES`] wide; see [`SCHEMA`] for what readers of
+/// other versions can expect.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    /// Format identifier, always [`SCHEMA`].
+    pub schema: String,
+    /// About the run.
+    pub meta: RunMeta,
+    /// The headline figures.
+    pub summary: Summary,
+    /// Live bytes over time, per device, downsampled with the extremes kept.
+    pub timeline: Vec<TimelinePoint>,
+    /// What was live at the peak, aggregated by (span path, op, category, device), largest first.
+    pub peak_breakdown: Vec<PeakRow>,
+    /// The largest single allocations live at the peak, largest first.
+    pub largest_at_peak: Vec<LiveAllocation>,
+    /// Span tree with memory metrics, parents before children; a node's
+    /// [`SpanMetrics::id`] is its index here. [`Profile::span_path`] spells a node's path.
+    pub spans: Vec<SpanMetrics>,
+    /// Live bytes at the end of each top-level iteration (the leak signal). At most
+    /// [`MAX_ITERATIONS`] rows: a longer run lists an even sample plus its last iterations,
+    /// each row with its real [`IterationResidual::index`], and says so in
+    /// [`Profile::warnings`].
+    #[serde(default)]
+    pub iterations: Vec<IterationResidual>,
+    /// Per-device figures.
+    pub devices: Vec<DeviceStats>,
+    /// Device pool state over time (empty when no pool reported).
+    #[serde(default)]
+    pub pool_timeline: Vec<PoolPoint>,
+    /// How capture went: events per thread and what was dropped.
+    #[serde(default)]
+    pub capture: CaptureStats,
+    /// Things the reader should know (dropped events, growing residuals, …), each once, as
+    /// data; `Display` words them. Plain sentences in older profiles load as
+    /// [`Warning::Note`].
+    #[serde(default, deserialize_with = "warning::deserialize_list")]
+    pub warnings: Vec<Warning>,
+    /// Individual span instances with their times, for trace viewers, at most
+    /// [`MAX_SPAN_EVENTS`]; when a run has more, the analysis keeps an even sample across the run
+    /// (whole iterations, so a kept span's children are kept too) and says so in
+    /// [`Profile::warnings`]. Empty in profiles written before this field existed.
+    #[serde(default)]
+    pub span_events: Vec<SpanEvent>,
+    /// Where the sampled allocations came from, largest at the peak first, at most
+    /// [`MAX_CALL_SITES`]. Empty when sampling was off and in profiles written before this
+    /// field existed.
+    #[serde(default)]
+    pub sites: Vec<CallSite>,
+    /// How [`Profile::sites`] were sampled.
+    #[serde(default)]
+    pub sampling: SiteSampling,
+    /// Allocations that were refused (the heap allocator returned null, a device pool refused
+    /// an admission), in time order, each with what was live at that moment; at most
+    /// [`MAX_OOM_EVENTS`] ([`Summary::oom_count`] counts them all). Empty in profiles written
+    /// before this field existed.
+    #[serde(default)]
+    pub oom_events: Vec<OomEvent>,
+}
+
+/// Most [`OomEvent`]s a profile lists: the first ones of a run, which are the ones that
+/// matter (a run that goes on refusing allocations repeats itself).
+pub const MAX_OOM_EVENTS: usize = 16;
+
+/// Most rows of one [`OomEvent::live`] breakdown; the rest fold into one `(other)` row.
+pub const MAX_OOM_ROWS: usize = 16;
+
+/// One refused allocation, with what was live at that moment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OomEvent {
+    /// When it was refused, ns since the session started.
+    pub timestamp_ns: u64,
+    /// Who refused it.
+    pub source: OomSource,
+    /// The device it was asked of (`"cpu"` for the heap).
+    pub device: String,
+    /// Bytes asked for.
+    pub requested_bytes: u64,
+    /// The pool's largest free block at that moment (pools only).
+    pub largest_free_bytes: Option<u64>,
+    /// The thread that asked.
+    pub thread: u32,
+    /// The span path open on that thread (empty outside every span).
+    pub span_path: String,
+    /// The innermost op open on that thread, when one was recorded.
+    pub op: Option<String>,
+    /// Bytes live on the device at that moment.
+    pub live_bytes: u64,
+    /// Of those, bytes by category (zero categories omitted).
+    pub live_by_category: BTreeMap<Category, u64>,
+    /// Bytes live on all devices at that moment.
+    pub total_live_bytes: u64,
+    /// The device pool's usable bytes, when the device has a pool that reported.
+    #[serde(default)]
+    pub pool_capacity_bytes: Option<u64>,
+    /// The bytes the pool had reserved at that moment (its last report before the refusal).
+    #[serde(default)]
+    pub pool_reserved_bytes: Option<u64>,
+    /// What was live on the device, aggregated by (span path, op, category), largest first,
+    /// at most [`MAX_OOM_ROWS`].
+    pub live: Vec<PeakRow>,
+}
+
+/// Most [`SpanEvent`]s a profile keeps, whatever the run's length.
+pub const MAX_SPAN_EVENTS: usize = 20_000;
+
+/// Most [`IterationResidual`]s a profile lists, whatever the run's length.
+pub const MAX_ITERATIONS: usize = 4096;
+
+/// One instance of a span: which thread ran it, when and for how long.
+///
+/// [`SpanMetrics`] aggregates all instances of a node; these keep the individual intervals so a
+/// trace viewer can draw them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpanEvent {
+    /// The thread that entered the span (the same numbering as [`LiveAllocation::thread`]).
+    pub thread: u32,
+    /// The span-tree node it is an instance of: an index into [`Profile::spans`] (its name
+    /// there, its path from [`Profile::span_path`]).
+    pub span: u32,
+    /// When the span was entered, ns since the session started.
+    pub start_ns: u64,
+    /// Time from enter to exit, ns.
+    pub duration_ns: u64,
+    /// Nesting depth on its thread, 0 for a top-level span.
+    pub depth: u32,
+}
+
+/// About the run that produced a profile.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunMeta {
+    /// The program's name (first command-line argument's file name).
+    pub program: String,
+    /// highwater version that wrote the profile.
+    pub highwater_version: String,
+    /// Wall-clock start, milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
+    /// The clock behind timestamps: `"tsc"` (calibrated cycle counter) or `"monotonic"`.
+    pub clock: String,
+    /// Threads that recorded at least one event.
+    pub threads: u32,
+    /// The allocation log written beside the profile, when one was asked for.
+    #[serde(default)]
+    pub alloc_log: Option<String>,
+    /// The process that wrote the profile (0 in profiles written before this field existed).
+    /// With [`RunMeta::partial`] it tells a reader whether the run is still going or died.
+    #[serde(default)]
+    pub pid: u32,
+    /// `true` when the profile is a checkpoint of a session still recording (or one that never
+    /// finished): the figures cover the run up to [`RunMeta::checkpoint_unix_ms`]. The final
+    /// profile has `false`.
+    #[serde(default)]
+    pub partial: bool,
+    /// When a checkpoint was taken, milliseconds since the Unix epoch; `None` in a final profile.
+    #[serde(default)]
+    pub checkpoint_unix_ms: Option<u64>,
+}
+
+/// The headline figures of a profile.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Highest live bytes reached on any one device.
+    pub peak_bytes: u64,
+    /// When the peak was reached, ns since the session started.
+    pub peak_timestamp_ns: u64,
+    /// Device on which the peak was reached (`"cpu"` for the heap).
+    pub peak_device: String,
+    /// Live bytes at the peak by category (zero categories omitted; written with lower-case
+    /// category names as keys).
+    pub peak_by_category: BTreeMap<Category, u64>,
+    /// The part of [`Summary::peak_by_category`] that was temporary: bytes live at the peak that
+    /// were freed before the span instance that allocated them exited (same keys; zero
+    /// categories omitted). The rest outlived its span: state. An exact figure, not an
+    /// estimate: every block is seen.
+    ///
+    /// "The span that allocated it" is the innermost span open on the allocating thread when
+    /// the block was allocated (or made by a realloc), and the events are judged in the order
+    /// the analysis applies them. So:
+    ///
+    /// - a block allocated outside every span is state (no span to be freed inside);
+    /// - a block still live when the session ended is state, even if its span was still open;
+    /// - a block whose span was still open at the end but that was freed before it is
+    ///   temporary (the span never exited);
+    /// - a block freed on another thread is temporary if the free came before the allocating
+    ///   span exited;
+    /// - a realloc moves a block, it does not free it: a block resized after the peak counts by
+    ///   how the resized block ends, in its size, category and span at the peak; likewise a
+    ///   block whose category was set after the peak counts in the category it had at it.
+    ///
+    /// Empty in profiles written before the split existed.
+    #[serde(default)]
+    pub peak_temporary_by_category: BTreeMap<Category, u64>,
+    /// Allocations recorded (reallocs counted separately).
+    pub alloc_count: u64,
+    /// Frees recorded (reallocs counted separately).
+    pub free_count: u64,
+    /// Reallocs recorded.
+    pub realloc_count: u64,
+    /// Bytes handed out by allocations and by the growth of reallocs.
+    pub total_alloc_bytes: u64,
+    /// Activation bytes live when the first backward span started.
+    pub autograd_retained_bytes: u64,
+    /// Events lost because a ring was full, a thread had exited or no ring was free.
+    pub dropped_events: u64,
+    /// Frees (and realloc sources) of blocks the analysis never saw allocated.
+    pub unknown_frees: u64,
+    /// Cross-thread ordering repairs: frees that arrived after their address was reused.
+    pub reorder_repairs: u64,
+    /// Bytes live on all devices when the session ended.
+    pub final_live_bytes: u64,
+    /// Of those, bytes by category (zero categories omitted; empty in profiles written before
+    /// this field existed).
+    #[serde(default)]
+    pub final_by_category: BTreeMap<Category, u64>,
+    /// Session length in ns.
+    pub duration_ns: u64,
+    /// Events the analysis applied.
+    pub event_count: u64,
+    /// Allocations refused during the run (heap and device pools; see
+    /// [`Profile::oom_events`]).
+    #[serde(default)]
+    pub oom_count: u64,
+}
+
+/// One point of the memory curve of one device.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TimelinePoint {
+    /// ns since the session started.
+    pub timestamp_ns: u64,
+    /// Device name.
+    pub device: String,
+    /// Live bytes on the device.
+    pub live_bytes: u64,
+    /// Live bytes by category (zero categories omitted).
+    pub by_category: BTreeMap<Category, u64>,
+}
+
+/// Live-at-peak bytes of one (span path, op, category, device) group.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PeakRow {
+    /// Span names from the outermost, joined with `/`; empty outside every span.
+    pub span_path: String,
+    /// Op that made the allocations, when one was recorded.
+    pub op: Option<String>,
+    /// Output shape of that op, when known.
+    pub shape: Option<Vec<u64>>,
+    /// Output dtype of that op, when known.
+    pub dtype: Option<String>,
+    /// Category of the allocations.
+    pub category: Category,
+    /// Device name.
+    pub device: String,
+    /// Bytes live at the peak.
+    pub bytes: u64,
+    /// Allocations live at the peak.
+    pub count: u64,
+    /// The call sites behind this row's bytes, largest first (indices into
+    /// [`Profile::sites`], at most three); empty when sampling was off.
+    #[serde(default)]
+    pub top_sites: Vec<u32>,
+}
+
+/// One allocation live at the peak.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LiveAllocation {
+    /// Bytes.
+    pub bytes: u64,
+    /// Device name.
+    pub device: String,
+    /// Category.
+    pub category: Category,
+    /// Span path it was allocated in.
+    pub span_path: String,
+    /// Op that made it, when recorded.
+    pub op: Option<String>,
+    /// Op output shape, when known.
+    pub shape: Option<Vec<u64>>,
+    /// When it was allocated, ns since the session started.
+    pub timestamp_ns: u64,
+    /// The thread that allocated it.
+    pub thread: u32,
+}
+
+/// Memory metrics of one node of the span tree (all instances of a span at one path).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SpanMetrics {
+    /// Index of this node in [`Profile::spans`].
+    pub id: u32,
+    /// Index of the parent node, `None` for top-level spans.
+    pub parent: Option<u32>,
+    /// Span name ([`FOLDED_SPANS`] for the node that counts folded spans).
+    pub name: String,
+    /// Step the span marks, if any.
+    pub step: Option<Step>,
+    /// Category the span names, if any.
+    pub category: Option<Category>,
+    /// Times the span was entered.
+    pub calls: u64,
+    /// Total time inside, ns (summed over calls).
+    pub total_ns: u64,
+    /// Bytes allocated inside, children included.
+    pub bytes_allocated: u64,
+    /// Allocations made inside, children included.
+    pub alloc_count: u64,
+    /// Highest live bytes (on the peak's device measure) while the span was open.
+    pub peak_bytes: u64,
+    /// Bytes allocated inside and still live at exit, summed over calls.
+    pub residual_bytes: u64,
+}
+
+/// Live bytes at the end of one top-level iteration span.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct IterationResidual {
+    /// Iteration number, from 0.
+    pub index: u64,
+    /// The top-level span that marks iterations.
+    pub span: String,
+    /// When the iteration ended, ns since the session started.
+    pub end_timestamp_ns: u64,
+    /// Live bytes (all devices) when it ended.
+    pub live_bytes: u64,
+    /// Change since the end of the iteration just before (listed or not).
+    pub delta_bytes: i64,
+}
+
+/// Per-device figures.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceStats {
+    /// Device name (`cpu`, `cuda:0`, `tpu:3`).
+    pub device: String,
+    /// Usable bytes, when a pool reported it.
+    pub capacity_bytes: Option<u64>,
+    /// Highest live bytes.
+    pub peak_bytes: u64,
+    /// When that was reached.
+    pub peak_timestamp_ns: u64,
+    /// Live bytes by category at the device's own peak (zero categories omitted).
+    pub peak_by_category: BTreeMap<Category, u64>,
+    /// Allocations on the device.
+    pub alloc_count: u64,
+    /// Frees on the device.
+    pub free_count: u64,
+    /// Bytes live when the session ended.
+    pub final_live_bytes: u64,
+    /// Highest bytes reserved from the device's pool, when a pool reported.
+    pub peak_reserved_bytes: Option<u64>,
+    /// Highest pool fragmentation seen, when a pool reported.
+    pub max_fragmentation: Option<f64>,
+}
+
+/// A device pool's state at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PoolPoint {
+    /// ns since the session started.
+    pub timestamp_ns: u64,
+    /// Device name.
+    pub device: String,
+    /// Usable bytes.
+    pub capacity_bytes: u64,
+    /// Bytes reserved.
+    pub reserved_bytes: u64,
+    /// Largest free block.
+    pub largest_free_bytes: u64,
+    /// `1 - largest free / free`.
+    pub fragmentation: f64,
+}
+
+/// What a thread does when its event ring is full.
+///
+/// Set with the `highwater` library's `SessionBuilder::capture_mode` or `HIGHWATER_CAPTURE`
+/// (`lossless` or `drop`; the variable wins). The profile says which mode ran in
+/// `capture.mode`.
+///
+/// # Examples
+///
+/// ```
+/// use highwater_profile::CaptureMode;
+/// assert_eq!("drop".parse(), Ok(CaptureMode::DropWhenFull));
+/// assert_eq!("Lossless".parse(), Ok(CaptureMode::Lossless));
+/// assert!("sometimes".parse::<CaptureMode>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CaptureMode {
+    /// The thread waits until the collector has drained its ring (spinning briefly, then
+    /// sleeping), so no event is lost. The default. A thread only waits while the collector
+    /// serves it: never on highwater's own threads, in a forked child, inside a signal handler
+    /// that interrupted a record, or once the session has stopped.
+    #[default]
+    Lossless,
+    /// The event is dropped and counted. The program is never slowed down, but the figures can
+    /// be wrong both ways: a dropped allocation hides a block (the peak comes out low), and a
+    /// dropped free leaves a block that looks live for ever (the peak can come out high).
+    DropWhenFull,
+}
+
+impl CaptureMode {
+    /// The mode of profiles written before the mode was recorded: they all dropped.
+    pub(crate) fn before_modes() -> CaptureMode {
+        CaptureMode::DropWhenFull
+    }
+}
+
+impl std::str::FromStr for CaptureMode {
+    type Err = ParseCaptureModeError;
+
+    /// `lossless`, or `drop` / `drop_when_full`, in any case.
+    fn from_str(value: &str) -> Result<CaptureMode, ParseCaptureModeError> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "lossless" => Ok(CaptureMode::Lossless),
+            "drop" | "drop_when_full" => Ok(CaptureMode::DropWhenFull),
+            _ => Err(ParseCaptureModeError),
+        }
+    }
+}
+
+/// A capture mode name was neither `lossless` nor `drop` (`drop_when_full`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expected `lossless` or `drop`")]
+pub struct ParseCaptureModeError;
+
+/// How capture went: what each thread recorded and what was lost.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CaptureStats {
+    /// What a thread did when its ring was full: waited for the collector (`"lossless"`) or
+    /// dropped the event (`"drop_when_full"`). Profiles written before this field existed were
+    /// all captured dropping.
+    #[serde(default = "CaptureMode::before_modes")]
+    pub mode: CaptureMode,
+    /// Events per thread ring.
+    pub ring_events: u64,
+    /// Events dropped, by kind (`alloc`, `free`, `realloc`, `span`, `other`).
+    pub dropped_by_kind: BTreeMap<String, u64>,
+    /// Of those, events dropped with no thread to charge them to (no free ring, thread exiting).
+    pub unattributed_dropped: u64,
+    /// Of those, records a thread tried to make while it was already inside a push (a signal
+    /// handler that allocates while the interrupted code is recording): counted, not recorded,
+    /// as recording them would interleave two writers on the thread's ring.
+    #[serde(default)]
+    pub reentrant_dropped: u64,
+    /// Times a thread found its ring full and waited for the collector (lossless mode).
+    #[serde(default)]
+    pub producer_waits: u64,
+    /// Events the collector merged after an event of another thread stamped later than them:
+    /// published later than the merge's watermark allowed for (two cores' clocks that
+    /// disagree, for one). Each is still applied at its own time, but a peak judged between
+    /// may be off by its size. 0 in a sound capture.
+    #[serde(default)]
+    pub late_events: u64,
+    /// Per recording thread, in order of first event.
+    pub threads: Vec<ThreadCapture>,
+}
+
+/// What one thread recorded and lost.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ThreadCapture {
+    /// The thread's number in this profile's events.
+    pub thread: u32,
+    /// The operating system's id for it (`gettid` on Linux; 0 elsewhere).
+    pub os_tid: u64,
+    /// Allocations recorded.
+    pub allocs: u64,
+    /// Frees recorded.
+    pub frees: u64,
+    /// Reallocs recorded.
+    pub reallocs: u64,
+    /// Span entries and exits recorded.
+    pub span_events: u64,
+    /// Op, device-tensor, annotation and pool events recorded.
+    #[serde(default)]
+    pub other_events: u64,
+    /// Allocations dropped (ring full).
+    pub dropped_allocs: u64,
+    /// Frees dropped.
+    pub dropped_frees: u64,
+    /// Reallocs dropped.
+    pub dropped_reallocs: u64,
+    /// Other events dropped (spans, ops).
+    pub dropped_other: u64,
+}
+
+/// Why a profile could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProfileError {
+    /// The file could not be opened or read.
+    #[error("cannot read profile {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// The file is empty.
+    #[error("profile {path} is empty")]
+    Empty {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is larger than any profile highwater writes.
+    #[error("profile {path} is {size} bytes or more, over the {limit}-byte limit for a profile")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        size: u64,
+        /// [`MAX_PROFILE_BYTES`].
+        limit: u64,
+    },
+    /// The file is not a JSON profile of this schema.
+    #[error("profile {path} is not a valid highwater profile: {detail}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What was wrong, with line and column.
+        detail: String,
+    },
+    /// The file parses, but breaks a rule every profile satisfies
+    /// ([`Profile::check_invariants`]).
+    #[error("profile {path} is inconsistent: {detail}")]
+    Inconsistent {
+        /// The file.
+        path: PathBuf,
+        /// The broken rule.
+        detail: String,
+    },
+    /// The file is a profile of another schema (see [`SCHEMA`] for the compatibility rule).
+    #[error("profile {path} has schema {found:?}; this highwater reads {expected:?} (the schema changes only when readers break: convert or re-record the profile with a matching highwater)")]
+    Schema {
+        /// The file.
+        path: PathBuf,
+        /// What the file says.
+        found: String,
+        /// [`SCHEMA`].
+        expected: &'static str,
+    },
+    /// Writing the profile failed; no partial file was left behind. (The other outputs fail
+    /// with [`ExportError`](crate::export::ExportError).)
+    #[error("cannot write profile {path}: {source}")]
+    Write {
+        /// The destination.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
+}
+
+impl Profile {
+    /// An empty profile of the current schema.
+    pub fn empty() -> Profile {
+        Profile {
+            schema: SCHEMA.to_string(),
+            ..Profile::default()
+        }
+    }
+
+    /// Reads a profile written by [`Profile::write`].
+    ///
+    /// # Errors
+    ///
+    /// [`ProfileError`] naming the file when it cannot be read, is empty, too large, not JSON,
+    /// malformed (wrong types, missing fields, nesting deeper than serde_json's limit) or of
+    /// another schema.
+    pub fn load(path: impl AsRef<Path>) -> Result<Profile, ProfileError> {
+        let path = path.as_ref();
+        let read_error = |source| ProfileError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        // A regular file says its size: refuse an oversized one before reading it. Anything
+        // else (a FIFO, `/dev/zero`) is bounded by the bytes actually read.
+        let too_large = |size| ProfileError::TooLarge {
+            path: path.to_path_buf(),
+            size,
+            limit: MAX_PROFILE_BYTES,
+        };
+        match fs::metadata(path) {
+            Ok(meta) if meta.is_file() && meta.len() > MAX_PROFILE_BYTES => {
+                return Err(too_large(meta.len()))
+            }
+            Ok(_) => {}
+            Err(source) => return Err(read_error(source)),
+        }
+        let bytes = match fileio::read_bounded(path, MAX_PROFILE_BYTES) {
+            Ok(bytes) => bytes,
+            Err(ReadError::Io(source)) => return Err(read_error(source)),
+            Err(ReadError::TooLarge { read }) => return Err(too_large(read)),
+        };
+        Profile::from_json_bytes(&bytes, path)
+    }
+
+    /// Parses a profile from JSON bytes; `path` only names the source in errors.
+    ///
+    /// # Errors
+    ///
+    /// As [`Profile::load`], except for the I/O cases.
+    pub fn from_json_bytes(bytes: &[u8], path: &Path) -> Result<Profile, ProfileError> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(ProfileError::Empty {
+                path: path.to_path_buf(),
+            });
+        }
+        // Check the schema first so an old or foreign file gets the clearer error.
+        #[derive(Deserialize)]
+        struct SchemaOnly {
+            schema: Option<String>,
+        }
+        if let Ok(SchemaOnly {
+            schema: Some(found),
+        }) = serde_json::from_slice::<SchemaOnly>(bytes)
+        {
+            if found != SCHEMA {
+                return Err(ProfileError::Schema {
+                    path: path.to_path_buf(),
+                    found,
+                    expected: SCHEMA,
+                });
+            }
+        }
+        let profile: Profile =
+            serde_json::from_slice(bytes).map_err(|error| ProfileError::Parse {
+                path: path.to_path_buf(),
+                detail: error.to_string(),
+            })?;
+        profile
+            .check_invariants()
+            .map_err(|detail| ProfileError::Inconsistent {
+                path: path.to_path_buf(),
+                detail,
+            })?;
+        Ok(profile)
+    }
+
+    /// The path of span node `id`: names from the outermost span, joined with `/`. Empty for
+    /// an id that is not in [`Profile::spans`]. Bounded by the tree's size even in a hand-made
+    /// profile whose parents loop.
+    pub fn span_path(&self, id: u32) -> String {
+        let mut names = Vec::new();
+        let mut at = Some(id);
+        while let Some(node) = at.and_then(|id| self.spans.get(id as usize)) {
+            if names.len() > self.spans.len() {
+                break;
+            }
+            names.push(node.name.as_str());
+            at = node.parent;
+        }
+        names.reverse();
+        names.join("/")
+    }
+
+    /// Every span node's path, by id ([`Profile::span_path`] for all of them, in one pass:
+    /// parents come before their children). A node whose parent does not come before it is
+    /// shown as top level.
+    pub fn span_paths(&self) -> Vec<String> {
+        span_paths(&self.spans)
+    }
+
+    /// Checks what every profile highwater writes satisfies, so a damaged or hand-edited one is
+    /// refused instead of shown (a category at 300 % of the peak).
+    ///
+    /// # Errors
+    ///
+    /// A sentence naming the first broken rule.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let peak = self.summary.peak_bytes;
+        let sum = |map: &BTreeMap<Category, u64>| {
+            map.values()
+                .fold(0u128, |total, bytes| total + u128::from(*bytes))
+        };
+        if sum(&self.summary.peak_by_category) > u128::from(peak) {
+            return Err(format!(
+                "summary.peak_by_category adds up to {} bytes, more than peak_bytes {peak}",
+                sum(&self.summary.peak_by_category)
+            ));
+        }
+        for (category, temporary) in &self.summary.peak_temporary_by_category {
+            let at_peak = self.summary.peak_by_category.get(category).copied();
+            if at_peak.unwrap_or(0) < *temporary {
+                return Err(format!(
+                    "summary.peak_temporary_by_category has {temporary} bytes of {category}, \
+                     more than its {} bytes at the peak",
+                    at_peak.unwrap_or(0)
+                ));
+            }
+        }
+        for (index, point) in self.timeline.iter().enumerate() {
+            if sum(&point.by_category) > u128::from(point.live_bytes) {
+                return Err(format!(
+                    "timeline[{index}].by_category adds up to more than its live_bytes {}",
+                    point.live_bytes
+                ));
+            }
+        }
+        for (index, device) in self.devices.iter().enumerate() {
+            if device.peak_bytes > peak {
+                return Err(format!(
+                    "devices[{index}] ({}) peaks at {} bytes, above summary.peak_bytes {peak}",
+                    device.device, device.peak_bytes
+                ));
+            }
+            if sum(&device.peak_by_category) > u128::from(device.peak_bytes) {
+                return Err(format!(
+                    "devices[{index}].peak_by_category adds up to more than its peak_bytes {}",
+                    device.peak_bytes
+                ));
+            }
+        }
+        if let Some((index, live)) = self
+            .largest_at_peak
+            .iter()
+            .enumerate()
+            .find(|(_, live)| live.bytes > peak)
+        {
+            return Err(format!(
+                "largest_at_peak[{index}] is {} bytes, above summary.peak_bytes {peak}",
+                live.bytes
+            ));
+        }
+        if self.oom_events.len() as u64 > self.summary.oom_count {
+            return Err(format!(
+                "oom_events lists {} refusals, more than summary.oom_count {}",
+                self.oom_events.len(),
+                self.summary.oom_count
+            ));
+        }
+        for (index, oom) in self.oom_events.iter().enumerate() {
+            if sum(&oom.live_by_category) > u128::from(oom.live_bytes) {
+                return Err(format!(
+                    "oom_events[{index}].live_by_category adds up to more than its live_bytes {}",
+                    oom.live_bytes
+                ));
+            }
+            if oom.live_bytes > peak {
+                return Err(format!(
+                    "oom_events[{index}] has {} bytes live, above summary.peak_bytes {peak}",
+                    oom.live_bytes
+                ));
+            }
+        }
+        for (index, span) in self.spans.iter().enumerate() {
+            if span.id as usize != index {
+                return Err(format!("spans[{index}] has id {}", span.id));
+            }
+            if span.parent.is_some_and(|parent| parent >= span.id) {
+                return Err(format!(
+                    "spans[{index}] names parent {:?}: parents come before their children",
+                    span.parent
+                ));
+            }
+        }
+        if let Some((index, event)) = self
+            .span_events
+            .iter()
+            .enumerate()
+            .find(|(_, event)| event.span as usize >= self.spans.len())
+        {
+            return Err(format!(
+                "span_events[{index}] names span {}, but there are {} spans",
+                event.span,
+                self.spans.len()
+            ));
+        }
+        if let Some(pair) = self
+            .iterations
+            .windows(2)
+            .find(|pair| pair[1].index <= pair[0].index)
+        {
+            return Err(format!(
+                "iterations are out of order ({} then {})",
+                pair[0].index, pair[1].index
+            ));
+        }
+        Ok(())
+    }
+
+    /// Serialises the profile as pretty JSON.
+    pub fn to_json(&self) -> String {
+        // Serialising plain data with string keys cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// Writes the profile as JSON to `path`, atomically: a temporary file in the same directory
+    /// is written, synced and renamed over `path`. Missing parent directories are created.
+    ///
+    /// # Errors
+    ///
+    /// [`ProfileError::Write`] when any step fails; the temporary file is removed and `path`
+    /// keeps whatever it held before.
+    pub fn write(&self, path: impl AsRef<Path>) -> Result<(), ProfileError> {
+        let path = path.as_ref();
+        fileio::write_file(path, self.to_json().as_bytes()).map_err(|source| ProfileError::Write {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+}
+
+/// Every node's path in `spans`, by index, in one pass (see [`Profile::span_paths`]).
+pub(crate) fn span_paths(spans: &[SpanMetrics]) -> Vec<String> {
+    let mut paths: Vec<String> = Vec::with_capacity(spans.len());
+    for (index, span) in spans.iter().enumerate() {
+        let path = match span.parent.map(|p| p as usize) {
+            Some(parent) if parent < index => format!("{}/{}", paths[parent], span.name),
+            _ => span.name.clone(),
+        };
+        paths.push(path);
+    }
+    paths
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_then_load_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nested/p.json");
+        let mut profile = Profile::empty();
+        profile.summary.peak_bytes = 12 << 20;
+        profile
+            .summary
+            .peak_by_category
+            .insert(Category::Activation, 8 << 20);
+        profile.write(&path).unwrap();
+        assert_eq!(Profile::load(&path).unwrap(), profile);
+        let leftovers: Vec<_> = fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            leftovers.len(),
+            1,
+            "temporary file left behind: {leftovers:?}"
+        );
+    }
+
+    #[test]
+    fn load_names_the_problem() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases: [(&str, &str); 4] = [
+            ("empty.json", ""),
+            ("truncated.json", "{\"schema\": \"highwater/2\", \"summ"),
+            ("other.json", "{\"schema\": \"highwater/99\"}"),
+            ("types.json", "{\"schema\": \"highwater/2\", \"meta\": 3}"),
+        ];
+        let expected = [
+            "is empty",
+            "not a valid",
+            "schema \"highwater/99\"",
+            "not a valid",
+        ];
+        for ((name, text), want) in cases.iter().zip(expected) {
+            let path = dir.path().join(name);
+            fs::write(&path, text).unwrap();
+            let message = Profile::load(&path).unwrap_err().to_string();
+            assert!(message.contains(want), "{name}: {message}");
+            assert!(message.contains(name), "{name}: {message}");
+        }
+        let missing = Profile::load(dir.path().join("missing.json")).unwrap_err();
+        assert!(matches!(missing, ProfileError::Read { .. }));
+    }
+
+    #[test]
+    fn a_profile_without_checkpoint_fields_is_a_final_one() {
+        let mut value = serde_json::to_value(Profile::empty()).unwrap();
+        let meta = value["meta"].as_object_mut().unwrap();
+        for field in ["pid", "partial", "checkpoint_unix_ms"] {
+            assert!(meta.remove(field).is_some(), "{field} is written");
+        }
+        value["summary"]
+            .as_object_mut()
+            .unwrap()
+            .remove("final_by_category");
+        let text = serde_json::to_vec(&value).unwrap();
+        let profile = Profile::from_json_bytes(&text, Path::new("old.json")).unwrap();
+        assert!(!profile.meta.partial);
+        assert_eq!(profile.meta.pid, 0);
+        assert_eq!(profile.meta.checkpoint_unix_ms, None);
+        assert!(profile.summary.final_by_category.is_empty());
+    }
+
+    #[test]
+    fn failed_write_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // A directory where the file should go makes the final rename fail.
+        let path = dir.path().join("taken");
+        fs::create_dir(&path).unwrap();
+        fs::write(path.join("keep"), "x").unwrap();
+        assert!(Profile::empty().write(&path).is_err());
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("taken")]);
+    }
+}

@@ -1,0 +1,6 @@
+//! Test support shared by highwater's crates. Not published; a dev-dependency only.
+//!
+//! - [`sample`]: a realistic hand-built profile the exporters', the report's and the command's
+//!   tests all read.
+
+pub mod sample;

@@ -1,0 +1,1319 @@
+//! A realistic hand-built profile for tests: the outputs' unit tests, the HTML report's browser
+//! tests and the command's tests all read it.
+//!
+//! It names only the profile crate's public types.
+//!
+//! It describes eight training steps of a small transformer on two GPUs with a CPU heap: four
+//! categories with the classic shape (activations climb through forward and fall through
+//! backward, gradients climb through backward, optimizer state appears at the first update), a
+//! span tree `step → forward/backward/optimizer → layers`, live-at-peak rows with ops and
+//! shapes, a slow CPU leak visible in the per-iteration residuals, and device pools. Its call
+//! sites (sampled every 512 KiB) have deep stacks with inlined frames, several shares each (one
+//! with a folded remainder), a site with no symbol in the middle, one that allocates a lot but
+//! holds nothing at the peak, and a few MiB in sites past the listed ones.
+
+use std::collections::BTreeMap;
+
+use highwater_profile::model::{Category, Step};
+use highwater_profile::{
+    CallSite, CaptureStats, DeviceStats, Frame, IterationResidual, LiveAllocation, PeakRow,
+    PoolPoint, Profile, RunMeta, SiteSampling, SiteShare, SpanEvent, SpanMetrics, Summary,
+    TimelinePoint, Warning, SCHEMA,
+};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const ITERATIONS: u64 = 8;
+const POINTS_PER_ITERATION: u64 = 40;
+const ITERATION_NS: u64 = 500_000_000;
+const LAYERS: u64 = 8;
+/// Bytes the CPU heap leaks per iteration.
+const LEAK_PER_ITERATION: u64 = 4 * MIB;
+
+/// Per-device sizes of each category at its highest.
+struct DeviceModel {
+    name: &'static str,
+    parameter: u64,
+    activation: u64,
+    gradient: u64,
+    optimizer: u64,
+    other: u64,
+    capacity: Option<u64>,
+}
+
+const DEVICES: [DeviceModel; 3] = [
+    DeviceModel {
+        name: "cpu",
+        parameter: 0,
+        activation: 96 * MIB,
+        gradient: 0,
+        optimizer: 0,
+        other: 180 * MIB,
+        capacity: None,
+    },
+    DeviceModel {
+        name: "cuda:0",
+        parameter: 3 * GIB / 2,
+        activation: 5 * GIB / 2,
+        gradient: 3 * GIB / 2,
+        optimizer: 3 * GIB,
+        other: 64 * MIB,
+        capacity: Some(24 * GIB),
+    },
+    DeviceModel {
+        name: "cuda:1",
+        parameter: 3 * GIB / 2,
+        activation: 2 * GIB,
+        gradient: 3 * GIB / 2,
+        optimizer: 3 * GIB,
+        other: 32 * MIB,
+        capacity: Some(24 * GIB),
+    },
+];
+
+/// Live bytes by category on `device` at `iteration` + `frac` of it (frac in 0..=1).
+fn live_at(device: &DeviceModel, iteration: u64, frac: f64) -> [u64; Category::COUNT] {
+    let scale = |bytes: u64, x: f64| (bytes as f64 * x.clamp(0.0, 1.0)) as u64;
+    let activation = if frac <= 0.4 {
+        scale(device.activation, frac / 0.4)
+    } else if frac <= 0.8 {
+        scale(device.activation, 1.0 - (frac - 0.4) / 0.4)
+    } else {
+        0
+    };
+    let gradient = if frac <= 0.4 {
+        0
+    } else if frac <= 0.8 {
+        scale(device.gradient, (frac - 0.4) / 0.4)
+    } else {
+        device.gradient
+    };
+    let optimizer_started = iteration > 0 || frac > 0.8;
+    let mut optimizer = if optimizer_started {
+        device.optimizer
+    } else {
+        0
+    };
+    if frac > 0.8 {
+        optimizer += device.optimizer / 10;
+    }
+    // A little noise, and on the CPU the slow leak.
+    // (zero at iteration boundaries, so the residuals show the leak alone).
+    let k = (frac * POINTS_PER_ITERATION as f64).round() as u64 % POINTS_PER_ITERATION;
+    let wobble = if k == 0 {
+        0.0
+    } else {
+        ((iteration * 7 + k * 13) % 17) as f64 / 17.0
+    };
+    let mut other = scale(device.other, 0.85 + 0.15 * wobble);
+    if device.name == "cpu" {
+        other += LEAK_PER_ITERATION * iteration + scale(LEAK_PER_ITERATION, frac);
+    }
+    [device.parameter, activation, gradient, optimizer, other]
+}
+
+fn by_category(values: [u64; Category::COUNT]) -> BTreeMap<Category, u64> {
+    Category::ALL
+        .into_iter()
+        .zip(values)
+        .filter(|(_, v)| *v > 0)
+        .collect()
+}
+
+fn span(
+    spans: &mut Vec<SpanMetrics>,
+    parent: Option<u32>,
+    name: &str,
+    step: Option<Step>,
+    calls: u64,
+    total_ns: u64,
+    bytes: (u64, u64, u64),
+) -> u32 {
+    let id = spans.len() as u32;
+    spans.push(SpanMetrics {
+        id,
+        parent,
+        name: name.to_string(),
+        step,
+        category: None,
+        calls,
+        total_ns,
+        bytes_allocated: bytes.0,
+        alloc_count: bytes.0 / (3 * MIB) + calls,
+        peak_bytes: bytes.1,
+        residual_bytes: bytes.2,
+    });
+    id
+}
+
+/// A profile of eight training steps on `cpu`, `cuda:0` and `cuda:1` with no dropped events.
+pub fn sample_profile() -> Profile {
+    let duration_ns = ITERATIONS * ITERATION_NS;
+    let mut timeline = Vec::new();
+    let mut pool_timeline = Vec::new();
+    let mut devices = Vec::new();
+    let mut peak = (0u64, 0u64, String::new(), BTreeMap::new());
+    let mut final_live = 0u64;
+    let mut final_by_category: BTreeMap<Category, u64> = BTreeMap::new();
+    for device in &DEVICES {
+        let mut stats = DeviceStats {
+            device: device.name.to_string(),
+            capacity_bytes: device.capacity,
+            ..DeviceStats::default()
+        };
+        let mut max_reserved = 0u64;
+        let mut max_fragmentation = 0f64;
+        for iteration in 0..ITERATIONS {
+            for k in 0..POINTS_PER_ITERATION {
+                let frac = k as f64 / POINTS_PER_ITERATION as f64;
+                let t = iteration * ITERATION_NS + ITERATION_NS * k / POINTS_PER_ITERATION;
+                let values = live_at(device, iteration, frac);
+                let live: u64 = values.iter().sum();
+                if live > stats.peak_bytes {
+                    stats.peak_bytes = live;
+                    stats.peak_timestamp_ns = t;
+                    stats.peak_by_category = by_category(values);
+                }
+                timeline.push(TimelinePoint {
+                    timestamp_ns: t,
+                    device: device.name.to_string(),
+                    live_bytes: live,
+                    by_category: by_category(values),
+                });
+                if let Some(capacity) = device.capacity {
+                    // A caching pool: reserved rounds live up to 2 MiB blocks and keeps a cache.
+                    let cached = GIB / 4 + (k % 5) * 64 * MIB;
+                    let reserved = (live.div_ceil(2 * MIB) * 2 * MIB + cached).min(capacity);
+                    let fragmentation = 0.05 + 0.2 * frac + 0.02 * (iteration % 3) as f64;
+                    let free = capacity - reserved;
+                    max_reserved = max_reserved.max(reserved);
+                    max_fragmentation = max_fragmentation.max(fragmentation);
+                    pool_timeline.push(PoolPoint {
+                        timestamp_ns: t,
+                        device: device.name.to_string(),
+                        capacity_bytes: capacity,
+                        reserved_bytes: reserved,
+                        largest_free_bytes: (free as f64 * (1.0 - fragmentation)) as u64,
+                        fragmentation,
+                    });
+                }
+            }
+        }
+        let end = live_at(device, ITERATIONS - 1, 1.0);
+        stats.final_live_bytes = end.iter().sum();
+        final_live += stats.final_live_bytes;
+        for (category, bytes) in by_category(end) {
+            *final_by_category.entry(category).or_default() += bytes;
+        }
+        stats.alloc_count = 40_000 + stats.peak_bytes / MIB;
+        stats.free_count = stats.alloc_count - 1_200;
+        if device.capacity.is_some() {
+            stats.peak_reserved_bytes = Some(max_reserved);
+            stats.max_fragmentation = Some(max_fragmentation);
+        }
+        if stats.peak_bytes > peak.0 {
+            peak = (
+                stats.peak_bytes,
+                stats.peak_timestamp_ns,
+                device.name.to_string(),
+                stats.peak_by_category.clone(),
+            );
+        }
+        devices.push(stats);
+    }
+    let (peak_bytes, peak_ts, peak_device, peak_by_category) = peak;
+    // A quarter of the activations at the peak are scratch the layer frees before it returns.
+    let peak_temporary_by_category: BTreeMap<Category, u64> = peak_by_category
+        .iter()
+        .filter(|(category, _)| **category == Category::Activation)
+        .map(|(category, bytes)| (*category, bytes / 4))
+        .collect();
+
+    let mut peak_breakdown = peak_rows(&peak_by_category, &peak_device);
+    let largest_at_peak = peak_breakdown
+        .iter()
+        .take(10)
+        .map(|row| LiveAllocation {
+            bytes: row.bytes / row.count.max(1),
+            device: row.device.clone(),
+            category: row.category,
+            span_path: row.span_path.clone(),
+            op: row.op.clone(),
+            shape: row.shape.clone(),
+            // Weights and optimizer state are made early; the rest in the peak's iteration.
+            timestamp_ns: match row.category {
+                Category::Parameter => ITERATION_NS / 20,
+                Category::Optimizer => ITERATION_NS * 85 / 100,
+                _ => peak_ts.saturating_sub(ITERATION_NS / 10),
+            },
+            thread: 1,
+        })
+        .collect();
+
+    let (spans, span_events) = span_tree_and_events();
+    let (sites, sampling) = call_sites(&mut peak_breakdown, &spans);
+
+    let iterations = (0..ITERATIONS)
+        .map(|index| {
+            let live: u64 = DEVICES
+                .iter()
+                .map(|d| live_at(d, index, 1.0).iter().sum::<u64>())
+                .sum();
+            let previous: u64 = if index == 0 {
+                DEVICES.iter().map(|d| d.parameter + d.other * 6 / 10).sum()
+            } else {
+                DEVICES
+                    .iter()
+                    .map(|d| live_at(d, index - 1, 1.0).iter().sum::<u64>())
+                    .sum()
+            };
+            IterationResidual {
+                index,
+                span: "step".to_string(),
+                end_timestamp_ns: (index + 1) * ITERATION_NS - 1,
+                live_bytes: live,
+                delta_bytes: live as i64 - previous as i64,
+            }
+        })
+        .collect();
+
+    let alloc_count: u64 = devices.iter().map(|d| d.alloc_count).sum();
+    let free_count: u64 = devices.iter().map(|d| d.free_count).sum();
+    Profile {
+        schema: SCHEMA.to_string(),
+        capture: CaptureStats::default(),
+        meta: RunMeta {
+            program: "train_gpt".to_string(),
+            highwater_version: "0.1.0".to_string(),
+            started_unix_ms: 1_764_489_600_000,
+            clock: "tsc".to_string(),
+            threads: 3,
+            alloc_log: None,
+            pid: 0,
+            partial: false,
+            checkpoint_unix_ms: None,
+        },
+        summary: Summary {
+            peak_bytes,
+            peak_timestamp_ns: peak_ts,
+            peak_device,
+            peak_by_category,
+            peak_temporary_by_category,
+            alloc_count,
+            free_count,
+            realloc_count: 3_120,
+            total_alloc_bytes: 171 * GIB + 300 * MIB,
+            autograd_retained_bytes: DEVICES[1].activation,
+            dropped_events: 0,
+            unknown_frees: 0,
+            reorder_repairs: 2,
+            final_live_bytes: final_live,
+            final_by_category,
+            duration_ns,
+            event_count: 2 * alloc_count + 5_000,
+            oom_count: 0,
+        },
+        timeline,
+        peak_breakdown,
+        largest_at_peak,
+        spans,
+        iterations,
+        devices,
+        pool_timeline,
+        warnings: vec![Warning::GrowingResidual {
+            span: "step".into(),
+            window: ITERATIONS - 1,
+            grew: ITERATIONS - 1,
+            total_bytes: ((ITERATIONS - 1) * LEAK_PER_ITERATION) as i64,
+            per_iteration_bytes: LEAK_PER_ITERATION as i64,
+            iterations: ITERATIONS,
+            run_growth_bytes: ((ITERATIONS - 1) * LEAK_PER_ITERATION) as i64,
+        }],
+        span_events,
+        sites,
+        sampling,
+        oom_events: Vec::new(),
+    }
+}
+
+/// [`sample_profile`] with events dropped while recording, and the warning that goes with it.
+pub fn sample_profile_with_drops() -> Profile {
+    let mut profile = sample_profile();
+    profile.summary.dropped_events = 1_234;
+    profile.summary.unknown_frees = 87;
+    profile.warnings.insert(
+        0,
+        Warning::DroppedEvents {
+            events: 1_234,
+            mode: highwater_profile::CaptureMode::DropWhenFull,
+        },
+    );
+    profile
+}
+
+/// Live-at-peak rows on `device` whose bytes add up to `by_category` exactly.
+fn peak_rows(by_category: &BTreeMap<Category, u64>, device: &str) -> Vec<PeakRow> {
+    let get = |c: Category| by_category.get(&c).copied().unwrap_or(0);
+    let row = |path: String, op: &str, shape: &[u64], category, bytes: u64, count| PeakRow {
+        span_path: path,
+        op: Some(op.to_string()),
+        shape: Some(shape.to_vec()),
+        dtype: Some("bf16".to_string()),
+        category,
+        device: device.to_string(),
+        bytes,
+        count,
+        top_sites: Vec::new(),
+    };
+    let mut rows = Vec::new();
+    // Activations: per layer, attention and MLP intermediates; later layers a little bigger.
+    let activation = get(Category::Activation);
+    let mut given = 0;
+    let parts: [(&str, &str, &[u64], u64); 4] = [
+        ("attn", "matmul", &[16, 1024, 3, 2048], 5),
+        ("attn", "softmax", &[16, 16, 1024, 1024], 3),
+        ("mlp", "linear", &[16, 1024, 8192], 4),
+        ("mlp", "gelu", &[16, 1024, 8192], 2),
+    ];
+    let weight_sum: u64 = (0..LAYERS).map(|l| 10 + l).sum::<u64>() * 14;
+    for layer in 0..LAYERS {
+        for (block, op, shape, weight) in parts {
+            let bytes = activation * (10 + layer) * weight / weight_sum;
+            given += bytes;
+            rows.push(row(
+                format!("step/forward/layer{layer}/{block}"),
+                op,
+                shape,
+                Category::Activation,
+                bytes,
+                1 + weight % 3,
+            ));
+        }
+    }
+    rows.push(row(
+        "step/forward/embed".to_string(),
+        "embedding",
+        &[16, 1024, 2048],
+        Category::Activation,
+        activation - given,
+        1,
+    ));
+    // Parameters: one row per layer plus the embedding.
+    let parameter = get(Category::Parameter);
+    let per_layer = parameter / (LAYERS + 2);
+    for layer in 0..LAYERS {
+        rows.push(row(
+            format!("init/layer{layer}"),
+            "randn",
+            &[2048, 6144],
+            Category::Parameter,
+            per_layer,
+            6,
+        ));
+    }
+    rows.push(row(
+        "init/embed".to_string(),
+        "randn",
+        &[50304, 2048],
+        Category::Parameter,
+        parameter - per_layer * LAYERS,
+        1,
+    ));
+    // Optimizer state: Adam's two moments.
+    let optimizer = get(Category::Optimizer);
+    for (op, share) in [
+        ("exp_avg", optimizer / 2),
+        ("exp_avg_sq", optimizer - optimizer / 2),
+    ] {
+        rows.push(row(
+            "step/optimizer/adam".to_string(),
+            op,
+            &[2048, 6144],
+            Category::Optimizer,
+            share,
+            2 * LAYERS + 2,
+        ));
+    }
+    let gradient = get(Category::Gradient);
+    if gradient > 0 {
+        rows.push(row(
+            "step/backward".to_string(),
+            "matmul_backward",
+            &[2048, 6144],
+            Category::Gradient,
+            gradient,
+            LAYERS + 1,
+        ));
+    }
+    let other = get(Category::Other);
+    if other > 0 {
+        rows.push(PeakRow {
+            span_path: String::new(),
+            op: None,
+            shape: None,
+            dtype: None,
+            category: Category::Other,
+            device: device.to_string(),
+            bytes: other,
+            count: 412,
+            top_sites: Vec::new(),
+        });
+    }
+    rows.retain(|r| r.bytes > 0);
+    rows.sort_by_key(|row| std::cmp::Reverse(row.bytes));
+    rows
+}
+
+/// The span tree with metrics, and every span instance on two threads.
+fn span_tree_and_events() -> (Vec<SpanMetrics>, Vec<SpanEvent>) {
+    let n = ITERATIONS;
+    let it = ITERATION_NS;
+    let mut spans = Vec::new();
+    let mut events = Vec::new();
+    let act = DEVICES[1].activation + DEVICES[2].activation;
+    let grad = DEVICES[1].gradient + DEVICES[2].gradient;
+    let opt = DEVICES[1].optimizer + DEVICES[2].optimizer;
+    let peak = 7 * GIB;
+    let init = span(
+        &mut spans,
+        None,
+        "init",
+        None,
+        1,
+        it / 5,
+        (3 * GIB, 3 * GIB, 3 * GIB),
+    );
+    let step = span(
+        &mut spans,
+        None,
+        "step",
+        None,
+        n,
+        n * it * 98 / 100,
+        (
+            n * (act + grad + opt / 10) + opt,
+            peak,
+            opt + n * LEAK_PER_ITERATION,
+        ),
+    );
+    let fwd = span(
+        &mut spans,
+        Some(step),
+        "forward",
+        Some(Step::Forward),
+        n,
+        n * it * 2 / 5,
+        (n * act, peak, act),
+    );
+    span(
+        &mut spans,
+        Some(fwd),
+        "embed",
+        None,
+        n,
+        n * it / 50,
+        (n * 64 * MIB, 4 * GIB, 64 * MIB),
+    );
+    for layer in 0..LAYERS {
+        let l = span(
+            &mut spans,
+            Some(fwd),
+            &format!("layer{layer}"),
+            None,
+            n,
+            n * it * 38 / 100 / LAYERS,
+            (
+                n * act / LAYERS,
+                4 * GIB + layer * act / LAYERS,
+                act / LAYERS,
+            ),
+        );
+        for (block, share) in [("attn", 3), ("mlp", 2)] {
+            span(
+                &mut spans,
+                Some(l),
+                block,
+                None,
+                n,
+                n * it * 38 / 100 / LAYERS * share / 5,
+                (
+                    n * act / LAYERS * share / 5,
+                    4 * GIB + layer * act / LAYERS,
+                    act / LAYERS * share / 5,
+                ),
+            );
+        }
+    }
+    let bwd = span(
+        &mut spans,
+        Some(step),
+        "backward",
+        Some(Step::Backward),
+        n,
+        n * it * 2 / 5,
+        (n * grad, peak - GIB / 2, grad),
+    );
+    for layer in (0..LAYERS).rev() {
+        span(
+            &mut spans,
+            Some(bwd),
+            &format!("layer{layer}"),
+            None,
+            n,
+            n * it * 39 / 100 / LAYERS,
+            (n * grad / LAYERS, peak - GIB, grad / LAYERS),
+        );
+    }
+    let optim = span(
+        &mut spans,
+        Some(step),
+        "optimizer",
+        Some(Step::Optimizer),
+        n,
+        n * it * 18 / 100,
+        (opt + n * opt / 10, 6 * GIB, opt),
+    );
+    span(
+        &mut spans,
+        Some(optim),
+        "adam",
+        None,
+        n,
+        n * it * 15 / 100,
+        (opt + n * opt / 10, 6 * GIB, opt),
+    );
+    span(
+        &mut spans,
+        Some(optim),
+        "zero_grad",
+        None,
+        n,
+        n * it * 2 / 100,
+        (0, 5 * GIB, 0),
+    );
+    span(
+        &mut spans,
+        None,
+        "data_loader",
+        None,
+        n,
+        n * it * 30 / 100,
+        (n * 96 * MIB, 300 * MIB, n * LEAK_PER_ITERATION),
+    );
+    let _ = init;
+
+    // Instances: step and its children on thread 1, data loading on thread 2.
+    let tree = Profile {
+        spans: spans.clone(),
+        ..Profile::default()
+    };
+    let ids: std::collections::HashMap<String, u32> =
+        tree.span_paths().into_iter().zip(0..).collect();
+    let mut push = |thread, _name: &str, path: String, start_ns, duration_ns, depth| {
+        events.push(SpanEvent {
+            thread,
+            span: ids[&path],
+            start_ns,
+            duration_ns,
+            depth,
+        });
+    };
+    for i in 0..n {
+        let t0 = i * it;
+        push(1, "step", "step".into(), t0 + it / 100, it * 98 / 100, 0);
+        push(
+            1,
+            "forward",
+            "step/forward".into(),
+            t0 + it / 100,
+            it * 39 / 100,
+            1,
+        );
+        push(
+            1,
+            "embed",
+            "step/forward/embed".into(),
+            t0 + it / 100,
+            it / 50,
+            2,
+        );
+        let layer_ns = it * 36 / 100 / LAYERS;
+        for layer in 0..LAYERS {
+            let start = t0 + it * 3 / 100 + layer * layer_ns;
+            let path = format!("step/forward/layer{layer}");
+            push(
+                1,
+                &format!("layer{layer}"),
+                path.clone(),
+                start,
+                layer_ns,
+                2,
+            );
+            let attn = layer_ns * 3 / 5;
+            push(1, "attn", format!("{path}/attn"), start, attn, 3);
+            push(
+                1,
+                "mlp",
+                format!("{path}/mlp"),
+                start + attn,
+                layer_ns - attn,
+                3,
+            );
+        }
+        push(
+            1,
+            "backward",
+            "step/backward".into(),
+            t0 + it * 40 / 100,
+            it * 40 / 100,
+            1,
+        );
+        for (k, layer) in (0..LAYERS).rev().enumerate() {
+            let start = t0 + it * 40 / 100 + k as u64 * it * 5 / 100;
+            let path = format!("step/backward/layer{layer}");
+            push(1, &format!("layer{layer}"), path, start, it * 5 / 100, 2);
+        }
+        push(
+            1,
+            "optimizer",
+            "step/optimizer".into(),
+            t0 + it * 80 / 100,
+            it * 18 / 100,
+            1,
+        );
+        push(
+            1,
+            "adam",
+            "step/optimizer/adam".into(),
+            t0 + it * 80 / 100,
+            it * 15 / 100,
+            2,
+        );
+        push(
+            1,
+            "zero_grad",
+            "step/optimizer/zero_grad".into(),
+            t0 + it * 95 / 100,
+            it * 2 / 100,
+            2,
+        );
+        push(
+            2,
+            "data_loader",
+            "data_loader".into(),
+            t0 + it * 60 / 100,
+            it * 30 / 100,
+            0,
+        );
+    }
+    (spans, events)
+}
+
+/// Mean bytes between samples in the sample's call sites.
+const SAMPLE_BYTES: u64 = 512 << 10;
+
+/// One frame of a hand-written stack: function (`None`: no symbol), file, line, inlined.
+type FrameSpec = (Option<&'static str>, &'static str, u32, bool);
+
+const REGISTRY: &str = "/home/ci/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f";
+
+/// The allocation machinery every tensor's storage goes through: `Vec::with_capacity`'s
+/// inlined frames, innermost first.
+const ALLOC: [FrameSpec; 2] = [
+    (
+        Some("alloc::raw_vec::RawVecInner<A>::try_allocate_in"),
+        "/rustc/17067e9ac6d7e98f18d4d9d4fd7a2b9f3e1c0a55/library/alloc/src/raw_vec/mod.rs",
+        470,
+        true,
+    ),
+    (
+        Some("alloc::vec::Vec<T>::with_capacity"),
+        "/rustc/17067e9ac6d7e98f18d4d9d4fd7a2b9f3e1c0a55/library/alloc/src/vec/mod.rs",
+        480,
+        true,
+    ),
+];
+
+/// What runs `main`, outermost last.
+const RUNTIME: [FrameSpec; 5] = [
+    (
+        Some("core::ops::function::FnOnce::call_once"),
+        "/rustc/17067e9ac6d7e98f18d4d9d4fd7a2b9f3e1c0a55/library/core/src/ops/function.rs",
+        250,
+        false,
+    ),
+    (
+        Some("std::rt::lang_start_internal"),
+        "/rustc/17067e9ac6d7e98f18d4d9d4fd7a2b9f3e1c0a55/library/std/src/rt.rs",
+        175,
+        false,
+    ),
+    (Some("main"), "", 0, false),
+    (Some("__libc_start_main"), "", 0, false),
+    (Some("_start"), "", 0, false),
+];
+
+/// The training loop's frames, from the model call outwards.
+const TRAIN_STEP: [FrameSpec; 2] = [
+    (Some("train_gpt::train_step"), "src/train.rs", 120, false),
+    (Some("train_gpt::main"), "src/main.rs", 44, false),
+];
+
+/// Candle's matmul down to the buffer.
+const MATMUL: [FrameSpec; 3] = [
+    (
+        Some("candle_core::cpu_backend::MatMul::f"),
+        "candle-core-0.11.0/src/cpu_backend/mod.rs",
+        1340,
+        false,
+    ),
+    (
+        Some("candle_core::storage::Storage::matmul"),
+        "candle-core-0.11.0/src/storage.rs",
+        690,
+        false,
+    ),
+    (
+        Some("candle_core::tensor::Tensor::matmul"),
+        "candle-core-0.11.0/src/tensor.rs",
+        1210,
+        false,
+    ),
+];
+
+const UNARY: FrameSpec = (
+    Some("candle_core::cpu_backend::utils::unary_map"),
+    "candle-core-0.11.0/src/cpu_backend/utils.rs",
+    20,
+    false,
+);
+
+/// The stack (innermost first) of the site behind each op of the sample's rows.
+fn stack_of(op: Option<&str>) -> Vec<FrameSpec> {
+    let block = (
+        Some("train_gpt::model::Block::forward"),
+        "src/model.rs",
+        140,
+        false,
+    );
+    let gpt = (
+        Some("train_gpt::model::Gpt::forward"),
+        "src/model.rs",
+        201,
+        false,
+    );
+    let mut frames: Vec<FrameSpec> = ALLOC.to_vec();
+    let mut outer: Vec<FrameSpec> = TRAIN_STEP.to_vec();
+    let middle: Vec<FrameSpec> = match op {
+        Some("matmul") => {
+            let mut v = MATMUL.to_vec();
+            v.extend([
+                (
+                    Some("train_gpt::model::Attention::qkv"),
+                    "src/model.rs",
+                    61,
+                    true,
+                ),
+                (
+                    Some("train_gpt::model::Attention::forward"),
+                    "src/model.rs",
+                    88,
+                    false,
+                ),
+                block,
+                gpt,
+            ]);
+            v
+        }
+        Some("softmax") => vec![
+            UNARY,
+            (
+                Some("candle_nn::ops::softmax_last_dim"),
+                "candle-nn-0.11.0/src/ops.rs",
+                240,
+                false,
+            ),
+            (
+                Some("train_gpt::model::Attention::forward"),
+                "src/model.rs",
+                95,
+                false,
+            ),
+            block,
+            gpt,
+        ],
+        Some("linear") => {
+            let mut v = MATMUL.to_vec();
+            v.extend([
+                (
+                    Some("candle_core::tensor::Tensor::broadcast_matmul"),
+                    "candle-core-0.11.0/src/tensor.rs",
+                    1260,
+                    false,
+                ),
+                (
+                    Some("<candle_nn::linear::Linear as candle_core::Module>::forward"),
+                    "candle-nn-0.11.0/src/linear.rs",
+                    50,
+                    false,
+                ),
+                (
+                    Some("train_gpt::model::Mlp::forward"),
+                    "src/model.rs",
+                    112,
+                    false,
+                ),
+                (
+                    Some("train_gpt::model::Block::forward"),
+                    "src/model.rs",
+                    143,
+                    false,
+                ),
+                gpt,
+            ]);
+            v
+        }
+        Some("gelu") => vec![
+            UNARY,
+            (
+                Some("candle_core::tensor::Tensor::gelu"),
+                "candle-core-0.11.0/src/tensor.rs",
+                560,
+                false,
+            ),
+            (
+                Some("train_gpt::model::Mlp::forward"),
+                "src/model.rs",
+                113,
+                false,
+            ),
+            (
+                Some("train_gpt::model::Block::forward"),
+                "src/model.rs",
+                143,
+                false,
+            ),
+            gpt,
+        ],
+        Some("embedding") => vec![
+            (
+                Some("candle_core::cpu_backend::IndexSelect::f"),
+                "candle-core-0.11.0/src/cpu_backend/mod.rs",
+                610,
+                false,
+            ),
+            (
+                Some("candle_core::tensor::Tensor::index_select"),
+                "candle-core-0.11.0/src/tensor.rs",
+                1480,
+                false,
+            ),
+            (
+                Some("<candle_nn::embedding::Embedding as candle_core::Module>::forward"),
+                "candle-nn-0.11.0/src/embedding.rs",
+                30,
+                false,
+            ),
+            (
+                Some("train_gpt::model::Gpt::forward"),
+                "src/model.rs",
+                190,
+                false,
+            ),
+        ],
+        Some("randn") => {
+            outer = vec![(Some("train_gpt::main"), "src/main.rs", 31, false)];
+            vec![
+                (
+                    Some("candle_core::cpu_backend::CpuDevice::rand_normal"),
+                    "candle-core-0.11.0/src/cpu_backend/mod.rs",
+                    2900,
+                    false,
+                ),
+                (
+                    Some("candle_core::tensor::Tensor::randn"),
+                    "candle-core-0.11.0/src/tensor.rs",
+                    420,
+                    false,
+                ),
+                (
+                    Some("candle_nn::var_builder::VarBuilder::get_with_hints"),
+                    "candle-nn-0.11.0/src/var_builder.rs",
+                    200,
+                    false,
+                ),
+                (
+                    Some("train_gpt::model::Gpt::new"),
+                    "src/model.rs",
+                    170,
+                    false,
+                ),
+            ]
+        }
+        Some(moment @ ("exp_avg" | "exp_avg_sq")) => vec![
+            (
+                Some("candle_core::tensor::Tensor::zeros_like"),
+                "candle-core-0.11.0/src/tensor.rs",
+                380,
+                false,
+            ),
+            (
+                Some("train_gpt::optim::AdamW::state_for"),
+                "src/optim.rs",
+                if moment == "exp_avg" { 58 } else { 59 },
+                true,
+            ),
+            (
+                Some("train_gpt::optim::AdamW::step"),
+                "src/optim.rs",
+                77,
+                false,
+            ),
+        ],
+        Some("mul") => vec![
+            (
+                Some("candle_core::cpu_backend::utils::binary_map"),
+                "candle-core-0.11.0/src/cpu_backend/utils.rs",
+                300,
+                false,
+            ),
+            (
+                Some("candle_core::tensor::Tensor::broadcast_mul"),
+                "candle-core-0.11.0/src/tensor.rs",
+                700,
+                false,
+            ),
+            (
+                Some("train_gpt::optim::AdamW::step"),
+                "src/optim.rs",
+                84,
+                false,
+            ),
+        ],
+        Some(_) => {
+            let mut v = MATMUL.to_vec();
+            v.push((
+                Some("candle_core::backprop::<impl candle_core::tensor::Tensor>::backward"),
+                "candle-core-0.11.0/src/backprop.rs",
+                300,
+                false,
+            ));
+            v
+        }
+        None => {
+            // The data loader's thread, through a C library with no symbols.
+            frames = vec![(
+                Some("<u8 as alloc::vec::spec_from_elem::SpecFromElem>::from_elem"),
+                "/rustc/17067e9ac6d7e98f18d4d9d4fd7a2b9f3e1c0a55/library/alloc/src/vec/spec_from_elem.rs",
+                52,
+                false,
+            )];
+            outer = vec![
+                (
+                    Some("std::sys::backtrace::__rust_begin_short_backtrace"),
+                    "",
+                    0,
+                    false,
+                ),
+                (
+                    Some("std::sys::pal::unix::thread::Thread::new::thread_start"),
+                    "",
+                    0,
+                    false,
+                ),
+                (Some("start_thread"), "", 0, false),
+                (None, "", 0, false),
+            ];
+            vec![
+                (None, "", 0, false),
+                (
+                    Some("train_gpt::data::Loader::next_batch"),
+                    "src/data.rs",
+                    77,
+                    false,
+                ),
+                (
+                    Some("train_gpt::data::Loader::run"),
+                    "src/data.rs",
+                    40,
+                    false,
+                ),
+            ]
+        }
+    };
+    frames.extend(middle);
+    frames.extend(outer);
+    if op.is_some() {
+        frames.extend(RUNTIME);
+    }
+    frames
+}
+
+/// A made-up but stable program counter for a function and line, in the program's text.
+fn pc_of(function: Option<&str>, line: u32) -> u64 {
+    let hash = function
+        .unwrap_or("?")
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+        });
+    0x5555_5540_0000 + (hash ^ u64::from(line)) % 0x40_0000
+}
+
+/// The frames of `specs`: inlined frames take the program counter of the frame they were
+/// inlined into; registry paths are written out in full, as symbolisation finds them.
+fn frames_of(specs: &[FrameSpec]) -> Vec<Frame> {
+    let mut frames: Vec<Frame> = specs
+        .iter()
+        .map(|&(function, file, line, inlined)| Frame {
+            pc: pc_of(function, line),
+            function: function.map(String::from),
+            file: (!file.is_empty()).then(|| {
+                if file.starts_with("candle-") {
+                    format!("{REGISTRY}/{file}")
+                } else if file.starts_with("src/") {
+                    format!("/work/train_gpt/{file}")
+                } else {
+                    file.to_string()
+                }
+            }),
+            line: (line > 0).then_some(line),
+            inlined,
+        })
+        .collect();
+    for i in (0..frames.len().saturating_sub(1)).rev() {
+        if frames[i].inlined {
+            frames[i].pc = frames[i + 1].pc;
+        }
+    }
+    frames
+}
+
+/// Standard error of the estimated bytes of `count` allocations of `bytes` in all, each
+/// sampled with probability `1 - e^(-s/R)` and weighted by its inverse.
+fn standard_error(bytes: u64, count: u64) -> u64 {
+    if count == 0 {
+        return 0;
+    }
+    let size = bytes as f64 / count as f64;
+    let p = 1.0 - (-size / SAMPLE_BYTES as f64).exp();
+    (count as f64 * size * size * (1.0 - p) / p).sqrt().round() as u64
+}
+
+/// Expected samples among `count` allocations of `bytes` in all.
+fn expected_samples(bytes: u64, count: u64) -> u64 {
+    if count == 0 {
+        return 0;
+    }
+    let size = bytes as f64 / count as f64;
+    (count as f64 * (1.0 - (-size / SAMPLE_BYTES as f64).exp())).round() as u64
+}
+
+/// Call sites behind the live-at-peak `rows` (one site per op), plus the AdamW update's
+/// temporaries, which are all freed before the peak; links each row to its site.
+fn call_sites(rows: &mut [PeakRow], spans: &[SpanMetrics]) -> (Vec<CallSite>, SiteSampling) {
+    let tree = Profile {
+        spans: spans.to_vec(),
+        ..Profile::default()
+    };
+    let paths = tree.span_paths();
+    // A row's span: its path's deepest node in the tree (`init/layer3` is counted in `init`).
+    let span_of = |path: &str| -> Option<u32> {
+        let mut path = path;
+        loop {
+            if path.is_empty() {
+                return None;
+            }
+            if let Some(id) = paths.iter().position(|p| p == path) {
+                return Some(id as u32);
+            }
+            path = path.rsplit_once('/').map_or("", |(head, _)| head);
+        }
+    };
+    let unlisted_peak = 3 * MIB;
+    let mut sites: Vec<(Option<String>, CallSite)> = Vec::new();
+    for row in rows.iter() {
+        let (mut peak, mut count) = (row.bytes, row.count);
+        if row.op.is_none() {
+            // Small blocks, sampled now and then: part of them in sites not listed.
+            peak -= unlisted_peak;
+            count -= 12;
+        }
+        let runs = match row.category {
+            Category::Parameter | Category::Optimizer => 1,
+            Category::Other => 20,
+            _ => ITERATIONS,
+        };
+        let site = match sites.iter_mut().find(|(op, _)| *op == row.op) {
+            Some((_, site)) => site,
+            None => {
+                let frames = frames_of(&stack_of(row.op.as_deref()));
+                sites.push((
+                    row.op.clone(),
+                    CallSite {
+                        frames,
+                        ..CallSite::default()
+                    },
+                ));
+                &mut sites.last_mut().unwrap().1
+            }
+        };
+        let span = span_of(&row.span_path);
+        let share = SiteShare {
+            span,
+            op: row.op.clone(),
+            category: row.category,
+            peak_bytes: peak,
+            peak_count: count,
+            peak_temporary_bytes: 0,
+            alloc_bytes: peak * runs,
+            alloc_count: count * runs,
+        };
+        match site
+            .shares
+            .iter_mut()
+            .find(|s| (s.span, &s.op, s.category) == (span, &share.op, share.category))
+        {
+            Some(existing) => {
+                existing.peak_bytes += share.peak_bytes;
+                existing.peak_count += share.peak_count;
+                existing.alloc_bytes += share.alloc_bytes;
+                existing.alloc_count += share.alloc_count;
+            }
+            None => site.shares.push(share),
+        }
+        site.peak_bytes += peak;
+        site.peak_count += count;
+        site.peak_bytes_error =
+            (site.peak_bytes_error.pow(2) + standard_error(peak, count).pow(2)).isqrt();
+    }
+    // The attention matmul also runs in the backward pass (recomputed), all freed by the
+    // peak: seven listed backward shares and the eighth folded into the remainder.
+    if let Some((_, site)) = sites
+        .iter_mut()
+        .find(|(op, _)| op.as_deref() == Some("matmul"))
+    {
+        let bytes = site.peak_bytes / 8;
+        for layer in 0..LAYERS {
+            let share = SiteShare {
+                span: span_of(&format!("step/backward/layer{layer}")),
+                op: Some("matmul".to_string()),
+                category: Category::Activation,
+                peak_bytes: 0,
+                peak_count: 0,
+                peak_temporary_bytes: 0,
+                alloc_bytes: bytes * ITERATIONS,
+                alloc_count: 2 * ITERATIONS,
+            };
+            if layer + 1 < LAYERS {
+                site.shares.push(share);
+            } else {
+                site.shares.push(SiteShare {
+                    span: None,
+                    op: None,
+                    category: Category::Other,
+                    ..share
+                });
+            }
+        }
+    }
+    // AdamW's update temporaries: allocated every step, none live at the peak.
+    let update = 3 * GIB / 10;
+    sites.push((
+        Some("mul".to_string()),
+        CallSite {
+            frames: frames_of(&stack_of(Some("mul"))),
+            shares: vec![SiteShare {
+                span: span_of("step/optimizer/adam"),
+                op: Some("mul".to_string()),
+                category: Category::Optimizer,
+                peak_bytes: 0,
+                peak_count: 0,
+                peak_temporary_bytes: 0,
+                alloc_bytes: update * ITERATIONS,
+                alloc_count: 36 * ITERATIONS,
+            }],
+            ..CallSite::default()
+        },
+    ));
+    let mut sites: Vec<CallSite> = sites.into_iter().map(|(_, site)| site).collect();
+    for site in &mut sites {
+        site.alloc_bytes = site.shares.iter().map(|s| s.alloc_bytes).sum();
+        site.alloc_count = site.shares.iter().map(|s| s.alloc_count).sum();
+        site.alloc_bytes_error = standard_error(site.alloc_bytes, site.alloc_count);
+        site.samples = expected_samples(site.alloc_bytes, site.alloc_count);
+        site.shares.sort_by_key(|s| std::cmp::Reverse(s.peak_bytes));
+    }
+    sites.sort_by_key(|s| std::cmp::Reverse(s.peak_bytes));
+    for (id, site) in sites.iter_mut().enumerate() {
+        site.id = id as u32;
+    }
+    for row in rows.iter_mut() {
+        let stack = frames_of(&stack_of(row.op.as_deref()));
+        if let Some(site) = sites.iter().find(|s| s.frames == stack) {
+            row.top_sites = vec![site.id];
+        }
+    }
+    let sampling = SiteSampling {
+        mean_bytes: SAMPLE_BYTES,
+        unwinder: "frame-pointers".to_string(),
+        samples: sites.iter().map(|s| s.samples).sum::<u64>() + 140,
+        truncated_stacks: 3,
+        stacks_without_hook: 0,
+        max_depth: sites
+            .iter()
+            .map(|s| s.frames.len() as u32)
+            .max()
+            .unwrap_or(0),
+        distinct_sites: sites.len() as u64 + 37,
+        unlisted_peak_bytes: unlisted_peak,
+        unlisted_alloc_bytes: 20 * unlisted_peak,
+        symbolize_ns: 48_000_000,
+    };
+    (sites, sampling)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_is_coherent() {
+        let p = sample_profile();
+        assert_eq!(p.summary.peak_device, "cuda:0");
+        let at_peak = p
+            .timeline
+            .iter()
+            .find(|t| t.timestamp_ns == p.summary.peak_timestamp_ns && t.device == "cuda:0")
+            .unwrap();
+        assert_eq!(at_peak.live_bytes, p.summary.peak_bytes);
+        let rows: u64 = p.peak_breakdown.iter().map(|r| r.bytes).sum();
+        assert_eq!(rows, p.summary.peak_bytes);
+        assert!(p.timeline.len() >= 900);
+        let categories: std::collections::BTreeSet<_> = p
+            .timeline
+            .iter()
+            .flat_map(|t| t.by_category.keys())
+            .collect();
+        assert_eq!(categories.len(), 5);
+        assert!(p.spans.iter().all(|s| s.parent.is_none_or(|x| x < s.id)));
+        // The sites and the unlisted rest account for the peak; every row names its site.
+        let sites: u64 = p.sites.iter().map(|s| s.peak_bytes).sum();
+        assert_eq!(sites + p.sampling.unlisted_peak_bytes, p.summary.peak_bytes);
+        assert!(p.peak_breakdown.iter().all(|r| r.top_sites.len() == 1));
+        assert!(p.sites.iter().enumerate().all(|(i, s)| s.id as usize == i));
+        assert!(p
+            .sites
+            .windows(2)
+            .all(|w| w[0].peak_bytes >= w[1].peak_bytes));
+        for site in &p.sites {
+            assert!(site.shares.len() <= highwater_profile::MAX_SITE_SHARES);
+            let shares: u64 = site.shares.iter().map(|s| s.peak_bytes).sum();
+            assert_eq!(shares, site.peak_bytes);
+        }
+        assert!(p
+            .sites
+            .iter()
+            .any(|s| s.shares.len() == highwater_profile::MAX_SITE_SHARES));
+    }
+}
