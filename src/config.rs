@@ -20,6 +20,7 @@
 //! | `HIGHWATER_SIGNALS` | on/off | [`write_on_signal`](crate::SessionBuilder::write_on_signal) | off |
 //! | `HIGHWATER_CHECKPOINT` | seconds between checkpoints (`10`, `0.5`), 0.001 to 86400; `0` for none | [`checkpoint_every`](crate::SessionBuilder::checkpoint_every) | 10 |
 //! | `HIGHWATER_SAMPLE_BYTES` | bytes: `0` off, `1` every allocation | [`sample_bytes`](crate::SessionBuilder::sample_bytes) | 524288 |
+//! | `HIGHWATER_CUDA` | on/off | [`cuda`](crate::SessionBuilder::cuda) | on (with the `cuda` feature) |
 //!
 //! Paths are kept as the operating system gave them ([`OsString`]), so a non-UTF-8 name is
 //! written under exactly that name.
@@ -47,6 +48,7 @@ pub(crate) struct Requested {
     pub(crate) alloc_log: Option<PathBuf>,
     pub(crate) checkpoint_every: Option<Duration>,
     pub(crate) sample_bytes: Option<u64>,
+    pub(crate) cuda: Option<bool>,
 }
 
 /// What the `HIGHWATER_*` environment variables say; `None` where a variable is unset.
@@ -63,6 +65,7 @@ pub(crate) struct EnvConfig {
     /// `Some(None)`: the variable turns checkpoints off.
     pub(crate) checkpoint: Option<Option<Duration>>,
     pub(crate) sample_bytes: Option<u64>,
+    pub(crate) cuda: Option<bool>,
 }
 
 /// The settings a session runs with, after [precedence](self#precedence).
@@ -81,6 +84,8 @@ pub(crate) struct Settings {
     pub(crate) checkpoint_every: Option<Duration>,
     /// Mean bytes between call-site samples (`0`: off, `1`: every allocation).
     pub(crate) sample_bytes: u64,
+    /// Whether CUDA device memory is recorded (with the `cuda` feature).
+    pub(crate) cuda: bool,
 }
 
 impl Settings {
@@ -123,6 +128,7 @@ impl Settings {
                 &requested.sample_bytes,
                 DEFAULT_SAMPLE_BYTES,
             ),
+            cuda: pick(&env.cuda, &requested.cuda, true),
         }
     }
 }
@@ -236,6 +242,7 @@ impl EnvConfig {
             ring_events,
             force_monotonic,
             signals: switch("HIGHWATER_SIGNALS")?,
+            cuda: switch("HIGHWATER_CUDA")?,
         })
     }
 }
@@ -307,6 +314,7 @@ mod tests {
             alloc_log: Some("code.alloc".into()),
             checkpoint_every: Some(Duration::from_secs(3)),
             sample_bytes: Some(4096),
+            cuda: Some(true),
         };
         let env = parse(&[
             ("HIGHWATER_OUT", "env.json"),
@@ -317,9 +325,11 @@ mod tests {
             ("HIGHWATER_CAPTURE", "drop"),
             ("HIGHWATER_CHECKPOINT", "7"),
             ("HIGHWATER_SAMPLE_BYTES", "0"),
+            ("HIGHWATER_CUDA", "off"),
         ])
         .unwrap();
         let settings = Settings::resolve(&requested, &env);
+        assert!(!settings.cuda);
         assert_eq!(settings.output, PathBuf::from("env.json"));
         assert_eq!(settings.ring_events, 2048);
         assert!(settings.signals);

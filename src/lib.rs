@@ -82,6 +82,8 @@ mod checkpoint;
 mod collector;
 #[cfg(not(loom))]
 mod config;
+#[cfg(all(feature = "cuda", not(loom)))]
+mod cuda;
 #[cfg(not(loom))]
 mod error;
 #[cfg(not(loom))]

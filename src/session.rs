@@ -93,6 +93,7 @@ struct Running {
 /// | `HIGHWATER_SIGNALS` | `on`, `off` (also `1`/`0`, …) | [`SessionBuilder::write_on_signal`] | off |
 /// | `HIGHWATER_CHECKPOINT` | seconds (`10`, `0.5`); `0` for none | [`SessionBuilder::checkpoint_every`] | 10 s |
 /// | `HIGHWATER_SAMPLE_BYTES` | bytes: `0` off, `1` every allocation | [`SessionBuilder::sample_bytes`] | 524288 (512 KiB) |
+/// | `HIGHWATER_CUDA` | `on`, `off` (also `1`/`0`, …) | [`SessionBuilder::cuda`] | on (with the `cuda` feature) |
 ///
 /// # Examples
 ///
@@ -226,6 +227,15 @@ impl SessionBuilder {
         self
     }
 
+    /// Whether CUDA device memory is recorded (default on; `$HIGHWATER_CUDA` overrides). Takes
+    /// effect with the `cuda` feature: the session then subscribes to CUPTI's memory callbacks
+    /// when a CUDA driver and CUPTI load, and the profile says why if they do not. Without the
+    /// feature no device memory is recorded either way.
+    pub fn cuda(mut self, on: bool) -> SessionBuilder {
+        self.requested.cuda = Some(on);
+        self
+    }
+
     /// Analysis settings (timeline resolution, table sizes).
     pub fn timeline(mut self, config: TimelineConfig) -> SessionBuilder {
         self.timeline = config;
@@ -314,6 +324,7 @@ impl SessionBuilder {
             partial: false,
             checkpoint_unix_ms: None,
         };
+        let warnings = device_capture(settings.cuda).into_iter().collect();
         let (collector, control) = collector::spawn(CollectorConfig {
             calibration,
             interval: Duration::from_millis(2),
@@ -321,6 +332,7 @@ impl SessionBuilder {
             timeline: self.timeline,
             sample_bytes: settings.sample_bytes,
             alloc_log: settings.alloc_log.clone(),
+            warnings,
             // Even with periodic checkpoints off, a refused allocation writes one.
             checkpoint: settings.write.then(|| CheckpointConfig {
                 every: settings.checkpoint_every,
@@ -329,6 +341,7 @@ impl SessionBuilder {
             }),
         })
         .map_err(|error| {
+            stop_device_capture();
             capture::collector_stopped();
             disarm_signals();
             Error::Spawn(error)
@@ -618,6 +631,7 @@ fn record_pool_refusal(shortfalls: &[crate::device::Shortfall]) {
 fn finish_running(running: Running) -> Result<Profile, Error> {
     CURRENT.store(0, Ordering::SeqCst);
     crate::device::clear_pool_sink();
+    stop_device_capture();
     let (reply, profile) = crossbeam_channel::bounded(1);
     let sent = running.control.send(Control::Stop(reply)).is_ok();
     wake::ring_collector();
@@ -647,6 +661,39 @@ fn finish_running(running: Running) -> Result<Profile, Error> {
     // After the write, so a signal during it still waits for the profile.
     disarm_signals();
     written
+}
+
+/// Starts recording CUDA device memory when asked to and built with the `cuda` feature; the
+/// warning every profile of the session then carries if it could not.
+fn device_capture(on: bool) -> Option<Warning> {
+    let not_recorded = |reason, detail| Warning::DeviceMemoryNotRecorded {
+        api: "cuda".to_string(),
+        reason,
+        detail,
+    };
+    #[cfg(feature = "cuda")]
+    {
+        if !on {
+            return Some(not_recorded(
+                crate::profile::NotRecordedReason::Disabled,
+                String::new(),
+            ));
+        }
+        crate::cuda::start()
+            .err()
+            .map(|(reason, detail)| not_recorded(reason, detail))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (on, not_recorded);
+        None
+    }
+}
+
+/// Gives back the CUDA subscription, if the session holds one.
+fn stop_device_capture() {
+    #[cfg(feature = "cuda")]
+    crate::cuda::stop();
 }
 
 /// Writes the profile and, when asked, the HTML report beside it. A profile that cannot be

@@ -391,8 +391,10 @@ impl Model {
             EventKind::PoolState { .. }
             | EventKind::Sampled { .. }
             | EventKind::ReallocRelease { .. } => {}
-            // A refusal changes no byte figure; its own figures are unit-tested in the timeline.
-            EventKind::Oom { .. } => {}
+            // A refusal changes no byte figure, nor does what a driver's pool holds or what a
+            // device held before recording; their own figures are unit-tested in the timeline.
+            EventKind::Oom { .. } | EventKind::Reserved { .. } | EventKind::DeviceMemory { .. } => {
+            }
         }
         // Peaks and the span measure, after the event.
         for (&device, &live) in &self.device_live {

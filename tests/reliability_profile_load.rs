@@ -14,7 +14,8 @@ use std::path::Path;
 use highwater::profile::model::OomSource;
 use highwater::profile::{
     CaptureStats, DeviceStats, IterationResidual, LiveAllocation, OomEvent, PeakRow, PoolPoint,
-    ProfileError, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture, TimelinePoint, Warning,
+    ProfileError, ReservedPoint, RunMeta, SpanEvent, SpanMetrics, Summary, ThreadCapture,
+    TimelinePoint, Warning,
 };
 use highwater::{CaptureMode, Category, Profile};
 use proptest::prelude::*;
@@ -128,6 +129,9 @@ fn rich_profile() -> Profile {
             final_live_bytes: 0,
             peak_reserved_bytes: Some(4 << 20),
             max_fragmentation: Some(0.25),
+            reserved_peak_bytes: Some(6 << 20),
+            reserved_final_bytes: Some(2 << 20),
+            context_bytes: Some(500 << 20),
         }],
         pool_timeline: vec![PoolPoint {
             timestamp_ns: 1_000,
@@ -136,6 +140,11 @@ fn rich_profile() -> Profile {
             reserved_bytes: 4 << 20,
             largest_free_bytes: 1 << 30,
             fragmentation: 0.5,
+        }],
+        reserved_timeline: vec![ReservedPoint {
+            timestamp_ns: 1_200,
+            device: "cuda:0".into(),
+            reserved_bytes: 6 << 20,
         }],
         capture: CaptureStats {
             mode: CaptureMode::DropWhenFull,

@@ -10,7 +10,7 @@ use std::cell::Cell;
 use std::sync::atomic::{compiler_fence, AtomicU64, AtomicUsize};
 
 use super::gate::{self, Sound, GATE_EPOCH, RECORDING};
-use super::raw::{PoolReport, RawEvent, RawKind};
+use super::raw::{DeviceMemoryKind, PoolReport, RawEvent, RawKind};
 use super::registry::REGISTRY;
 use super::ring::{Pushed, Ring, SoundPark, WhenFull};
 use super::sample;
@@ -871,6 +871,35 @@ pub(crate) fn record_device_alloc(device: u16, tensor: u64, bytes: u64, category
             category,
             tensor,
             bytes,
+        )]
+    });
+}
+
+/// Records a device block of `bytes` at `key` becoming live, in the category the thread's
+/// open spans give it (as a heap allocation's): what a device driver's allocation is.
+pub(crate) fn record_device_alloc_in_scope(device: u16, key: u64, bytes: u64) {
+    emit([RawKind::DeviceAlloc], |current, ticks| {
+        [RawEvent::device_alloc(
+            ticks,
+            current.span,
+            device,
+            current.scope.category(),
+            key,
+            bytes,
+        )]
+    });
+}
+
+/// Records a device event with two plain words (see [`DeviceMemoryKind`]).
+pub(crate) fn record_device_memory(kind: DeviceMemoryKind, device: u16, a: u64, b: u64) {
+    emit([kind.raw_kind()], |current, ticks| {
+        [RawEvent::device_memory(
+            kind,
+            ticks,
+            current.span,
+            device,
+            a,
+            b,
         )]
     });
 }

@@ -20,7 +20,10 @@ use crate::analysis::{
     At, DeviceId, Event, EventKind, NameId, Realloc, ShapeId, Timeline, TimelineConfig,
 };
 use crate::capture::clock::Calibration;
-use crate::capture::raw::{Decoded, Decoder, Plain, RawEvent, RawKind, ReallocRelease, Record};
+use crate::capture::raw::{
+    Decoded, Decoder, DeviceMemoryKind, Plain, RawEvent, RawKind, ReallocRelease, Record,
+    PHYSICAL_KEY,
+};
 use crate::capture::registry::{SlotState, REGISTRY};
 use crate::capture::{self, gate, names, oom, wake, UNATTRIBUTED_DROPS};
 use crate::checkpoint::{CheckpointConfig, Checkpointer};
@@ -29,6 +32,7 @@ use crate::profile::{CaptureMode, CaptureStats, Profile, ThreadCapture, Warning}
 use merge::{Merge, Stamp};
 
 mod merge;
+mod vmm;
 
 /// What the session asks of the collector.
 #[derive(Debug)]
@@ -54,6 +58,8 @@ pub(crate) struct CollectorConfig {
     pub(crate) alloc_log: Option<PathBuf>,
     /// Mean bytes between call-site samples (`0`: off), to weigh the samples.
     pub(crate) sample_bytes: u64,
+    /// What every profile of the session says from the start (device memory not recorded).
+    pub(crate) warnings: Vec<Warning>,
     /// Checkpoints to write while recording, if any.
     pub(crate) checkpoint: Option<CheckpointConfig>,
 }
@@ -143,6 +149,7 @@ fn next_sleep(last: Duration, interval: Duration, most_drained: u64) -> Duration
 pub(crate) fn spawn(config: CollectorConfig) -> std::io::Result<(JoinHandle<()>, Sender<Control>)> {
     let (control, requests) = crossbeam_channel::unbounded();
     let mut merger = Merger::new(config.calibration, config.timeline.clone());
+    merger.warnings = config.warnings.clone();
     merger
         .timeline
         .set_sampling(config.sample_bytes, capture::stack::UNWINDER);
@@ -326,6 +333,10 @@ struct Merger {
     device_names: Vec<String>,
     /// The allocation log, when the session asked for one.
     log: Option<AllocLogWriter>,
+    /// What every profile says from the start ([`CollectorConfig::warnings`]).
+    warnings: Vec<Warning>,
+    /// Virtual-memory mappings per device, which say when physical memory is freed.
+    vmm: HashMap<DeviceId, vmm::VmmLedger>,
     threads: Vec<ThreadCapture>,
     /// Newest timestamp merged, for `duration_ns`.
     newest_ns: u64,
@@ -363,6 +374,8 @@ impl Merger {
             interned_devices: HashMap::new(),
             device_names: vec!["cpu".to_string()],
             log: None,
+            warnings: Vec::new(),
+            vmm: HashMap::new(),
             threads: Vec::new(),
             newest_ns: 0,
             most_drained: 0,
@@ -644,6 +657,7 @@ impl Merger {
     /// merge handed out any event late.
     fn with_capture(&self, mut profile: Profile, capture: CaptureStats) -> Profile {
         profile.capture = capture;
+        profile.warnings.extend(self.warnings.iter().cloned());
         let events = self.merge.late();
         if events > 0 {
             profile.warnings.push(Warning::LateEvents { events });
@@ -844,6 +858,10 @@ impl Merger {
                 requested,
                 largest_free,
             },
+            Record::DeviceMemory { kind, device, a, b } => {
+                let device = self.device(device);
+                return self.apply_device_memory(ts_ns, thread, span, kind, device, (a, b));
+            }
         };
         let event = Event {
             ts_ns,
@@ -851,12 +869,72 @@ impl Merger {
             span,
             kind,
         };
-        self.timeline.apply(&event);
-        if let Some(log) = self.log.as_mut() {
-            log_event(log, &self.device_names, &event);
-        }
+        self.apply_event(&event);
         if sampled {
             self.apply_sample(index, &event);
+        }
+    }
+
+    /// Applies `event` to the timeline and the allocation log.
+    fn apply_event(&mut self, event: &Event) {
+        self.timeline.apply(event);
+        if let Some(log) = self.log.as_mut() {
+            log_event(log, &self.device_names, event);
+        }
+    }
+
+    /// Applies a device event with two plain words: a driver's pool figure, the device's
+    /// memory before recording, or a step of a virtual-memory mapping, whose ledger says
+    /// which physical allocations (keyed by handle, see [`PHYSICAL_KEY`]) it frees.
+    fn apply_device_memory(
+        &mut self,
+        ts_ns: u64,
+        thread: u32,
+        span: u32,
+        kind: DeviceMemoryKind,
+        device: DeviceId,
+        (a, b): (u64, u64),
+    ) {
+        let event = |kind| Event {
+            ts_ns,
+            thread,
+            span,
+            kind,
+        };
+        let freed = |handle: u64| {
+            event(EventKind::Free {
+                device,
+                addr: handle | PHYSICAL_KEY,
+                size: 0,
+            })
+        };
+        let ledger = self.vmm.entry(device).or_default();
+        let events = match kind {
+            DeviceMemoryKind::Reserved => vec![event(EventKind::Reserved { device, bytes: a })],
+            DeviceMemoryKind::Memory => vec![event(EventKind::DeviceMemory {
+                device,
+                in_use: a,
+                total: b,
+            })],
+            DeviceMemoryKind::Map => {
+                ledger.map(a, b);
+                Vec::new()
+            }
+            DeviceMemoryKind::Unmap => {
+                let mut ended = Vec::new();
+                ledger.unmap(a, b, |handle| ended.push(freed(handle)));
+                ended
+            }
+            DeviceMemoryKind::Release => {
+                if ledger.release(a) {
+                    vec![freed(a)]
+                } else {
+                    Vec::new()
+                }
+            }
+        };
+        for event in &events {
+            self.apply_event(event);
         }
     }
 

@@ -441,6 +441,7 @@ fn oom_facts(oom: &OomEvent) -> Vec<String> {
     let source = match oom.source {
         OomSource::Heap => "the heap allocator",
         OomSource::Pool => "the device pool",
+        OomSource::Driver => "the device driver",
     };
     let mut facts = vec![
         format!(

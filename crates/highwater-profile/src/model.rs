@@ -259,6 +259,8 @@ pub enum OomSource {
     Heap,
     /// A [`PoolManager`](https://docs.rs/highwater) refused an admission.
     Pool,
+    /// The device's driver refused a memory call (CUDA's `CUDA_ERROR_OUT_OF_MEMORY`).
+    Driver,
 }
 
 impl OomSource {
@@ -266,6 +268,7 @@ impl OomSource {
     pub const fn from_byte(byte: u8) -> OomSource {
         match byte {
             1 => OomSource::Pool,
+            2 => OomSource::Driver,
             _ => OomSource::Heap,
         }
     }

@@ -21,7 +21,7 @@ mod warning;
 
 pub use sites::{CallSite, Frame, SiteSampling, SiteShare, MAX_CALL_SITES, MAX_SITE_SHARES};
 pub use tree::{span_tree, TreeRow};
-pub use warning::Warning;
+pub use warning::{NotRecordedReason, Warning};
 
 /// The value of [`Profile::schema`] this version writes and reads.
 ///
@@ -87,6 +87,10 @@ pub struct Profile {
     /// Device pool state over time (empty when no pool reported).
     #[serde(default)]
     pub pool_timeline: Vec<PoolPoint>,
+    /// Bytes held by device drivers' memory pools over time, per device, downsampled with the
+    /// extremes and the last point kept (empty when no driver was recorded).
+    #[serde(default)]
+    pub reserved_timeline: Vec<ReservedPoint>,
     /// How capture went: events per thread and what was dropped.
     #[serde(default)]
     pub capture: CaptureStats,
@@ -387,7 +391,8 @@ pub struct IterationResidual {
 pub struct DeviceStats {
     /// Device name (`cpu`, `cuda:0`, `tpu:3`).
     pub device: String,
-    /// Usable bytes, when a pool reported it.
+    /// Usable bytes: a pool's capacity when a pool reported it, else the device's total memory
+    /// when its driver was recorded.
     pub capacity_bytes: Option<u64>,
     /// Highest live bytes.
     pub peak_bytes: u64,
@@ -405,6 +410,29 @@ pub struct DeviceStats {
     pub peak_reserved_bytes: Option<u64>,
     /// Highest pool fragmentation seen, when a pool reported.
     pub max_fragmentation: Option<f64>,
+    /// Highest bytes the device driver's memory pools held (CUDA's stream-ordered allocation),
+    /// when the driver was recorded: allocated bytes plus what the pools keep for reuse.
+    #[serde(default)]
+    pub reserved_peak_bytes: Option<u64>,
+    /// Bytes the driver's memory pools held when the session ended.
+    #[serde(default)]
+    pub reserved_final_bytes: Option<u64>,
+    /// Device memory already in use when recording first saw the device, before its first
+    /// recorded allocation: the context's fixed overhead (and any other process's memory on
+    /// the device). Allocated + reserved slack + this is what `nvidia-smi` shows.
+    #[serde(default)]
+    pub context_bytes: Option<u64>,
+}
+
+/// What a device driver's memory pools held at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReservedPoint {
+    /// ns since the session started.
+    pub timestamp_ns: u64,
+    /// Device name.
+    pub device: String,
+    /// Bytes the pools held.
+    pub reserved_bytes: u64,
 }
 
 /// A device pool's state at one moment.

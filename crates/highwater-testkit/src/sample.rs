@@ -320,6 +320,7 @@ pub fn sample_profile() -> Profile {
         iterations,
         devices,
         pool_timeline,
+        reserved_timeline: Vec::new(),
         warnings: vec![Warning::GrowingResidual {
             span: "step".into(),
             window: ITERATIONS - 1,

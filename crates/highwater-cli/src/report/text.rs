@@ -279,6 +279,7 @@ pub(crate) fn oom_line(oom: &OomEvent) -> String {
     let source = match oom.source {
         OomSource::Heap => "the heap allocator",
         OomSource::Pool => "the device pool",
+        OomSource::Driver => "the device driver",
     };
     let mut line = format!(
         "at {}: {} refused {} on {}",

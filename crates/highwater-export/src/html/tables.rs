@@ -330,6 +330,7 @@ pub(super) fn oom_section(out: &mut String, profile: &Profile) {
             match oom.source {
                 highwater_profile::model::OomSource::Heap => "heap allocator",
                 highwater_profile::model::OomSource::Pool => "device pool",
+                highwater_profile::model::OomSource::Driver => "device driver",
             },
         );
         text_cell(out, &oom.device);

@@ -177,8 +177,28 @@ pub enum EventKind {
         /// `1 - largest free block / free bytes` (0 when nothing is free).
         fragmentation: f64,
     },
-    /// An allocation on this thread was refused: the heap allocator returned null, or a
-    /// device pool refused an admission.
+    /// The device driver's memory pools hold `bytes` now (CUDA's stream-ordered allocator keeps
+    /// freed blocks for reuse, so it holds more than the live buffers).
+    Reserved {
+        /// The device.
+        device: DeviceId,
+        /// Bytes the pools hold.
+        bytes: u64,
+    },
+    /// What the device already used when recording first saw it, before its first recorded
+    /// allocation (the context's fixed overhead, and any other process's memory), and its
+    /// total memory, as the driver reported them. Counted once per device; later reports are
+    /// ignored.
+    DeviceMemory {
+        /// The device.
+        device: DeviceId,
+        /// Bytes in use on the device then.
+        in_use: u64,
+        /// The device's total memory.
+        total: u64,
+    },
+    /// An allocation on this thread was refused: the heap allocator returned null, a device
+    /// pool refused an admission, or a device driver ran out of memory.
     Oom {
         /// The device it was asked of.
         device: DeviceId,

@@ -12,6 +12,42 @@ use serde::{Deserialize, Deserializer, Serialize};
 use super::CaptureMode;
 use crate::units::format_bytes_delta;
 
+/// Why a session did not record device memory ([`Warning::DeviceMemoryNotRecorded`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum NotRecordedReason {
+    /// Turned off (`HIGHWATER_CUDA=off`).
+    Disabled,
+    /// No driver library could be loaded.
+    NoDriver,
+    /// The driver's profiling library (CUPTI) could not be loaded.
+    NoProfilingLibrary,
+    /// The driver loaded but found no device (or could not start).
+    NoDevice,
+    /// Another profiler holds the profiling interface, which allows one subscriber only.
+    ProfilerAttached,
+    /// The profiling interface refused for another reason.
+    Refused,
+}
+
+impl fmt::Display for NotRecordedReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NotRecordedReason::Disabled => "turned off (HIGHWATER_CUDA=off)",
+            NotRecordedReason::NoDriver => "no driver library could be loaded",
+            NotRecordedReason::NoProfilingLibrary => {
+                "the profiling library (CUPTI, libcupti.so) could not be loaded"
+            }
+            NotRecordedReason::NoDevice => "the driver found no device",
+            NotRecordedReason::ProfilerAttached => {
+                "another profiler holds CUPTI, which allows one subscriber only"
+            }
+            NotRecordedReason::Refused => "CUPTI refused the subscription",
+        })
+    }
+}
+
 /// What drops do to the figures, the same in both modes.
 const CONSEQUENCE: &str = "a dropped allocation is missing from the figures and a dropped free \
      leaves its block counted as live, so figures can be too low or too high";
@@ -161,6 +197,18 @@ pub enum Warning {
         /// Events merged late.
         events: u64,
     },
+    /// The session was built to record a device's memory through its driver's profiling
+    /// interface (the `cuda` feature) but could not: device memory is missing from every
+    /// figure.
+    DeviceMemoryNotRecorded {
+        /// The interface (`"cuda"`).
+        api: String,
+        /// Why.
+        reason: NotRecordedReason,
+        /// What the system said, when it said something (a library's error, an error code).
+        #[serde(default)]
+        detail: String,
+    },
     /// A warning from a profile written before warnings were typed: its sentence, as written.
     Note {
         /// The sentence.
@@ -185,6 +233,7 @@ impl Warning {
             Warning::OutOfMemory { .. } => "out_of_memory",
             Warning::StacksWithoutHook { .. } => "stacks_without_hook",
             Warning::LateEvents { .. } => "late_events",
+            Warning::DeviceMemoryNotRecorded { .. } => "device_memory_not_recorded",
             Warning::Note { .. } => "note",
         }
     }
@@ -319,6 +368,18 @@ impl fmt::Display for Warning {
                  later than the merge allowed for, as when two cores' clocks disagree): each \
                  counts at its own time, but a peak judged in between may be off by its size"
             ),
+            Warning::DeviceMemoryNotRecorded {
+                api,
+                reason,
+                detail,
+            } => {
+                let api = if api == "cuda" { "CUDA" } else { api };
+                write!(f, "{api} device memory was not recorded: {reason}")?;
+                if !detail.is_empty() {
+                    write!(f, " ({detail})")?;
+                }
+                Ok(())
+            }
             Warning::Note { text } => f.write_str(text),
         }
     }

@@ -8,7 +8,7 @@ use super::super::live::{Freed, LiveEntry, Origin, NONE};
 use super::super::sites::ShareKey;
 use super::super::span_sample::SpanCall;
 use super::super::spans::{Closed, SpanStart};
-use super::peaks::{PoolSample, PoolStats};
+use super::peaks::{DeviceMemory, PoolSample, PoolStats, ReservedSample, ReservedStats};
 use super::Timeline;
 
 /// The innermost-op stack of one thread.
@@ -256,6 +256,31 @@ impl Timeline {
                     largest_free,
                     fragmentation,
                 });
+            }
+            EventKind::Reserved { device, bytes } => {
+                let buckets = self.curve_buckets();
+                let sample = ReservedSample { ts, bytes };
+                let reserved = self
+                    .device(device)
+                    .reserved
+                    .get_or_insert_with(|| ReservedStats {
+                        last: sample,
+                        peak: 0,
+                        curve: Downsampler::new(buckets),
+                    });
+                reserved.last = sample;
+                reserved.peak = reserved.peak.max(bytes);
+                reserved.curve.push(sample);
+            }
+            EventKind::DeviceMemory {
+                device,
+                in_use,
+                total,
+            } => {
+                let state = self.device(device);
+                if state.memory.is_none() {
+                    state.memory = Some(DeviceMemory { in_use, total });
+                }
             }
             EventKind::Oom {
                 device,

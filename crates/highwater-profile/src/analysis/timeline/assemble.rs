@@ -91,6 +91,7 @@ impl Timeline {
             iterations,
             devices: self.device_stats(),
             pool_timeline: self.pool_timeline(),
+            reserved_timeline: self.reserved_timeline(),
             span_events: self.span_events(),
             capture: Default::default(),
             warnings,

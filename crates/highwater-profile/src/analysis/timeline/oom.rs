@@ -50,10 +50,15 @@ impl Timeline {
         let (origin, _) = self.origin(event.thread, event.span);
         let state = self.device(device);
         let (live, by_category) = (state.live, state.by_category);
+        // A driver's refusal reports the device's total and what its pools held instead.
         let pool = state
             .pool
             .as_ref()
-            .map(|pool| (pool.capacity, pool.reserved));
+            .map(|pool| (pool.capacity, pool.reserved))
+            .or_else(|| {
+                let total = state.memory.map(|m| m.total)?;
+                Some((total, state.reserved.as_ref().map_or(0, |r| r.last.bytes)))
+            });
         let record = OomRecord {
             ts: event.ts_ns,
             thread: event.thread,

@@ -2,7 +2,7 @@
 //! curves, the pool figures, and the per-device statistics of the profile.
 
 use crate::model::Category;
-use crate::profile::{DeviceStats, PoolPoint, TimelinePoint};
+use crate::profile::{DeviceStats, PoolPoint, ReservedPoint, TimelinePoint};
 
 use super::super::downsample::{Downsampler, Sample};
 use super::super::event::DeviceId;
@@ -66,6 +66,42 @@ pub(super) struct PoolStats {
     pub(super) curve: Downsampler<PoolSample>,
 }
 
+/// One reading of what a device driver's pools hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ReservedSample {
+    pub(super) ts: u64,
+    pub(super) bytes: u64,
+}
+
+impl Sample for ReservedSample {
+    fn ts(&self) -> u64 {
+        self.ts
+    }
+    /// Slot 0 keeps the most bytes, slot 1 the fewest.
+    fn beats(&self, kept: &Self, slot: usize) -> bool {
+        if slot == 0 {
+            self.bytes > kept.bytes
+        } else {
+            self.bytes < kept.bytes
+        }
+    }
+}
+
+/// What a device driver's pools held.
+#[derive(Debug, Clone)]
+pub(super) struct ReservedStats {
+    pub(super) last: ReservedSample,
+    pub(super) peak: u64,
+    pub(super) curve: Downsampler<ReservedSample>,
+}
+
+/// What the driver said the device held before its first recorded allocation, and its total.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct DeviceMemory {
+    pub(super) in_use: u64,
+    pub(super) total: u64,
+}
+
 /// Everything kept per device.
 #[derive(Debug, Clone)]
 pub(super) struct DeviceState {
@@ -80,6 +116,8 @@ pub(super) struct DeviceState {
     pub(super) peak_by_category: ByCategory,
     pub(super) curve: Downsampler<CurvePoint>,
     pub(super) pool: Option<PoolStats>,
+    pub(super) reserved: Option<ReservedStats>,
+    pub(super) memory: Option<DeviceMemory>,
 }
 
 impl DeviceState {
@@ -95,6 +133,8 @@ impl DeviceState {
             peak_by_category: [0; Category::COUNT],
             curve: Downsampler::new(max_buckets),
             pool: None,
+            reserved: None,
+            memory: None,
         }
     }
 
@@ -249,7 +289,11 @@ impl Timeline {
                 device: self
                     .names
                     .device_str(DeviceId(u16::try_from(index).unwrap_or(u16::MAX))),
-                capacity_bytes: state.pool.as_ref().map(|p| p.capacity),
+                capacity_bytes: state
+                    .pool
+                    .as_ref()
+                    .map(|p| p.capacity)
+                    .or(state.memory.map(|m| m.total)),
                 peak_bytes: state.peak,
                 peak_timestamp_ns: state.peak_ts,
                 peak_by_category: category_map(&state.peak_by_category),
@@ -258,6 +302,9 @@ impl Timeline {
                 final_live_bytes: state.live,
                 peak_reserved_bytes: state.pool.as_ref().map(|p| p.peak_reserved),
                 max_fragmentation: state.pool.as_ref().map(|p| p.max_fragmentation),
+                reserved_peak_bytes: state.reserved.as_ref().map(|r| r.peak),
+                reserved_final_bytes: state.reserved.as_ref().map(|r| r.last.bytes),
+                context_bytes: state.memory.map(|m| m.in_use),
             })
             .collect()
     }
@@ -280,6 +327,30 @@ impl Timeline {
                 reserved_bytes: p.reserved,
                 largest_free_bytes: p.largest_free,
                 fragmentation: p.fragmentation,
+            }));
+        }
+        out
+    }
+
+    /// Each device's driver-pool curve, ending at its last reading.
+    pub(super) fn reserved_timeline(&self) -> Vec<ReservedPoint> {
+        let mut out = Vec::new();
+        for (index, state) in self.devices.iter().enumerate() {
+            let Some(reserved) = &state.reserved else {
+                continue;
+            };
+            let name = self
+                .names
+                .device_str(DeviceId(u16::try_from(index).unwrap_or(u16::MAX)));
+            let mut points: Vec<ReservedSample> = reserved.curve.points().collect();
+            if !points.contains(&reserved.last) {
+                points.push(reserved.last);
+            }
+            points.sort_by_key(|p| p.ts);
+            out.extend(points.into_iter().map(|p| ReservedPoint {
+                timestamp_ns: p.ts,
+                device: name.clone(),
+                reserved_bytes: p.bytes,
             }));
         }
         out
