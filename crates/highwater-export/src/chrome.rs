@@ -218,7 +218,8 @@ pub fn render(profile: &Profile) -> String {
         .iter()
         .map(|d| d.device.as_str())
         .chain(profile.timeline.iter().map(|p| p.device.as_str()))
-        .chain(profile.pool_timeline.iter().map(|p| p.device.as_str()));
+        .chain(profile.pool_timeline.iter().map(|p| p.device.as_str()))
+        .chain(profile.reserved_timeline.iter().map(|p| p.device.as_str()));
     for name in names {
         if !device_pids.contains_key(name) {
             let pid = DEVICE_PID.saturating_add(order.len() as u32);
@@ -288,6 +289,20 @@ pub fn render(profile: &Profile) -> String {
             pid,
             pool.timestamp_ns,
             Args::Fragmentation { fragmentation },
+        ));
+    }
+
+    let mut reserved: Vec<_> = profile.reserved_timeline.iter().collect();
+    reserved.sort_by_key(|p| p.timestamp_ns);
+    for point in reserved {
+        let pid = device_pids[point.device.as_str()];
+        events.push(counter(
+            "driver pools reserved bytes",
+            pid,
+            point.timestamp_ns,
+            Args::Reserved {
+                reserved: point.reserved_bytes,
+            },
         ));
     }
 
@@ -426,6 +441,25 @@ mod tests {
         ] {
             assert!(names.contains(&want), "{want} not in {names:?}");
         }
+    }
+
+    #[test]
+    fn a_driver_s_reserved_bytes_are_a_counter_of_its_device() {
+        let profile = highwater_testkit::sample::sample_profile_with_driver();
+        let trace: Value = serde_json::from_str(&render(&profile)).unwrap();
+        let reserved: Vec<&Value> = events(&trace)
+            .iter()
+            .filter(|e| e["ph"] == "C" && e["name"] == "driver pools reserved bytes")
+            .collect();
+        assert_eq!(reserved.len(), profile.reserved_timeline.len());
+        let last = reserved.last().unwrap();
+        assert_eq!(last["args"]["reserved"], 1u64 << 30);
+        let cuda0 = events(&trace)
+            .iter()
+            .find(|e| e["ph"] == "M" && e["args"]["name"] == "memory cuda:0")
+            .unwrap()["pid"]
+            .clone();
+        assert!(reserved.iter().all(|e| e["pid"] == cuda0));
     }
 
     #[test]

@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 use highwater_profile::model::{Category, Step};
 use highwater_profile::{
     CallSite, CaptureStats, DeviceStats, Frame, IterationResidual, LiveAllocation, PeakRow,
-    PoolPoint, Profile, RunMeta, SiteSampling, SiteShare, SpanEvent, SpanMetrics, Summary,
-    TimelinePoint, Warning, SCHEMA,
+    PoolPoint, Profile, ReservedPoint, RunMeta, SiteSampling, SiteShare, SpanEvent, SpanMetrics,
+    Summary, TimelinePoint, Warning, SCHEMA,
 };
 
 const MIB: u64 = 1 << 20;
@@ -349,6 +349,42 @@ pub fn sample_profile_with_drops() -> Profile {
             mode: highwater_profile::CaptureMode::DropWhenFull,
         },
     );
+    profile
+}
+
+/// [`sample_profile`] as if cuda:0's driver had been recorded (the `cuda` feature): its pools'
+/// reserved bytes follow the live bytes 25 % higher and end at 1 GiB, and 450 MiB were in use
+/// before the first allocation.
+pub fn sample_profile_with_driver() -> Profile {
+    let mut profile = sample_profile();
+    let mut peak = 0;
+    profile.reserved_timeline = profile
+        .timeline
+        .iter()
+        .filter(|p| p.device == "cuda:0")
+        .map(|p| {
+            let reserved_bytes = p.live_bytes + p.live_bytes / 4;
+            peak = peak.max(reserved_bytes);
+            ReservedPoint {
+                timestamp_ns: p.timestamp_ns,
+                device: p.device.clone(),
+                reserved_bytes,
+            }
+        })
+        .collect();
+    profile.reserved_timeline.push(ReservedPoint {
+        timestamp_ns: profile.summary.duration_ns,
+        device: "cuda:0".into(),
+        reserved_bytes: GIB,
+    });
+    let cuda0 = profile
+        .devices
+        .iter_mut()
+        .find(|d| d.device == "cuda:0")
+        .expect("the sample has cuda:0");
+    cuda0.reserved_peak_bytes = Some(peak);
+    cuda0.reserved_final_bytes = Some(GIB);
+    cuda0.context_bytes = Some(450 * MIB);
     profile
 }
 

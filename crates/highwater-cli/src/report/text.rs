@@ -215,6 +215,7 @@ pub fn summary_text(profile: &Profile) -> String {
     if !profile.devices.is_empty() {
         out.push_str("devices:\n");
         devices_table(&profile.devices).render(&mut out, "  ");
+        driver_view(&profile.devices, &mut out);
     }
     oom_text(profile, &mut out);
     if !others.is_empty() {
@@ -320,6 +321,41 @@ fn outside_spans_if_empty(path: &str) -> &str {
         words::OUTSIDE_SPANS
     } else {
         path
+    }
+}
+
+/// For each device whose driver was recorded: allocated beside what the driver's pools reserved
+/// and the context's overhead, the figures `nvidia-smi` adds up.
+fn driver_view(devices: &[DeviceStats], out: &mut String) {
+    for d in devices {
+        if d.reserved_peak_bytes.is_none() && d.context_bytes.is_none() {
+            continue;
+        }
+        let _ = write!(
+            out,
+            "  {}, as its driver saw it: allocated peak {}",
+            clean(&d.device),
+            format_bytes(d.peak_bytes)
+        );
+        if let (Some(peak), Some(last)) = (d.reserved_peak_bytes, d.reserved_final_bytes) {
+            let _ = write!(
+                out,
+                "; driver pools reserved up to {} ({} at the end)",
+                format_bytes(peak),
+                format_bytes(last)
+            );
+        }
+        if let Some(context) = d.context_bytes {
+            let _ = write!(
+                out,
+                "; {} in use before the first allocation (the context, and any other process)",
+                format_bytes(context)
+            );
+        }
+        if let Some(total) = d.capacity_bytes {
+            let _ = write!(out, "; {} in all", format_bytes(total));
+        }
+        out.push('\n');
     }
 }
 
@@ -654,6 +690,24 @@ pub(crate) mod tests {
             }],
         });
         profile
+    }
+
+    #[test]
+    fn summary_shows_what_the_driver_saw_beside_what_was_allocated() {
+        let plain = summary_text(&sample_profile());
+        assert!(!plain.contains("as its driver saw it"), "{plain}");
+        let text = summary_text(&highwater_testkit::sample::sample_profile_with_driver());
+        let line = text
+            .lines()
+            .find(|l| l.contains("as its driver saw it"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(line.trim_start().starts_with("cuda:0"), "{line}");
+        assert!(line.contains("driver pools reserved up to"), "{line}");
+        assert!(line.contains("(1.0 GiB at the end)"), "{line}");
+        assert!(
+            line.contains("450.0 MiB in use before the first allocation"),
+            "{line}"
+        );
     }
 
     #[test]

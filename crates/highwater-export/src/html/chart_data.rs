@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::{MAX_CHART_POINTS, MAX_DEVICE_CHARTS, MAX_PEAK_STEP_SPANS};
 use highwater_profile::model::Category;
 use highwater_profile::Profile;
-use highwater_profile::{PoolPoint, TimelinePoint};
+use highwater_profile::{PoolPoint, ReservedPoint, TimelinePoint};
 
 /// One device's memory curve, column-wise: `series[c][i]` is category `c`'s bytes at `t[i]`.
 #[derive(Debug, Serialize)]
@@ -24,6 +24,15 @@ pub(super) struct DeviceCurve {
     pub(super) peak_ns: u64,
     pub(super) t: Vec<u64>,
     pub(super) series: Vec<Vec<u64>>,
+    /// What the device driver's pools held, drawn as a line over the allocated bytes.
+    pub(super) reserved: Option<ReservedLine>,
+}
+
+/// A device driver's reserved bytes over time, on their own time axis.
+#[derive(Debug, Serialize)]
+pub(super) struct ReservedLine {
+    pub(super) t: Vec<u64>,
+    pub(super) bytes: Vec<u64>,
 }
 
 /// One device pool's state over time.
@@ -123,7 +132,8 @@ pub(super) fn device_order(profile: &Profile) -> Vec<&str> {
         .iter()
         .map(|d| d.device.as_str())
         .chain(profile.timeline.iter().map(|p| p.device.as_str()))
-        .chain(profile.pool_timeline.iter().map(|p| p.device.as_str()));
+        .chain(profile.pool_timeline.iter().map(|p| p.device.as_str()))
+        .chain(profile.reserved_timeline.iter().map(|p| p.device.as_str()));
     for name in all {
         if seen.insert(name) {
             names.push(name);
@@ -168,6 +178,18 @@ fn device_curve(
         peak_ns: peak.1,
         t: keep.iter().map(|&i| points[i].timestamp_ns).collect(),
         series,
+        reserved: None,
+    }
+}
+
+/// A driver's reserved curve (one device's points, in time order), downsampled to `max`
+/// points keeping each bucket's highest and the last.
+fn reserved_line(points: &[&ReservedPoint], max: usize) -> ReservedLine {
+    let bytes: Vec<u64> = points.iter().map(|p| p.reserved_bytes).collect();
+    let keep = downsample(&bytes, max, points.len().checked_sub(1));
+    ReservedLine {
+        t: keep.iter().map(|&i| points[i].timestamp_ns).collect(),
+        bytes: keep.iter().map(|&i| bytes[i]).collect(),
     }
 }
 
@@ -298,6 +320,10 @@ pub(super) fn chart_data(profile: &Profile) -> ChartData {
     let summary = &profile.summary;
     let mut timeline = group_points(&profile.timeline, |p| &p.device);
     let mut pool_timeline = group_points(&profile.pool_timeline, |p| &p.device);
+    let mut reserved_timeline = group_points(&profile.reserved_timeline, |p| &p.device);
+    for points in reserved_timeline.values_mut() {
+        points.sort_by_key(|p| p.timestamp_ns);
+    }
     for points in timeline.values_mut() {
         points.sort_by_key(|p| p.timestamp_ns);
     }
@@ -318,13 +344,17 @@ pub(super) fn chart_data(profile: &Profile) -> ChartData {
         if let Some(points) = timeline.get(name) {
             if devices.len() < MAX_DEVICE_CHARTS {
                 let stats = stats.get(name);
-                devices.push(device_curve(
+                let mut curve = device_curve(
                     name,
                     points,
                     stats.and_then(|s| s.capacity_bytes),
                     stats.map_or((0, 0), |s| (s.peak_bytes, s.peak_timestamp_ns)),
                     MAX_CHART_POINTS,
-                ));
+                );
+                curve.reserved = reserved_timeline
+                    .get(name)
+                    .map(|points| reserved_line(points, MAX_CHART_POINTS));
+                devices.push(curve);
             } else {
                 devices_not_charted += 1;
             }

@@ -207,6 +207,26 @@ mod tests {
     }
 
     #[test]
+    fn a_driver_s_reserved_bytes_are_drawn_over_its_device_and_tabled() {
+        let profile = highwater_testkit::sample::sample_profile_with_driver();
+        let page = render(&profile);
+        // The data island carries cuda:0's reserved line, ending at its last reading.
+        let data = chart_data::chart_data(&profile);
+        let cuda0 = data.devices.iter().find(|d| d.device == "cuda:0").unwrap();
+        let line = cuda0.reserved.as_ref().expect("a reserved line");
+        assert_eq!(line.bytes.last(), Some(&(1 << 30)));
+        assert!(line.t.len() <= MAX_CHART_POINTS + 1);
+        assert!(data
+            .devices
+            .iter()
+            .filter(|d| d.device != "cuda:0")
+            .all(|d| d.reserved.is_none()));
+        assert!(page.contains("Driver pools (max)") && page.contains("450.0 MiB"));
+        let plain = chart_data::chart_data(&sample_profile());
+        assert!(plain.devices.iter().all(|d| d.reserved.is_none()));
+    }
+
+    #[test]
     fn page_is_self_contained() {
         // The SVG namespace is a name, not a fetch.
         let page = render(&sample_profile()).replace("\"http://www.w3.org/2000/svg\"", "");

@@ -219,6 +219,11 @@
       var ymax = 1;
       for (var i = i0; i <= i1; i++) ymax = Math.max(ymax, totals[i]);
       if (d.peak_ns >= t0 && d.peak_ns <= t1) ymax = Math.max(ymax, d.peak_bytes);
+      var rv = d.reserved, r0 = 0, r1 = -1;
+      if (rv && rv.t.length) {
+        r0 = before(rv.t, t0); r1 = Math.max(r0, before(rv.t, t1));
+        for (var j = r0; j <= r1; j++) ymax = Math.max(ymax, rv.bytes[j]);
+      }
       ymax *= 1.08;
       var sc = frame(svg, H, T, t0, t1, ymax);
       state.sc = sc;
@@ -235,6 +240,16 @@
       });
       if (d.capacity && d.capacity <= ymax) {
         el("line", { x1: L, x2: W - R, y1: sc.sy(d.capacity), y2: sc.sy(d.capacity), "class": "cap" }, svg);
+      }
+      if (r1 >= r0) {
+        // What the driver's pools hold: a stepped line over the allocated bytes.
+        var pts = [], rUntil = Math.min(t1, Math.max(tEnd, rv.t[rv.t.length - 1]));
+        for (var k = r0; k <= r1; k++) {
+          var y = sc.sy(rv.bytes[k]).toFixed(1);
+          pts.push(sc.sx(Math.max(t0, rv.t[k])).toFixed(1) + "," + y,
+            sc.sx(k < r1 ? rv.t[k + 1] : rUntil).toFixed(1) + "," + y);
+        }
+        el("polyline", { points: pts.join(" "), "class": "reserved", "data-points": String(r1 - r0 + 1) }, svg);
       }
       bands.forEach(function (s) {
         var row = rows[s.thread + ":" + s.depth];
@@ -274,6 +289,12 @@
       sw.className = "c" + c; li.appendChild(sw); li.appendChild(document.createTextNode(cats[c]));
       legend.appendChild(li);
     });
+    if (d.reserved && d.reserved.t.length) {
+      var li = document.createElement("li"), sw = document.createElement("i");
+      sw.className = "reserved-swatch"; li.appendChild(sw);
+      li.appendChild(document.createTextNode("reserved by the driver's pools (line)"));
+      legend.appendChild(li);
+    }
     box.appendChild(legend);
     return chart;
   }
@@ -372,6 +393,8 @@
   data.devices.forEach(function (d) {
     shared.push(stackedChart(timelines, d, { cls: "device-chart", zoom: zoomAll,
       title: d.device + " — peak " + fmtBytes(d.peak_bytes) + " at " + fmtTime(d.peak_ns) +
+        (d.reserved && d.reserved.bytes.length ?
+          ", reserved up to " + fmtBytes(Math.max.apply(null, d.reserved.bytes)) : "") +
         (d.capacity ? " (capacity " + fmtBytes(d.capacity) + ")" : "") }));
   });
   if (!data.devices.length) {

@@ -265,6 +265,8 @@ pub(super) fn devices_section(out: &mut String, profile: &Profile) {
          <th data-type=\"num\" class=\"num\">Live at end</th>\
          <th data-type=\"num\" class=\"num\">Pool reserved (max)</th>\
          <th data-type=\"num\" class=\"num\">Fragmentation (max)</th>\
+         <th data-type=\"num\" class=\"num\">Driver pools (max)</th>\
+         <th data-type=\"num\" class=\"num\">Context</th>\
          <th data-type=\"num\" class=\"num\">Allocations</th></tr></thead><tbody>",
     );
     for d in profile.devices.iter().take(MAX_TABLE_ROWS) {
@@ -293,6 +295,16 @@ pub(super) fn devices_section(out: &mut String, profile: &Profile) {
             out,
             fragmentation.unwrap_or(0.0),
             &fragmentation.map_or("-".into(), |f| format!("{:.1}%", f * 100.0)),
+        );
+        num_cell(
+            out,
+            d.reserved_peak_bytes.unwrap_or(0),
+            &optional(d.reserved_peak_bytes),
+        );
+        num_cell(
+            out,
+            d.context_bytes.unwrap_or(0),
+            &optional(d.context_bytes),
         );
         num_cell(out, d.alloc_count, &format_count(d.alloc_count));
         out.push_str("</tr>");
