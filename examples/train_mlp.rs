@@ -54,6 +54,9 @@ struct Args {
     ab: bool,
     /// Timing mode: recorded blocks with checkpoints off, at the default interval and at 1 s.
     checkpoint_ab: bool,
+    /// `--device cuda`: train on the first GPU (needs candle built with CUDA, and highwater's
+    /// `cuda` feature to record the device memory).
+    cuda: bool,
 }
 
 /// Steps per block in `--checkpoint-ab` mode: over 10 s of steps, so a block at the default
@@ -82,6 +85,7 @@ impl Args {
             out: None,
             ab: false,
             checkpoint_ab: false,
+            cuda: false,
         };
         let mut argv = std::env::args().skip(1);
         while let Some(arg) = argv.next() {
@@ -96,9 +100,19 @@ impl Args {
                 "--ab" => args.ab = true,
                 "--checkpoint-ab" => args.checkpoint_ab = true,
                 "--out" => args.out = Some(argv.next().context("--out needs a path")?.into()),
+                "--device" => match argv.next().as_deref() {
+                    Some("cpu") => args.cuda = false,
+                    Some("cuda") => args.cuda = true,
+                    other => bail!("--device takes cpu or cuda, not {other:?}"),
+                },
                 "-h" | "--help" => {
                     println!(
-                        "usage: train_mlp [--steps N] [--leak] [--out PATH] [--ab] [--checkpoint-ab]"
+                        "usage: train_mlp [--steps N] [--leak] [--out PATH] [--device cpu|cuda] [--ab] \
+                         [--checkpoint-ab]"
+                    );
+                    println!(
+                        "  --device cuda  train on GPU 0 (candle built with CUDA; highwater's \
+                         `cuda` feature records its memory); falls back to the CPU, saying why"
                     );
                     println!(
                         "  --out PATH  where the profile goes (default highwater-profile.json); \
@@ -142,15 +156,35 @@ struct Run {
     params: usize,
 }
 
+/// The device to train on: GPU 0 when asked for and there is one, else the CPU, saying why.
+fn pick_device(cuda: bool) -> Device {
+    if !cuda {
+        return Device::Cpu;
+    }
+    match Device::new_cuda(0) {
+        Ok(device) => device,
+        Err(error) => {
+            eprintln!("--device cuda: no CUDA device to train on ({error}); training on the CPU");
+            Device::Cpu
+        }
+    }
+}
+
 fn train(args: &Args) -> Result<Run> {
-    let device = Device::Cpu;
+    let device = pick_device(args.cuda);
     let (x, labels) = {
         let _data = highwater::profile!("load_data");
         synthetic_data(&device)?
     };
     let varmap = VarMap::new();
     let model = {
-        let _build = highwater::profile!("build_model");
+        // On a GPU the variables' storage is found by no tensor hook: what this span allocates
+        // on the device is the parameters. On the CPU `mark_parameters` names them below.
+        let _build = if device.is_cuda() {
+            highwater::profile!("build_model", Category::Parameter)
+        } else {
+            highwater::profile!("build_model")
+        };
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
         Mlp::new(&vb)?
     };

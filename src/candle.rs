@@ -23,9 +23,14 @@
 //! the data *after* the session starts: storage allocated before recording began was never seen
 //! and appears nowhere.
 //!
-//! Only CPU storage is joined. On other devices [`op`] still attributes the host allocations
-//! made during the call, but the device storage itself is not recorded (its lifetime is not
-//! observable from here, and highwater never invents lifetimes).
+//! On CUDA (with the `cuda` feature, which records the driver's allocations), the storage of
+//! an op's output is found by its device address among the device allocations this thread
+//! recorded while the op ran: the newest one of the output's device and byte size. So device
+//! rows read `matmul [128, 512] f32 cuda:0` too. A CUDA variable's storage cannot be found
+//! after the fact: create the model inside a `Category::Parameter` span (its allocations then
+//! take that category), as [`mark_parameters`] cannot mark them. Without the `cuda` feature,
+//! [`op`] still attributes the host allocations made during the call, and device storage is
+//! not recorded (highwater never invents lifetimes).
 //!
 //! # Examples
 //!
@@ -54,6 +59,7 @@ use std::hash::{Hash, Hasher};
 use candle_core::{CpuStorage, DeviceLocation, Storage, Tensor, TensorId, Var};
 use candle_nn::VarMap;
 
+use crate::capture;
 use crate::model::Category;
 use crate::ops;
 
@@ -122,8 +128,10 @@ impl<'a> TensorInfo<'a> {
 /// Runs `f`, a candle call producing one tensor, as an op named `name`.
 ///
 /// Heap allocations made on this thread while `f` runs are attributed to the op (the output's
-/// storage and any temporaries). When `f` returns a CPU tensor with storage of its own, that
-/// storage is annotated with the output's shape and dtype. When the output shares storage with
+/// storage and any temporaries), and so are recorded device allocations. When `f` returns a CPU
+/// tensor with storage of its own, that storage is annotated with the output's shape and dtype;
+/// a CUDA tensor's storage is found among the device allocations recorded during the call (see
+/// the [module docs](self)). When the output shares storage with
 /// one of `inputs` — a view such as `reshape`, `t` or `narrow`, or an in-place op — nothing is
 /// annotated, so the input keeps its own name.
 ///
@@ -150,11 +158,18 @@ where
     F: FnOnce() -> candle_core::Result<Tensor>,
 {
     let guard = ops::op(name);
+    let device_allocs = capture::recent::count();
     let output = f()?;
     let info = TensorInfo::of(&output);
     if let Some(addr) = info.storage {
         let is_view = inputs.iter().any(|input| storage_addr(input) == Some(addr));
         if !is_view {
+            guard.output(&info.as_ops(), addr);
+        }
+    } else if info.device != "cpu" && info.bytes > 0 {
+        // A view allocates nothing on the device, so it finds nothing here either.
+        let device = capture::names::device(&info.device);
+        if let Some(addr) = capture::recent::newest_since(device_allocs, device, info.bytes) {
             guard.output(&info.as_ops(), addr);
         }
     }

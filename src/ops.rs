@@ -86,8 +86,9 @@ pub fn op(name: &str) -> OpGuard {
 
 impl OpGuard {
     /// Names the op's output and ends the op. `key` identifies the output's block: the address
-    /// of its storage for a CPU tensor (the allocation the heap hook saw), its tensor id for a
-    /// device tensor recorded with [`tensor_alloc`].
+    /// of its storage for a CPU tensor (the allocation the heap hook saw), its device address for
+    /// a CUDA tensor whose allocation the driver's callback recorded (the `cuda` feature), its
+    /// tensor id for a device tensor recorded with [`tensor_alloc`].
     pub fn output(self, tensor: &Tensor<'_>, key: u64) {
         if self.in_its_session() {
             capture::record_annotation(

@@ -269,9 +269,18 @@ fn callbacks_replayed_through_the_stub_are_recorded_to_the_byte() {
         let _step = highwater::profile!("step");
         {
             let _forward = highwater::profile!("forward", Step::Forward);
-            let _op = common::uncounted(|| highwater::ops::op("matmul"));
+            let op = common::uncounted(|| highwater::ops::op("matmul"));
             stub.driver_set("stub_set_reserved", 256 * MIB);
             alloc_async(&stub, 128 * MIB, 0x7400_0000);
+            // The output named by its device address, as `highwater::candle::op` does.
+            let output = highwater::ops::Tensor {
+                id: 1,
+                shape: &[1024, 32768],
+                dtype: "f32",
+                device: "cuda:0",
+                bytes: 128 * MIB,
+            };
+            common::uncounted(|| op.output(&output, 0x7400_0000));
         }
         {
             let _backward = highwater::profile!("backward", Step::Backward);
@@ -398,7 +407,7 @@ fn callbacks_replayed_through_the_stub_are_recorded_to_the_byte() {
     // The peak is cuda:0's (the largest device), and these were live at it.
     assert_eq!(profile.summary.peak_bytes, 224 * MIB);
     assert_eq!(profile.summary.peak_device, "cuda:0");
-    let rows: Vec<(&str, Option<&str>, Category, u64)> = profile
+    let rows: Vec<_> = profile
         .peak_breakdown
         .iter()
         .filter(|row| row.device == "cuda:0")
@@ -406,6 +415,8 @@ fn callbacks_replayed_through_the_stub_are_recorded_to_the_byte() {
             (
                 row.span_path.as_str(),
                 row.op.as_deref(),
+                row.shape.clone(),
+                row.dtype.as_deref(),
                 row.category,
                 row.bytes,
             )
@@ -417,11 +428,20 @@ fn callbacks_replayed_through_the_stub_are_recorded_to_the_byte() {
             (
                 "step/forward",
                 Some("matmul"),
+                Some(vec![1024, 32768]),
+                Some("f32"),
                 Category::Activation,
                 128 * MIB
             ),
-            ("init", None, Category::Parameter, 64 * MIB),
-            ("step/backward", None, Category::Gradient, 32 * MIB),
+            ("init", None, None, None, Category::Parameter, 64 * MIB),
+            (
+                "step/backward",
+                None,
+                None,
+                None,
+                Category::Gradient,
+                32 * MIB
+            ),
         ]
     );
     let pinned = device(&profile, "cuda_pinned");

@@ -877,8 +877,11 @@ pub(crate) fn record_device_alloc(device: u16, tensor: u64, bytes: u64, category
 
 /// Records a device block of `bytes` at `key` becoming live, in the category the thread's
 /// open spans give it (as a heap allocation's): what a device driver's allocation is.
+/// Remembered as the thread's latest device allocation (see [`super::recent`]).
+// The CUDA callback is its only caller.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn record_device_alloc_in_scope(device: u16, key: u64, bytes: u64) {
-    emit([RawKind::DeviceAlloc], |current, ticks| {
+    let recorded = emit([RawKind::DeviceAlloc], |current, ticks| {
         [RawEvent::device_alloc(
             ticks,
             current.span,
@@ -888,9 +891,13 @@ pub(crate) fn record_device_alloc_in_scope(device: u16, key: u64, bytes: u64) {
             bytes,
         )]
     });
+    if recorded {
+        super::recent::note(device, key, bytes);
+    }
 }
 
 /// Records a device event with two plain words (see [`DeviceMemoryKind`]).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) fn record_device_memory(kind: DeviceMemoryKind, device: u16, a: u64, b: u64) {
     emit([kind.raw_kind()], |current, ticks| {
         [RawEvent::device_memory(

@@ -24,6 +24,8 @@ pub(crate) mod lifecycle;
 #[cfg(not(loom))]
 pub(crate) mod names;
 pub(crate) mod oom;
+#[cfg(not(loom))]
+pub(crate) mod recent;
 pub(crate) mod sample;
 #[cfg(not(loom))]
 pub(crate) mod stack;

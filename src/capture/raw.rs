@@ -385,6 +385,7 @@ impl RawEvent {
     /// device's memory before recording, or a step of a virtual-memory mapping (see
     /// [`RawKind`] for what `a` and `b` hold in each).
     #[inline(always)]
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn device_memory(
         kind: DeviceMemoryKind,
         ticks: u64,

@@ -188,7 +188,7 @@ fn first_loadable(names: &[&str]) -> Result<libloading::Library, String> {
         // SAFETY: loading a CUDA library runs its initialisers, which have no preconditions.
         match unsafe { libloading::Library::new(*name) } {
             Ok(library) => return Ok(library),
-            Err(error) => errors.push(error.to_string()),
+            Err(error) => errors.push(format!("{name}: {error}")),
         }
     }
     Err(errors.join("; "))
