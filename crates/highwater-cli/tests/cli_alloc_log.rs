@@ -308,3 +308,42 @@ print("snapshot-ok", len(s["device_traces"]))
     );
     assert!(String::from_utf8_lossy(&python.stdout).contains("snapshot-ok"));
 }
+
+/// A CUDA run's profile records each device's total memory (the driver's figure): `simulate`
+/// and `fit` replay the recorded device stream onto it without `--device` or the CPU proxy.
+#[test]
+fn a_device_stream_replays_onto_its_recorded_capacity() {
+    let dir = tempfile::tempdir().unwrap();
+    let profile = record(dir.path());
+    let text = std::fs::read_to_string(&profile).unwrap();
+    let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let path = profile.to_str().unwrap();
+
+    // Recorded by op hooks, the stream has no capacity: the user must name one.
+    let no_size = highwater(&["simulate", path]);
+    assert_eq!(no_size.status.code(), Some(2), "{no_size:?}");
+    let stderr = String::from_utf8_lossy(&no_size.stderr);
+    assert!(
+        stderr.contains("--device") && stderr.contains("cuda:0"),
+        "{stderr}"
+    );
+
+    // As the driver would have recorded it: a 20 GiB device, then a 12 GiB one.
+    for (gib, fits) in [(20u64, true), (12, false)] {
+        for device in value["devices"].as_array_mut().unwrap() {
+            if device["device"] == "cuda:0" {
+                device["capacity_bytes"] = (gib * GIB).into();
+            }
+        }
+        std::fs::write(&profile, value.to_string()).unwrap();
+        let run = highwater(&["simulate", path, "--json"]);
+        assert_eq!(run.status.code(), Some(if fits { 0 } else { 3 }), "{run:?}");
+        let report: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+        assert_eq!(report["stream"], "cuda:0");
+        assert_eq!(report["device"], "cuda:0 as recorded");
+        assert_eq!(report["capacity_bytes"], gib * GIB);
+        assert_eq!(report["cpu_proxy_min_block_bytes"], serde_json::Value::Null);
+        let fit = highwater(&["fit", path, "--grow", "other", "--json"]);
+        assert_eq!(fit.status.code(), Some(if fits { 0 } else { 3 }), "{fit:?}");
+    }
+}

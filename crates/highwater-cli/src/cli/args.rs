@@ -178,9 +178,10 @@ pub(crate) enum Command {
         /// A profile recorded with an allocation log, or the log itself.
         input: PathBuf,
         /// The device to size the pool from: tpu-v2, tpu-v3, tpu-v4, tpu-v5e, tpu-v5p,
-        /// a100-40gb, a100-80gb, h100, h200, l4.
+        /// a100-40gb, a100-80gb, h100, h200, l4. Default: the stream's own device as the
+        /// profile recorded it (a CUDA device's total memory).
         #[arg(long, value_parser = parse_kind)]
-        device: DeviceKind,
+        device: Option<DeviceKind>,
         /// Allocation strategy to report on: first-fit, best-fit, worst-fit, buddy,
         /// pool-based, adaptive.
         #[arg(long, default_value = "best-fit", value_parser = parse_strategy)]
@@ -211,9 +212,9 @@ pub(crate) enum Command {
         /// A profile recorded with an allocation log, or the log itself.
         input: PathBuf,
         /// The device: tpu-v2, tpu-v3, tpu-v4, tpu-v5e, tpu-v5p, a100-40gb, a100-80gb, h100,
-        /// h200, l4.
+        /// h200, l4. Default: the stream's own device as the profile recorded it.
         #[arg(long, value_parser = parse_kind)]
-        device: DeviceKind,
+        device: Option<DeviceKind>,
         /// A category to grow: parameter, activation, gradient, optimizer, other (repeat for
         /// several).
         #[arg(long, required = true, value_parser = parse_category)]

@@ -16,7 +16,7 @@ use super::replay::{self, DoesNotFit};
 #[derive(Debug)]
 pub(crate) struct Request<'a> {
     pub(crate) input: &'a Path,
-    pub(crate) device: DeviceKind,
+    pub(crate) device: Option<DeviceKind>,
     pub(crate) grow: &'a [Category],
     pub(crate) allocator: Allocator,
     pub(crate) max_split_size_mb: Option<u64>,
@@ -46,9 +46,8 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
         (other, None) => other,
     };
     let stream = replay::load_stream(request.input, request.stream, request.min_block)?;
-    let capacity = request
-        .limit
-        .unwrap_or_else(|| request.device.capacity_bytes());
+    let target = replay::Target::resolve(request.device, request.limit, &stream)?;
+    let capacity = target.capacity;
     let recorded = stream.trace.edited(&request.edits);
     let mut compared = Allocator::standard();
     if !compared.contains(&allocator) {
@@ -71,13 +70,19 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
         highwater_export::html::write_with(&profile, &html, path)?;
     }
     if request.json {
-        super::emit_json(&answer_json(&stream.name, request, &answer, &whatif))?;
+        super::emit_json(&answer_json(
+            &stream.name,
+            &target,
+            request,
+            &answer,
+            &whatif,
+        ))?;
     } else {
         let mut text = format!(
             "fit: {} from {} on {} ({}), growing {} under {}; other edits: {}\n",
             stream.name,
             stream.log_path.display(),
-            request.device.name(),
+            target.name,
             format_bytes(capacity),
             names(request.grow),
             allocator,
@@ -99,7 +104,7 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
         Err(DoesNotFit(format!(
             "{} as recorded does not fit {} ({}) under {allocator}",
             stream.name,
-            request.device.name(),
+            target.name,
             format_bytes(capacity)
         ))
         .into())
@@ -178,13 +183,14 @@ fn answer_text(answer: &FitAnswer) -> String {
 
 fn answer_json(
     stream: &str,
+    target: &replay::Target,
     request: &Request<'_>,
     answer: &FitAnswer,
     whatif: &highwater_device::Figures,
 ) -> serde_json::Value {
     json!({
         "stream": stream,
-        "device": request.device.name(),
+        "device": target.name,
         "capacity_bytes": answer.query.capacity,
         "allocator": answer.query.allocator.to_string(),
         "grow": request.grow.iter().map(|c| c.as_str()).collect::<Vec<_>>(),

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use highwater_device::{blocks_at_least, ops_from_log, Figures, SimOp, Trace};
+use highwater_device::{blocks_at_least, ops_from_log, DeviceKind, Figures, SimOp, Trace};
 use highwater_profile::alloc_log::AllocLog;
 use highwater_profile::units::format_bytes;
 use highwater_profile::Profile;
@@ -34,6 +34,47 @@ pub(crate) struct Stream {
     pub(crate) trace: Trace,
     /// `Some(min block)` when the stream is the CPU heap standing in for a device.
     pub(crate) proxy: Option<u64>,
+}
+
+/// The device a stream is replayed onto: its name as the output says it, and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Target {
+    pub(crate) name: String,
+    pub(crate) capacity: u64,
+}
+
+impl Target {
+    /// `--limit` bytes if given, else `--device`'s size, else the capacity the profile recorded
+    /// for the stream's own device (its driver's total memory, or its pool's size).
+    pub(crate) fn resolve(
+        device: Option<DeviceKind>,
+        limit: Option<u64>,
+        stream: &Stream,
+    ) -> Result<Target, InputError> {
+        let recorded = stream.profile.as_ref().and_then(|profile| {
+            profile
+                .devices
+                .iter()
+                .find(|d| d.device == stream.name)
+                .and_then(|d| d.capacity_bytes)
+        });
+        let name = match device {
+            Some(kind) => kind.name().to_string(),
+            None if limit.is_some() => "the given limit".to_string(),
+            None => format!("{} as recorded", stream.name),
+        };
+        let capacity = limit
+            .or(device.map(DeviceKind::capacity_bytes))
+            .or(recorded)
+            .ok_or_else(|| {
+                InputError(format!(
+                    "name the device to replay on (--device) or its size (--limit): the profile \
+                     records no capacity for {}",
+                    stream.name
+                ))
+            })?;
+        Ok(Target { name, capacity })
+    }
 }
 
 /// Reads the log behind `input` and picks the stream: `stream`, else the device of the

@@ -16,7 +16,7 @@ use super::replay::{self, DoesNotFit};
 #[derive(Debug)]
 pub(crate) struct Request<'a> {
     pub(crate) input: &'a Path,
-    pub(crate) device: DeviceKind,
+    pub(crate) device: Option<DeviceKind>,
     pub(crate) strategy: Strategy,
     pub(crate) limit: Option<u64>,
     pub(crate) stream: Option<&'a str>,
@@ -29,9 +29,8 @@ pub(crate) struct Request<'a> {
 pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
     let stream = replay::load_stream(request.input, request.stream, request.min_block)?;
     let ops = &stream.ops;
-    let capacity = request
-        .limit
-        .unwrap_or_else(|| request.device.capacity_bytes());
+    let target = replay::Target::resolve(request.device, request.limit, &stream)?;
+    let capacity = target.capacity;
     let chosen = simulate(ops, capacity, request.strategy);
     let all = compare_strategies(ops, capacity);
     let whatif = figures(&stream.trace, chosen.capacity, &Allocator::standard());
@@ -43,7 +42,7 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
         super::emit_json(&json!({
             "log": stream.log_path.display().to_string(),
             "stream": stream.name,
-            "device": request.device.name(),
+            "device": target.name,
             "capacity_bytes": chosen.capacity,
             "allocations": allocations,
             "frees": ops.len() - allocations,
@@ -60,7 +59,7 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
             stream.name,
             stream.log_path.display(),
             format_duration_ns(last - first),
-            request.device.name(),
+            target.name,
             format_bytes(chosen.capacity),
         );
         text.push_str(&report_text(&chosen, first));
@@ -79,7 +78,7 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
         Err(DoesNotFit(format!(
             "{} does not fit {} ({}) under {}: {} allocations refused",
             stream.name,
-            request.device.name(),
+            target.name,
             format_bytes(chosen.capacity),
             chosen.strategy.name(),
             chosen.failures
