@@ -158,3 +158,31 @@ fn a_file_larger_than_any_profile_is_refused_before_reading() {
         .into_owned();
     assert!(stderr.contains("limit"), "{stderr}");
 }
+
+/// Hardening III, row 3: a 40,000-deep chain of spans (a 6 MB profile) made `spans`, `sites`
+/// and the exports spell every node's full path, 1.7 GB of strings. Profiles never nest deeper
+/// than `MAX_SPAN_DEPTH` nor hold more nodes than folding leaves: deeper or wider trees are
+/// refused, quickly and in one line.
+#[test]
+fn a_span_chain_deeper_than_any_profile_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = fs::read_to_string(data("minimal.json")).unwrap();
+    for (depth, says) in [(10_000u32, "nested"), (40_000, "nodes")] {
+        let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let spans: Vec<highwater_profile::SpanMetrics> = (0..depth)
+            .map(|id| highwater_profile::SpanMetrics {
+                id,
+                parent: id.checked_sub(1),
+                name: format!("level{id}"),
+                ..Default::default()
+            })
+            .collect();
+        value["spans"] = serde_json::to_value(spans).unwrap();
+        let deep = dir.path().join(format!("deep-spans-{depth}.json"));
+        fs::write(&deep, value.to_string()).unwrap();
+        assert_refused_everywhere(&deep);
+        let output = highwater(&["spans", deep.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(says), "{stderr}");
+    }
+}

@@ -825,6 +825,16 @@ impl Profile {
                 ));
             }
         }
+        // Folding keeps the tree within these bounds; a deeper or wider one was not written by
+        // highwater, and every view that spells paths would pay for its depth on each node.
+        let max_nodes = 2 * MAX_SPAN_NODES + 1;
+        if self.spans.len() > max_nodes {
+            return Err(format!(
+                "spans has {} nodes; a profile holds at most {max_nodes}",
+                self.spans.len()
+            ));
+        }
+        let mut depths: Vec<u32> = Vec::with_capacity(self.spans.len());
         for (index, span) in self.spans.iter().enumerate() {
             if span.id as usize != index {
                 return Err(format!("spans[{index}] has id {}", span.id));
@@ -835,6 +845,14 @@ impl Profile {
                     span.parent
                 ));
             }
+            let depth = span.parent.map_or(0, |parent| depths[parent as usize] + 1);
+            if depth > MAX_SPAN_DEPTH {
+                return Err(format!(
+                    "spans[{index}] is nested {depth} deep; a profile keeps at most \
+                     {MAX_SPAN_DEPTH} levels below the top"
+                ));
+            }
+            depths.push(depth);
         }
         if let Some((index, event)) = self
             .span_events
