@@ -21,6 +21,7 @@
 //! | `HIGHWATER_CHECKPOINT` | seconds between checkpoints (`10`, `0.5`), 0.001 to 86400; `0` for none | [`checkpoint_every`](crate::SessionBuilder::checkpoint_every) | 10 |
 //! | `HIGHWATER_SAMPLE_BYTES` | bytes: `0` off, `1` every allocation | [`sample_bytes`](crate::SessionBuilder::sample_bytes) | 524288 |
 //! | `HIGHWATER_CUDA` | on/off | [`cuda`](crate::SessionBuilder::cuda) | on (with the `cuda` feature) |
+//! | `HIGHWATER_MAX_THREADS` | 1 to 4096 | [`max_threads`](crate::SessionBuilder::max_threads) | 1024 |
 //!
 //! Paths are kept as the operating system gave them ([`OsString`]), so a non-UTF-8 name is
 //! written under exactly that name.
@@ -49,6 +50,7 @@ pub(crate) struct Requested {
     pub(crate) checkpoint_every: Option<Duration>,
     pub(crate) sample_bytes: Option<u64>,
     pub(crate) cuda: Option<bool>,
+    pub(crate) max_threads: Option<usize>,
 }
 
 /// What the `HIGHWATER_*` environment variables say; `None` where a variable is unset.
@@ -66,6 +68,7 @@ pub(crate) struct EnvConfig {
     pub(crate) checkpoint: Option<Option<Duration>>,
     pub(crate) sample_bytes: Option<u64>,
     pub(crate) cuda: Option<bool>,
+    pub(crate) max_threads: Option<usize>,
 }
 
 /// The settings a session runs with, after [precedence](self#precedence).
@@ -86,6 +89,8 @@ pub(crate) struct Settings {
     pub(crate) sample_bytes: u64,
     /// Whether CUDA device memory is recorded (with the `cuda` feature).
     pub(crate) cuda: bool,
+    /// Threads that can record at the same time.
+    pub(crate) max_threads: usize,
 }
 
 impl Settings {
@@ -129,6 +134,11 @@ impl Settings {
                 DEFAULT_SAMPLE_BYTES,
             ),
             cuda: pick(&env.cuda, &requested.cuda, true),
+            max_threads: pick(
+                &env.max_threads,
+                &requested.max_threads,
+                crate::capture::DEFAULT_THREAD_LIMIT,
+            ),
         }
     }
 }
@@ -231,8 +241,23 @@ impl EnvConfig {
                 })
                 .transpose()?
         };
+        let max_threads = {
+            const NAME: &str = "HIGHWATER_MAX_THREADS";
+            const EXPECTED: &str = "a number of threads between 1 and 4096";
+            text(NAME, EXPECTED)?
+                .map(|value| {
+                    value
+                        .trim()
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|threads| check_max_threads(*threads).is_ok())
+                        .ok_or_else(|| invalid(NAME, value.as_ref(), EXPECTED))
+                })
+                .transpose()?
+        };
         Ok(EnvConfig {
             capture_mode,
+            max_threads,
             checkpoint,
             sample_bytes,
             enabled: switch("HIGHWATER")?,
@@ -254,6 +279,18 @@ pub(crate) fn check_ring_events(events: usize) -> Result<(), String> {
     } else {
         Err(format!(
             "{events} is not a power of two between 1024 and 16777216"
+        ))
+    }
+}
+
+/// Checks a limit on threads recording at once: 1 to the ring table's size.
+pub(crate) fn check_max_threads(threads: usize) -> Result<(), String> {
+    if (1..=crate::capture::MAX_THREADS).contains(&threads) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{threads} is not between 1 and {}",
+            crate::capture::MAX_THREADS
         ))
     }
 }
@@ -315,6 +352,7 @@ mod tests {
             checkpoint_every: Some(Duration::from_secs(3)),
             sample_bytes: Some(4096),
             cuda: Some(true),
+            max_threads: Some(64),
         };
         let env = parse(&[
             ("HIGHWATER_OUT", "env.json"),
@@ -326,10 +364,12 @@ mod tests {
             ("HIGHWATER_CHECKPOINT", "7"),
             ("HIGHWATER_SAMPLE_BYTES", "0"),
             ("HIGHWATER_CUDA", "off"),
+            ("HIGHWATER_MAX_THREADS", "2048"),
         ])
         .unwrap();
         let settings = Settings::resolve(&requested, &env);
         assert!(!settings.cuda);
+        assert_eq!(settings.max_threads, 2048);
         assert_eq!(settings.output, PathBuf::from("env.json"));
         assert_eq!(settings.ring_events, 2048);
         assert!(settings.signals);

@@ -23,7 +23,7 @@ use crate::capture::gate::enable_asymmetric_barrier;
 use crate::capture::{self, clock, lifecycle, names, wake};
 use crate::checkpoint::CheckpointConfig;
 use crate::collector::{self, CollectorConfig, Control};
-use crate::config::{check_ring_events, EnvConfig, Requested, Settings};
+use crate::config::{check_max_threads, check_ring_events, EnvConfig, Requested, Settings};
 use crate::error::Error;
 use crate::export::html;
 use crate::fork_lock::{ForkSafeGuard, ForkSafeMutex};
@@ -94,6 +94,7 @@ struct Running {
 /// | `HIGHWATER_CHECKPOINT` | seconds (`10`, `0.5`); `0` for none | [`SessionBuilder::checkpoint_every`] | 10 s |
 /// | `HIGHWATER_SAMPLE_BYTES` | bytes: `0` off, `1` every allocation | [`SessionBuilder::sample_bytes`] | 524288 (512 KiB) |
 /// | `HIGHWATER_CUDA` | `on`, `off` (also `1`/`0`, …) | [`SessionBuilder::cuda`] | on (with the `cuda` feature) |
+/// | `HIGHWATER_MAX_THREADS` | 1 to 4096 | [`SessionBuilder::max_threads`] | 1024 |
 ///
 /// # Examples
 ///
@@ -227,6 +228,16 @@ impl SessionBuilder {
         self
     }
 
+    /// Threads that can record at the same time (1 to 4096, default 1024;
+    /// `HIGHWATER_MAX_THREADS` overrides). Each recording thread holds a ring; a thread started
+    /// while every ring is held by a live thread has its events counted as dropped until one is
+    /// handed back, and the profile says so (`Warning::ThreadLimit`). Rings of exited threads
+    /// are handed back once drained, and a thread waits for one in lossless mode.
+    pub fn max_threads(mut self, threads: usize) -> SessionBuilder {
+        self.requested.max_threads = Some(threads);
+        self
+    }
+
     /// Whether CUDA device memory is recorded (default on; `$HIGHWATER_CUDA` overrides). Takes
     /// effect with the `cuda` feature: the session then subscribes to CUPTI's memory callbacks
     /// when a CUDA driver and CUPTI load, and the profile says why if they do not. Without the
@@ -265,6 +276,10 @@ impl SessionBuilder {
         }
         check_ring_events(settings.ring_events).map_err(|reason| Error::Setting {
             setting: "ring_events",
+            reason,
+        })?;
+        check_max_threads(settings.max_threads).map_err(|reason| Error::Setting {
+            setting: "max_threads",
             reason,
         })?;
         if settings.write {
@@ -307,6 +322,7 @@ impl SessionBuilder {
         capture::begin_session(
             settings.capture_mode == CaptureMode::Lossless,
             settings.sample_bytes,
+            settings.max_threads,
         );
         enable_asymmetric_barrier();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));

@@ -155,6 +155,7 @@ fn rich_profile() -> Profile {
             producer_waits: 0,
             late_events: 3,
             threads: vec![ThreadCapture {
+                threads: 1,
                 thread: 0,
                 os_tid: 4242,
                 allocs: 10,

@@ -48,6 +48,10 @@ pub(crate) static UNATTRIBUTED_DROPS: [AtomicU64; RawKind::COUNT] =
 /// allocates), by [`RawKind`]. Counted, never written: the interrupted push owns the ring.
 static REENTRANT_DROPS: [AtomicU64; RawKind::COUNT] = [const { AtomicU64::new(0) }; RawKind::COUNT];
 
+/// Events dropped because every ring the session may use was owned by a live thread (also
+/// counted in [`UNATTRIBUTED_DROPS`]).
+static TABLE_FULL_DROPS: AtomicU64 = AtomicU64::new(0);
+
 /// Times a producer found its ring full and waited for the collector.
 static WAITS: AtomicU64 = AtomicU64::new(0);
 
@@ -165,6 +169,14 @@ fn drop_unattributed(kinds: &[RawKind]) {
     }
 }
 
+/// Counts events lost because every ring was owned by a live thread.
+#[cold]
+fn drop_table_full(kinds: &[RawKind]) {
+    drop_unattributed(kinds);
+    let records = kinds.iter().filter(|kind| !kind.is_head()).count();
+    TABLE_FULL_DROPS.fetch_add(records as u64, Ordering::Relaxed);
+}
+
 /// Counts events recorded from inside another push on the same thread.
 #[cold]
 fn drop_reentrant(kinds: &[RawKind]) {
@@ -278,6 +290,10 @@ fn push_now<const N: usize>(
             drop_unattributed(&kinds);
             return false;
         }
+        Destination::TableFull => {
+            drop_table_full(&kinds);
+            return false;
+        }
     };
     let ring = &REGISTRY.slots()[index].ring;
     // SAFETY: this thread claimed ring `index` (its state says so) and has not retired it, so it
@@ -297,8 +313,11 @@ enum Destination {
     Ring(usize),
     /// Nowhere, uncounted: highwater itself runs on this thread.
     Nowhere,
-    /// Nowhere: no ring can take them (none free, or the thread is exiting); count them.
+    /// Nowhere: no ring can take them (the thread is exiting); count them.
     Unattributed,
+    /// Nowhere: every ring the session may use is owned by a live thread; count them, and say
+    /// in the profile which setting raises the limit.
+    TableFull,
 }
 
 /// Finds (or claims) the ring of a thread in state `current`, and announces its innermost span
@@ -311,7 +330,7 @@ fn destination(current: &mut ThreadState) -> Destination {
     let index = match current.ring {
         NO_RING | TABLE_FULL => match claim_ring(current) {
             Some(index) => index,
-            None => return Destination::Unattributed,
+            None => return Destination::TableFull,
         },
         RETIRED => return Destination::Unattributed,
         claimed => usize::from(claimed - 1),
@@ -359,7 +378,7 @@ fn claim_ring(current: &mut ThreadState) -> Option<usize> {
         ..*current
     });
     let generation = REGISTRY.generation();
-    let claimed = REGISTRY.claim().and_then(|index| {
+    let claimed = claim_free_slot().and_then(|index| {
         let ring = &REGISTRY.slots()[index].ring;
         let capacity = ring_capacity();
         // A ring reused from an earlier session gets this session's size.
@@ -385,6 +404,29 @@ fn claim_ring(current: &mut ThreadState) -> Option<usize> {
     claimed
 }
 
+/// Longest single sleep of a thread waiting for a free ring: it looks at the collector again
+/// this often.
+const FREE_RING_RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Claims a free slot. With every slot taken and lossless capture, a thread waits while slots
+/// of exited threads await their last drain ([`Registry::claim_or_wait`]): threads that start
+/// and exit faster than the collector sleeps would otherwise find the table full and drop their
+/// events. The wait ends when the collector stops serving (the session stopped, a forked child).
+///
+/// [`Registry::claim_or_wait`]: super::registry::Registry::claim_or_wait
+fn claim_free_slot() -> Option<usize> {
+    REGISTRY.claim_or_wait(
+        || {
+            let waits = SessionPolicy.lossless() && collector_serves();
+            if waits {
+                wake::ring_collector();
+            }
+            waits
+        },
+        FREE_RING_RECHECK,
+    )
+}
+
 /// Makes this process the session's owner and has thread exit hand rings back and a fork
 /// stop recording in the child. Called when a session starts.
 pub(crate) fn install_process_handlers() {
@@ -400,7 +442,7 @@ fn stop_in_forked_child() {
     gate::close_in_forked_child();
     // Only the forking thread survives, and it is not inside a push: no ring is busy, whatever
     // the parent's threads were doing.
-    for slot in REGISTRY.slots() {
+    for slot in REGISTRY.claimed() {
         slot.ring.clear_busy_after_fork();
     }
     collector_stopped();
@@ -418,16 +460,19 @@ fn retire_current_thread(index: usize) {
 /// Prepares capture for a session, before its collector starts and its gate opens: sets the
 /// mode, marks the collector as serving, clears the session's counters and makes every
 /// producer's next push re-read its ring (so a ring kept from an earlier session is resized).
-pub(crate) fn begin_session(lossless: bool, sample_bytes: u64) {
+pub(crate) fn begin_session(lossless: bool, sample_bytes: u64, max_threads: usize) {
     LOSSLESS.store(lossless, Ordering::Relaxed);
+    REGISTRY.set_limit(max_threads);
+    TABLE_FULL_DROPS.store(0, Ordering::Relaxed);
     // Countdowns are drawn afresh in the epoch the gate opens next, with this mean.
     sample::set_mean_bytes(sample_bytes);
     for counter in UNATTRIBUTED_DROPS.iter().chain(&REENTRANT_DROPS) {
         counter.store(0, Ordering::Relaxed);
     }
     WAITS.store(0, Ordering::Relaxed);
-    // No producer pushes while the gate is closed, so these stores race with nobody.
-    for slot in REGISTRY.slots() {
+    // No producer pushes while the gate is closed, so these stores race with nobody. Slots
+    // past the bound were never claimed.
+    for slot in REGISTRY.claimed() {
         slot.ring.reset_producer();
     }
     COLLECTOR_SERVING.store(true, Ordering::Release);
@@ -439,7 +484,7 @@ pub(crate) fn collector_stopped() {
     COLLECTOR_SERVING.store(false, Ordering::SeqCst);
     // Stop serving, then read `parked`: the other half of `SoundPark`'s pair.
     super::sync::fence(Ordering::SeqCst);
-    for slot in REGISTRY.slots() {
+    for slot in REGISTRY.claimed() {
         slot.ring.release_parked();
     }
 }
@@ -457,6 +502,11 @@ pub(crate) fn take_reentrant_drops() -> [u64; RawKind::COUNT] {
 /// Takes the session's count of producer waits for room.
 pub(crate) fn take_waits() -> u64 {
     WAITS.swap(0, Ordering::Relaxed)
+}
+
+/// Events dropped because every ring was owned by a live thread, since the session began.
+pub(crate) fn table_full_drops() -> u64 {
+    TABLE_FULL_DROPS.load(Ordering::Relaxed)
 }
 
 /// Whether the allocation of `size` bytes about to be recorded is a call-site sample. The fast
@@ -699,6 +749,7 @@ fn realloc_as_unit<const N: usize>(
         Destination::Ring(index) => index,
         Destination::Nowhere => return realloc(),
         Destination::Unattributed => return counted(realloc(), &kinds, drop_unattributed),
+        Destination::TableFull => return counted(realloc(), &kinds, drop_table_full),
     };
     let ring = &REGISTRY.slots()[index].ring;
     if !ring.enter::<Sound>(&RECORDING) {

@@ -281,6 +281,41 @@ fn freeing_before_draining_loses_events() {
     handover_model(false);
 }
 
+/// A thread has exited (its ring retired) and the next one finds the one-slot table full: it
+/// waits for the collector to free the retired ring, and gets it, however the free and the
+/// claim interleave; nobody sleeps for ever (loom's futex is untimed, so a missed wake would
+/// be a deadlock).
+#[test]
+fn a_thread_that_finds_the_table_full_waits_for_a_retired_ring() {
+    loom::model(|| {
+        let table = Arc::new(registry(1));
+        let first = table.claim().expect("an empty table has a slot");
+        table.retire(first);
+        let next = {
+            let table = table.clone();
+            thread::spawn(move || table.claim_or_wait(|| true, std::time::Duration::from_millis(1)))
+        };
+        // The collector: drains (nothing here) and frees the retired ring.
+        table.free(first);
+        assert_eq!(next.join().unwrap(), Some(0));
+    });
+}
+
+/// With every slot owned by a live thread there is nothing to wait for: the claim fails at once
+/// (the events are counted as dropped) instead of waiting for a thread that may never exit.
+#[test]
+fn a_table_full_of_live_threads_is_not_waited_for() {
+    loom::model(|| {
+        let table = Arc::new(registry(1));
+        let _live = table.claim().expect("an empty table has a slot");
+        let next = {
+            let table = table.clone();
+            thread::spawn(move || table.claim_or_wait(|| true, std::time::Duration::from_millis(1)))
+        };
+        assert_eq!(next.join().unwrap(), None);
+    });
+}
+
 /// Runs `model` under loom with at most three preemptions per execution: the waiting models
 /// have two sleeping threads and a mutex-modelled futex each, and unbounded they do not finish.
 /// Loom's documentation recommends a small bound; the bugs it must find (a missed wake) need

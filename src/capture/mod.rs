@@ -35,6 +35,8 @@ pub(crate) use gate::{open_gate, recording};
 #[cfg(not(loom))]
 pub(crate) use hook::*;
 #[cfg(not(loom))]
+pub(crate) use registry::{DEFAULT_THREAD_LIMIT, MAX_THREADS};
+#[cfg(not(loom))]
 pub(crate) use sample::DEFAULT_SAMPLE_BYTES;
 
 #[cfg(all(test, loom))]

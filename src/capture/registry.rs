@@ -9,10 +9,15 @@
 
 use super::ring::Ring;
 use super::sync::{AtomicU32, AtomicU64, Ordering};
+use super::wake::WaitWord;
 
-/// Most threads that can record at the same time; events of further threads are counted as
-/// dropped until a ring is handed back.
-pub(crate) const MAX_THREADS: usize = 1024;
+/// The table's size: the most threads a session can be set to record at the same time
+/// (`HIGHWATER_MAX_THREADS`). Slots past a session's limit are never touched.
+pub(crate) const MAX_THREADS: usize = 4096;
+
+/// The threads a session records at the same time unless set otherwise; events of further
+/// threads are counted as dropped until a ring is handed back.
+pub(crate) const DEFAULT_THREAD_LIMIT: usize = 1024;
 
 const FREE: u32 = 0;
 const OWNED: u32 = 1;
@@ -52,8 +57,15 @@ pub(crate) struct Registry<S = [Slot; MAX_THREADS]> {
     /// 35 µs a wake in cache misses.
     bound: AtomicU32,
     /// Bumped whenever a ring is freed, so a thread that found the table full knows when to
-    /// try again without scanning it on every event.
-    generation: AtomicU32,
+    /// try again without scanning it on every event; threads waiting for a free ring sleep on
+    /// it.
+    generation: WaitWord,
+    /// Slots retired and not yet freed: rings the collector will free once drained, which a
+    /// thread that found the table full may wait for.
+    retired: AtomicU32,
+    /// How many slots claims consider (the session's thread limit); set while no session
+    /// records.
+    limit: AtomicU32,
 }
 
 impl Slot {
@@ -104,7 +116,9 @@ impl Registry {
         Registry {
             slots: [SLOT; MAX_THREADS],
             bound: AtomicU32::new(0),
-            generation: AtomicU32::new(0),
+            generation: WaitWord::new(0),
+            retired: AtomicU32::new(0),
+            limit: AtomicU32::new(DEFAULT_THREAD_LIMIT as u32),
         }
     }
 }
@@ -116,7 +130,9 @@ impl<S: AsRef<[Slot]>> Registry<S> {
         Registry {
             slots,
             bound: AtomicU32::new(0),
-            generation: AtomicU32::new(0),
+            generation: WaitWord::new(0),
+            retired: AtomicU32::new(0),
+            limit: AtomicU32::new(DEFAULT_THREAD_LIMIT as u32),
         }
     }
 
@@ -140,25 +156,72 @@ impl<S: AsRef<[Slot]>> Registry<S> {
 
     /// The free-ring generation; see [`Registry::claim`].
     pub(crate) fn generation(&self) -> u32 {
-        self.generation.load(Ordering::Acquire)
+        self.generation.word().load(Ordering::Acquire)
+    }
+
+    /// Claims a free slot like [`Registry::claim`]; when every slot is taken but some retired
+    /// ring awaits its last drain (the collector frees it once drained), and `may_wait` says
+    /// so, sleeps until a slot is freed and tries again, looking at `may_wait` again every
+    /// `recheck`. It never waits for a live owner's slot, which could take for ever.
+    ///
+    /// The generation is read before each attempt: a free that lands between a failed attempt
+    /// and the sleep has moved it, so the sleep returns at once instead of missing the wake.
+    pub(crate) fn claim_or_wait(
+        &self,
+        may_wait: impl Fn() -> bool,
+        recheck: std::time::Duration,
+    ) -> Option<usize> {
+        loop {
+            let seen = self.generation();
+            if let Some(index) = self.claim() {
+                return Some(index);
+            }
+            // `free` bumps the generation before it counts the retired ring gone: seeing no
+            // retired ring, this also sees the bump of the free that took the last one.
+            let pending = self.retired.load(Ordering::Acquire) > 0;
+            if self.generation() != seen {
+                continue;
+            }
+            if !pending || !may_wait() {
+                return None;
+            }
+            self.generation.wait(seen, Some(recheck));
+        }
     }
 
     /// Makes the calling thread the producer of a free slot and returns its index, or `None`
     /// when every slot is taken. Lock-free: a `fetch_max` and a compare-and-swap per free-looking
     /// slot.
     pub(crate) fn claim(&self) -> Option<usize> {
-        self.slots().iter().enumerate().find_map(|(index, slot)| {
-            if slot.state.load(Ordering::Relaxed) != FREE {
-                return None;
-            }
-            // Before the claim (see `claimed`); a bound raised for a slot another thread then
-            // takes first only makes the collector look at one more slot.
-            self.bound.fetch_max(index as u32 + 1, Ordering::SeqCst);
-            slot.state
-                .compare_exchange(FREE, OWNED, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-                .then_some(index)
-        })
+        let limit = self.limit.load(Ordering::Relaxed) as usize;
+        let slots = self.slots();
+        slots[..limit.min(slots.len())]
+            .iter()
+            .enumerate()
+            .find_map(|(index, slot)| {
+                if slot.state.load(Ordering::Relaxed) != FREE {
+                    return None;
+                }
+                // Before the claim (see `claimed`); a bound raised for a slot another thread then
+                // takes first only makes the collector look at one more slot.
+                self.bound.fetch_max(index as u32 + 1, Ordering::SeqCst);
+                slot.state
+                    .compare_exchange(FREE, OWNED, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                    .then_some(index)
+            })
+    }
+
+    /// Sets how many slots claims consider, at most the table's size. Call it while no session
+    /// records: slots past a lower limit that are still owned stay the collector's to drain.
+    pub(crate) fn set_limit(&self, threads: usize) {
+        let threads = threads.clamp(1, self.slots().len());
+        self.limit.store(threads as u32, Ordering::Relaxed);
+    }
+
+    /// How many slots claims consider.
+    pub(crate) fn limit(&self) -> usize {
+        self.limit.load(Ordering::Relaxed) as usize
     }
 
     /// Gives back slot `index`, which the caller claimed but could not use (no storage could
@@ -177,9 +240,13 @@ impl<S: AsRef<[Slot]>> Registry<S> {
     pub(crate) fn retire(&self, index: usize) {
         if let Some(slot) = self.slots().get(index) {
             // Release: the collector that sees RETIRED also sees every event published before.
-            let _ =
-                slot.state
-                    .compare_exchange(OWNED, RETIRED, Ordering::Release, Ordering::Relaxed);
+            if slot
+                .state
+                .compare_exchange(OWNED, RETIRED, Ordering::Release, Ordering::Relaxed)
+                .is_ok()
+            {
+                self.retired.fetch_add(1, Ordering::AcqRel);
+            }
         }
     }
 
@@ -192,7 +259,10 @@ impl<S: AsRef<[Slot]>> Registry<S> {
                 .compare_exchange(RETIRED, FREE, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
-                self.generation.fetch_add(1, Ordering::Release);
+                // The bump before the count (see `claim_or_wait`).
+                self.generation.word().fetch_add(1, Ordering::Release);
+                self.generation.wake_all();
+                self.retired.fetch_sub(1, Ordering::AcqRel);
             }
         }
     }

@@ -27,7 +27,7 @@ use crate::capture::raw::{
 use crate::capture::registry::{SlotState, REGISTRY};
 use crate::capture::{self, gate, names, oom, wake, UNATTRIBUTED_DROPS};
 use crate::checkpoint::{CheckpointConfig, Checkpointer};
-use crate::profile::{CaptureMode, CaptureStats, Profile, ThreadCapture, Warning};
+use crate::profile::{CaptureMode, CaptureStats, Profile, ThreadCapture, Warning, MAX_THREAD_ROWS};
 
 use merge::{Merge, Stamp};
 
@@ -337,7 +337,10 @@ struct Merger {
     warnings: Vec<Warning>,
     /// Virtual-memory mappings per device, which say when physical memory is freed.
     vmm: HashMap<DeviceId, vmm::VmmLedger>,
+    /// Capture rows, at most [`MAX_THREAD_ROWS`] (see [`stats_of`]).
     threads: Vec<ThreadCapture>,
+    /// Profile threads numbered so far (each ring owner gets the next number).
+    thread_count: u32,
     /// Newest timestamp merged, for `duration_ns`.
     newest_ns: u64,
     /// The most events the latest drain took from one ring.
@@ -377,6 +380,7 @@ impl Merger {
             warnings: Vec::new(),
             vmm: HashMap::new(),
             threads: Vec::new(),
+            thread_count: 0,
             newest_ns: 0,
             most_drained: 0,
             backlog: staged_backlog(capture::ring_capacity()),
@@ -446,12 +450,17 @@ impl Merger {
                 None => {
                     // The owner stored its tid before publishing the events just drained (the
                     // drain's Acquire load of `head` makes it visible).
-                    let thread = self.threads.len() as u32;
-                    self.threads.push(ThreadCapture {
-                        thread,
-                        os_tid: slot.owner_tid(),
-                        ..ThreadCapture::default()
-                    });
+                    let thread = self.thread_count;
+                    self.thread_count += 1;
+                    if self.threads.len() < MAX_THREAD_ROWS {
+                        self.threads.push(ThreadCapture {
+                            thread,
+                            os_tid: slot.owner_tid(),
+                            ..ThreadCapture::default()
+                        });
+                    } else if let Some(rest) = self.threads.last_mut() {
+                        rest.threads += 1;
+                    }
                     self.cursors[index].thread = Some(thread);
                     thread
                 }
@@ -479,7 +488,7 @@ impl Merger {
 
     fn charge_drops(&mut self, index: usize, thread: u32, dropped: [u64; RawKind::COUNT]) {
         let cursor = &mut self.cursors[index];
-        let stats = &mut self.threads[thread as usize];
+        let stats = stats_of(&mut self.threads, thread);
         let mut total = 0;
         for (kind, (now, seen)) in dropped
             .iter()
@@ -662,7 +671,7 @@ impl Merger {
         if events > 0 {
             profile.warnings.push(Warning::LateEvents { events });
         }
-        profile.meta.threads = self.threads.len() as u32;
+        profile.meta.threads = self.thread_count;
         profile
     }
 
@@ -687,7 +696,7 @@ impl Merger {
                 };
                 let ts = self.calibration.to_ns(raw.ticks()).unwrap_or(0);
                 self.newest_ns = self.newest_ns.max(ts);
-                let stats = &mut self.threads[thread as usize];
+                let stats = stats_of(&mut self.threads, thread);
                 let at = At {
                     ts,
                     thread,
@@ -743,7 +752,7 @@ impl Merger {
             return;
         };
         let ts_ns = self.calibration.to_ns(ticks).unwrap_or(0);
-        let stats = &mut self.threads[thread as usize];
+        let stats = stats_of(&mut self.threads, thread);
         match record.kind() {
             RawKind::Alloc => stats.allocs += 1,
             RawKind::Free => stats.frees += 1,
@@ -946,7 +955,7 @@ impl Merger {
         let Some(thread) = cursor.thread else {
             return;
         };
-        let stats = &mut self.threads[thread as usize];
+        let stats = stats_of(&mut self.threads, thread);
         stats.allocs += 1;
         stats.frees += 1;
         let at = |(ticks, span), calibration: &Calibration| At {
@@ -1083,6 +1092,13 @@ impl Merger {
             ..self.capture_stats(loose)
         };
         let mut profile = self.with_capture(profile, capture);
+        let events = capture::table_full_drops();
+        if events > 0 {
+            profile.warnings.push(Warning::ThreadLimit {
+                events,
+                limit: REGISTRY.limit() as u64,
+            });
+        }
         if let Some(Err((path, error))) = self.log.take().map(AllocLogWriter::finish) {
             profile.warnings.push(Warning::AllocLogIncomplete {
                 path: path.display().to_string(),
@@ -1124,6 +1140,13 @@ impl Merger {
         }
         stats
     }
+}
+
+/// The capture row of profile thread `thread`: its own, or the last row, which sums every
+/// thread past the first [`MAX_THREAD_ROWS`] - 1.
+fn stats_of(threads: &mut [ThreadCapture], thread: u32) -> &mut ThreadCapture {
+    let row = (thread as usize).min(MAX_THREAD_ROWS - 1);
+    &mut threads[row]
 }
 
 /// The capture mode of the running session.

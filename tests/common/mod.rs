@@ -540,7 +540,54 @@ pub fn check_workers(
     let mut sum = [0u64; 3];
     let mut span_sum = 0;
     let mut dropped_total = loose.iter().sum::<u64>() + loose_spans;
-    for &tid in workers {
+    // Past `MAX_THREAD_ROWS` threads, the profile sums the rest in its last row: those workers
+    // are checked together against it.
+    let own_rows: std::collections::HashSet<u64> = profile
+        .capture
+        .threads
+        .iter()
+        .filter(|row| row.threads == 1)
+        .map(|row| row.os_tid)
+        .collect();
+    let (workers, summed): (Vec<u64>, Vec<u64>) =
+        workers.iter().partition(|tid| own_rows.contains(tid));
+    if !summed.is_empty() {
+        let rest = profile
+            .capture
+            .threads
+            .iter()
+            .find(|row| row.threads > 1)
+            .expect("workers without a row of their own, but no summed row");
+        // Workers whose events were all lost without a ring have no row at all.
+        assert!(
+            rest.threads as usize <= summed.len(),
+            "threads in the summed row"
+        );
+        let recorded = [rest.allocs, rest.frees, rest.reallocs];
+        let dropped = [
+            rest.dropped_allocs,
+            rest.dropped_frees,
+            rest.dropped_reallocs,
+        ];
+        let done = performed(&summed);
+        for kind in 0..3 {
+            let seen = recorded[kind] + dropped[kind];
+            sum[kind] += seen;
+            dropped_total += dropped[kind];
+            if let Some(after) = after_retire {
+                assert_eq!(
+                    seen + after[kind] * summed.len() as u64,
+                    done[kind],
+                    "{} events of the {} workers in the summed row",
+                    KIND_NAMES[kind],
+                    summed.len()
+                );
+            }
+        }
+        span_sum += rest.span_events + rest.dropped_other;
+        dropped_total += rest.dropped_other;
+    }
+    for &tid in &workers {
         let (recorded, dropped, span_events, span_dropped) = recorded_and_dropped(profile, tid);
         let done = performed(&[tid]);
         assert!(
@@ -590,7 +637,7 @@ pub fn check_workers(
             }
         }
     }
-    let total = performed(workers);
+    let total = performed(&[workers, summed].concat());
     for kind in 0..3 {
         assert_eq!(
             sum[kind] + loose[kind],

@@ -535,15 +535,26 @@ pub struct CaptureStats {
     /// may be off by its size. 0 in a sound capture.
     #[serde(default)]
     pub late_events: u64,
-    /// Per recording thread, in order of first event.
+    /// Per recording thread, in order of first event: at most [`MAX_THREAD_ROWS`] rows, the
+    /// last of which sums every thread past the others when a run had more.
     pub threads: Vec<ThreadCapture>,
 }
 
-/// What one thread recorded and lost.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// Most [`CaptureStats::threads`] rows a profile lists: a run that starts threads by the
+/// million lists its first threads one by one and sums the rest in the last row
+/// ([`ThreadCapture::threads`] says how many), so the profile stays bounded.
+pub const MAX_THREAD_ROWS: usize = 1024;
+
+/// What one thread (or, in a last row, many threads) recorded and lost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ThreadCapture {
-    /// The thread's number in this profile's events.
+    /// The thread's number in this profile's events (of a row that sums many, the first's).
     pub thread: u32,
+    /// Threads this row counts: 1, or in the last row of a run with more than
+    /// [`MAX_THREAD_ROWS`] threads, every thread from [`ThreadCapture::thread`] on (their
+    /// `os_tid` is the first's).
+    #[serde(default = "one")]
+    pub threads: u64,
     /// The operating system's id for it (`gettid` on Linux; 0 elsewhere).
     pub os_tid: u64,
     /// Allocations recorded.
@@ -565,6 +576,30 @@ pub struct ThreadCapture {
     pub dropped_reallocs: u64,
     /// Other events dropped (spans, ops).
     pub dropped_other: u64,
+}
+
+impl Default for ThreadCapture {
+    fn default() -> ThreadCapture {
+        ThreadCapture {
+            thread: 0,
+            threads: 1,
+            os_tid: 0,
+            allocs: 0,
+            frees: 0,
+            reallocs: 0,
+            span_events: 0,
+            other_events: 0,
+            dropped_allocs: 0,
+            dropped_frees: 0,
+            dropped_reallocs: 0,
+            dropped_other: 0,
+        }
+    }
+}
+
+/// The serde default of a count that was always one before it was written.
+fn one() -> u64 {
+    1
 }
 
 /// Why a profile could not be read or written.

@@ -197,6 +197,14 @@ pub enum Warning {
         /// Events merged late.
         events: u64,
     },
+    /// Threads started while every ring the session may use was owned by a live thread had
+    /// their events dropped (they are in [`Warning::DroppedEvents`]'s count too).
+    ThreadLimit {
+        /// Events dropped so.
+        events: u64,
+        /// The session's limit on threads recording at once.
+        limit: u64,
+    },
     /// The session was built to record a device's memory through its driver's profiling
     /// interface (the `cuda` feature) but could not: device memory is missing from every
     /// figure.
@@ -234,6 +242,7 @@ impl Warning {
             Warning::StacksWithoutHook { .. } => "stacks_without_hook",
             Warning::LateEvents { .. } => "late_events",
             Warning::DeviceMemoryNotRecorded { .. } => "device_memory_not_recorded",
+            Warning::ThreadLimit { .. } => "thread_limit",
             Warning::Note { .. } => "note",
         }
     }
@@ -367,6 +376,12 @@ impl fmt::Display for Warning {
                 "{events} events were merged after newer events of other threads (published \
                  later than the merge allowed for, as when two cores' clocks disagree): each \
                  counts at its own time, but a peak judged in between may be off by its size"
+            ),
+            Warning::ThreadLimit { events, limit } => write!(
+                f,
+                "{events} events were dropped because more than {limit} threads recorded at \
+                 once; HIGHWATER_MAX_THREADS (or SessionBuilder::max_threads) raises the limit, \
+                 up to 4096"
             ),
             Warning::DeviceMemoryNotRecorded {
                 api,
