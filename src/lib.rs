@@ -94,6 +94,8 @@ mod measure;
 #[cfg(not(loom))]
 pub mod ops;
 #[cfg(not(loom))]
+mod outputs;
+#[cfg(not(loom))]
 mod session;
 #[cfg(all(not(loom), target_os = "linux"))]
 mod signal;

@@ -28,6 +28,7 @@ use crate::error::Error;
 use crate::export::html;
 use crate::fork_lock::{ForkSafeGuard, ForkSafeMutex};
 use crate::model::OomSource;
+use crate::outputs::{self, Outputs};
 use crate::profile::{CaptureMode, Profile, RunMeta, Warning};
 
 pub use crate::config::DEFAULT_OUTPUT;
@@ -282,26 +283,18 @@ impl SessionBuilder {
             setting: "max_threads",
             reason,
         })?;
-        if settings.write {
-            check_output(&settings.output).map_err(|reason| Error::Setting {
-                setting: "output",
-                reason,
-            })?;
-            if settings.html {
-                check_output(&html::path_beside(&settings.output)).map_err(|reason| {
-                    Error::Setting {
-                        setting: "html",
-                        reason,
-                    }
-                })?;
-            }
-        }
-        if let Some(log) = &settings.alloc_log {
-            check_output(log).map_err(|reason| Error::Setting {
-                setting: "alloc_log",
-                reason,
-            })?;
-        }
+        let Outputs {
+            output,
+            html,
+            alloc_log,
+            checkpoints,
+        } = outputs::resolve(
+            settings.write,
+            &settings.output,
+            settings.html,
+            settings.alloc_log.as_deref(),
+        )
+        .map_err(|(setting, reason)| Error::Setting { setting, reason })?;
         install_process_handlers();
         let mut active = ACTIVE.lock();
         if active.is_some() && !lifecycle::is_owner_process() {
@@ -332,8 +325,7 @@ impl SessionBuilder {
             started_unix_ms: crate::checkpoint::unix_ms_now(),
             clock: clock_name.to_string(),
             threads: 0,
-            alloc_log: settings
-                .alloc_log
+            alloc_log: alloc_log
                 .as_ref()
                 .map(|path| path.to_string_lossy().into_owned()),
             pid: std::process::id(),
@@ -347,12 +339,13 @@ impl SessionBuilder {
             lag: collector::MERGE_LAG,
             timeline: self.timeline,
             sample_bytes: settings.sample_bytes,
-            alloc_log: settings.alloc_log.clone(),
+            alloc_log: alloc_log.clone(),
             warnings,
             // Even with periodic checkpoints off, a refused allocation writes one.
-            checkpoint: settings.write.then(|| CheckpointConfig {
+            // Nothing goes through a device or FIFO output but the final profile.
+            checkpoint: (settings.write && checkpoints).then(|| CheckpointConfig {
                 every: settings.checkpoint_every,
-                path: settings.output.clone(),
+                path: output.clone(),
                 meta: meta.clone(),
             }),
         })
@@ -367,9 +360,9 @@ impl SessionBuilder {
             generation,
             collector,
             control,
-            output: settings.output,
+            output,
             write: settings.write,
-            html: settings.html,
+            html,
             meta,
             folded_names_before: names::folded(),
         });
@@ -748,66 +741,6 @@ fn write_fallback(profile: &Profile, generation: u64) -> Option<PathBuf> {
     .ok()
 }
 
-/// Checks, before recording starts, that `path` can take a file: not empty, not a directory,
-/// and its nearest existing ancestor a writable directory. Says what is wrong, naming the path.
-fn check_output(path: &Path) -> Result<(), String> {
-    let shown = path.display();
-    if path.as_os_str().is_empty() {
-        return Err("the output path is empty".into());
-    }
-    if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
-        return Err(format!(
-            "{shown} ends with `/`: it names a directory, not a file"
-        ));
-    }
-    if path.is_dir() {
-        return Err(format!("{shown} is a directory"));
-    }
-    if std::fs::symlink_metadata(path).is_ok() {
-        // It exists (a file, a device, a FIFO, a link): the writer handles each.
-        return Ok(());
-    }
-    let mut ancestor = path.parent();
-    while let Some(dir) = ancestor {
-        let dir = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
-        match std::fs::metadata(dir) {
-            Ok(meta) if meta.is_dir() => {
-                return if writable(dir) {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "{shown} cannot be created: {} is not writable",
-                        dir.display()
-                    ))
-                };
-            }
-            Ok(_) => {
-                return Err(format!(
-                    "{shown} cannot be created: {} is not a directory",
-                    dir.display()
-                ))
-            }
-            Err(_) => ancestor = dir.parent(),
-        }
-    }
-    Ok(())
-}
-
-/// Whether this process may create files in `dir` (`access(W_OK)`, which also says "no" on a
-/// read-only file system).
-fn writable(dir: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(name) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `name` is a valid NUL-terminated string.
-    unsafe { libc::access(name.as_ptr(), libc::W_OK) == 0 }
-}
-
 /// Installs, once per process, the `exit` handler and the fork handlers.
 fn install_process_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
@@ -901,32 +834,4 @@ fn program_name() -> String {
                 .map(|name| name.to_string_lossy().into_owned())
         })
         .unwrap_or_default()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bad_outputs_are_refused_naming_the_path() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("file");
-        std::fs::write(&file, "x").unwrap();
-        let trailing = format!("{}/new/", dir.path().display());
-        let cases: [(PathBuf, &str); 4] = [
-            (PathBuf::new(), "empty"),
-            (dir.path().to_path_buf(), "is a directory"),
-            (PathBuf::from(&trailing), "ends with `/`"),
-            (file.join("sub/p.json"), "is not a directory"),
-        ];
-        for (path, want) in cases {
-            let message = check_output(&path).unwrap_err();
-            assert!(message.contains(want), "{path:?}: {message}");
-            assert!(message.contains(&*path.to_string_lossy()), "{message}");
-        }
-        assert!(check_output(&dir.path().join("a/b/p.json")).is_ok());
-        assert!(check_output(&file).is_ok());
-        assert!(check_output(Path::new("/dev/null")).is_ok());
-        assert!(check_output(Path::new("p.json")).is_ok());
-    }
 }

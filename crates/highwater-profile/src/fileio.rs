@@ -114,6 +114,13 @@ fn follow_owned_links(path: &Path) -> io::Result<PathBuf> {
     ))
 }
 
+/// Whether [`write_file`] writes `path` through (a device, a FIFO, an open file of this
+/// process such as `/dev/stdout`) rather than replacing it with a new file; the error is the
+/// one a write would meet settling where it goes (a link another user owns, say).
+pub fn writes_through(path: &Path) -> io::Result<bool> {
+    Ok(matches!(destination(path)?, Destination::Through { .. }))
+}
+
 /// Writes `contents` to `path` as the [module docs](self) say.
 pub fn write_file(path: &Path, contents: &[u8]) -> io::Result<()> {
     match destination(path)? {
