@@ -95,7 +95,7 @@ impl OpGuard {
                 names::device(tensor.device),
                 key,
                 self.name,
-                Some(names::shape(tensor.shape)),
+                names::shape(tensor.shape),
                 Some(names::name(tensor.dtype)),
             );
         }

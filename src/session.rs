@@ -75,6 +75,10 @@ struct Running {
     meta: RunMeta,
     /// Op names folded by the intern table before this session started.
     folded_names_before: u64,
+    /// [`names::folded_devices`] when the session started.
+    folded_devices_before: u64,
+    /// [`names::folded_shapes`] when the session started.
+    folded_shapes_before: u64,
 }
 
 /// Settings for a [`Session`], from the builder and the environment.
@@ -365,6 +369,8 @@ impl SessionBuilder {
             html,
             meta,
             folded_names_before: names::folded(),
+            folded_devices_before: names::folded_devices(),
+            folded_shapes_before: names::folded_shapes(),
         });
         CURRENT.store(generation, Ordering::SeqCst);
         capture::open_gate();
@@ -660,6 +666,21 @@ fn finish_running(running: Running) -> Result<Profile, Error> {
             names: folded,
             max_names: names::MAX_NAMES as u64,
             shown_as: names::FOLDED_NAME.to_string(),
+        });
+    }
+    let devices = names::folded_devices().saturating_sub(running.folded_devices_before);
+    if devices > 0 {
+        profile.warnings.push(Warning::DevicesFolded {
+            devices,
+            max_devices: names::MAX_DEVICES as u64,
+            shown_as: names::FOLDED_DEVICE.to_string(),
+        });
+    }
+    let shapes = names::folded_shapes().saturating_sub(running.folded_shapes_before);
+    if shapes > 0 {
+        profile.warnings.push(Warning::ShapesFolded {
+            shapes,
+            max_shapes: names::MAX_SHAPES as u64,
         });
     }
     let written = if running.write {

@@ -162,6 +162,23 @@ pub enum Warning {
         /// The placeholder they are shown as.
         shown_as: String,
     },
+    /// Devices named after the process-wide device table was full are shown as one.
+    DevicesFolded {
+        /// Devices folded during the session.
+        devices: u64,
+        /// The table's limit.
+        max_devices: u64,
+        /// The device they are shown as.
+        shown_as: String,
+    },
+    /// Tensor shapes seen after the process-wide shape table was full are not recorded: their
+    /// rows show no shape.
+    ShapesFolded {
+        /// Shapes not recorded during the session.
+        shapes: u64,
+        /// The table's limit.
+        max_shapes: u64,
+    },
     /// A checkpoint written on a signal the program handles itself; the session was still
     /// recording, and its own end writes the whole run.
     Checkpoint,
@@ -237,6 +254,8 @@ impl Warning {
             Warning::SpansTooDeep { .. } => "spans_too_deep",
             Warning::SpansTooMany { .. } => "spans_too_many",
             Warning::NamesFolded { .. } => "names_folded",
+            Warning::DevicesFolded { .. } => "devices_folded",
+            Warning::ShapesFolded { .. } => "shapes_folded",
             Warning::Checkpoint => "checkpoint",
             Warning::OutOfMemory { .. } => "out_of_memory",
             Warning::StacksWithoutHook { .. } => "stacks_without_hook",
@@ -376,6 +395,20 @@ impl fmt::Display for Warning {
                 "{events} events were merged after newer events of other threads (published \
                  later than the merge allowed for, as when two cores' clocks disagree): each \
                  counts at its own time, but a peak judged in between may be off by its size"
+            ),
+            Warning::DevicesFolded {
+                devices,
+                max_devices,
+                shown_as,
+            } => write!(
+                f,
+                "{devices} devices were named after the first {max_devices}: their memory is \
+                 counted as one device, \"{shown_as}\""
+            ),
+            Warning::ShapesFolded { shapes, max_shapes } => write!(
+                f,
+                "{shapes} tensor shapes were seen after the first {max_shapes}: their rows show \
+                 no shape"
             ),
             Warning::ThreadLimit { events, limit } => write!(
                 f,
