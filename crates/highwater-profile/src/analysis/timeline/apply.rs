@@ -237,25 +237,28 @@ impl Timeline {
                 } else {
                     0.0
                 };
+                let sample = PoolSample {
+                    ts,
+                    capacity,
+                    reserved,
+                    largest_free,
+                    fragmentation,
+                };
                 let state = self.device(device);
                 let pool = state.pool.get_or_insert_with(|| PoolStats {
+                    last: sample,
                     capacity,
                     reserved,
                     peak_reserved: 0,
                     max_fragmentation: 0.0,
                     curve: Downsampler::new(buckets),
                 });
+                pool.last = sample;
                 pool.capacity = capacity;
                 pool.reserved = reserved;
                 pool.peak_reserved = pool.peak_reserved.max(reserved);
                 pool.max_fragmentation = pool.max_fragmentation.max(fragmentation);
-                pool.curve.push(PoolSample {
-                    ts,
-                    capacity,
-                    reserved,
-                    largest_free,
-                    fragmentation,
-                });
+                pool.curve.push(sample);
             }
             EventKind::Reserved { device, bytes } => {
                 let buckets = self.curve_buckets();

@@ -58,6 +58,8 @@ impl Sample for PoolSample {
 /// What a pool reported about one device.
 #[derive(Debug, Clone)]
 pub(super) struct PoolStats {
+    /// The last report, which the curve ends at whatever the downsampling kept.
+    pub(super) last: PoolSample,
     pub(super) capacity: u64,
     /// Reserved bytes as of the pool's last report.
     pub(super) reserved: u64,
@@ -319,6 +321,9 @@ impl Timeline {
                 .names
                 .device_str(DeviceId(u16::try_from(index).unwrap_or(u16::MAX)));
             let mut points: Vec<PoolSample> = pool.curve.points().collect();
+            if !points.contains(&pool.last) {
+                points.push(pool.last);
+            }
             points.sort_by_key(|p| p.ts);
             out.extend(points.into_iter().map(|p| PoolPoint {
                 timestamp_ns: p.ts,

@@ -539,6 +539,69 @@ fn pool_reports_fill_device_stats_even_without_allocations() {
     assert!(profile.timeline.is_empty());
 }
 
+/// Hardening III, row 12: a pool curve kept each bucket's highest report only, so a pool
+/// emptied at the end still showed its last bucket's maximum. Curves end at their last report.
+#[test]
+fn pool_and_reserved_curves_end_at_their_last_report() {
+    let mut s = Script::with(TimelineConfig {
+        max_points_per_device: 5,
+        ..TimelineConfig::default()
+    });
+    let tpu = s.timeline.intern_device("tpu:0");
+    let gpu = s.timeline.intern_device("cuda:0");
+    for step in 0..1000u64 {
+        let reserved = if step == 999 { 0 } else { 151_552 + step % 7 };
+        s.push(EventKind::PoolState {
+            device: tpu,
+            capacity: 1 << 20,
+            reserved,
+            largest_free: (1 << 20) - reserved,
+            fragmentation: 0.0,
+        });
+        s.push(EventKind::Reserved {
+            device: gpu,
+            bytes: reserved * 2,
+        });
+    }
+    let profile = s.finish();
+    let last = profile.pool_timeline.last().unwrap();
+    assert_eq!((last.device.as_str(), last.reserved_bytes), ("tpu:0", 0));
+    assert!(profile.pool_timeline.len() <= 6);
+    let last = profile.reserved_timeline.last().unwrap();
+    assert_eq!((last.device.as_str(), last.reserved_bytes), ("cuda:0", 0));
+    let gpu = profile
+        .devices
+        .iter()
+        .find(|d| d.device == "cuda:0")
+        .unwrap();
+    assert_eq!(gpu.reserved_final_bytes, Some(0));
+    assert_eq!(gpu.reserved_peak_bytes, Some((151_552 + 6) * 2));
+}
+
+/// What a device held before recording is taken once: the first report.
+#[test]
+fn a_device_s_memory_before_recording_is_its_first_report() {
+    let mut s = Script::new();
+    let gpu = s.timeline.intern_device("cuda:0");
+    for (in_use, total) in [(500u64, 80_000u64), (900, 80_000)] {
+        s.push(EventKind::DeviceMemory {
+            device: gpu,
+            in_use,
+            total,
+        });
+    }
+    let profile = s.finish();
+    let gpu = profile
+        .devices
+        .iter()
+        .find(|d| d.device == "cuda:0")
+        .unwrap();
+    assert_eq!(
+        (gpu.context_bytes, gpu.capacity_bytes),
+        (Some(500), Some(80_000))
+    );
+}
+
 #[test]
 fn a_timeline_can_move_to_the_collector_thread() {
     fn assert_send<T: Send + 'static>() {}
