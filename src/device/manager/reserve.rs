@@ -1,10 +1,13 @@
 //! Reservations: reserve on several devices all or nothing, split evenly, release.
 
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
 use parking_lot::MutexGuard;
 
 use super::observer::{report, report_refusal};
 use super::Device;
-use super::PoolManager;
+use super::{PoolManager, PoolObserver, PoolSnapshot};
 use crate::device::DeviceIndex;
 use crate::device::{AdmissionError, PoolError};
 
@@ -85,6 +88,11 @@ impl PoolManager {
     /// [`PoolError::EmptyRequest`] for an empty list, [`PoolError::UnknownDevice`],
     /// [`PoolError::ZeroBytes`] for a zero entry, [`PoolError::Overflow`] when summing or
     /// rounding overflows, and [`PoolError::Admission`] naming every device that cannot fit.
+    ///
+    /// # Panics
+    ///
+    /// When the [observer](PoolManager::set_observer) panics, the reservation is released (its
+    /// blocks are not lost with the panic) and the panic goes on.
     ///
     /// # Examples
     ///
@@ -184,11 +192,29 @@ impl PoolManager {
         self.totals.lock().add(added);
         let observed = self.observe(held.iter().map(|(device, _, _, pool)| (*device, &**pool)));
         drop(held);
-        report(observed);
-        Ok(Reservation {
+        let reservation = Reservation {
             manager: self.id,
             blocks: Blocks::Many(blocks),
-        })
+        };
+        Ok(self.report_then_hand_over(observed, reservation))
+    }
+
+    /// Reports a reservation's snapshots and hands it over. If the observer panics, the
+    /// reservation is released first, so that its blocks do not stay held for good with nobody
+    /// holding their handle, and the panic goes on.
+    fn report_then_hand_over(
+        &self,
+        observed: Option<(Option<Arc<PoolObserver>>, Vec<PoolSnapshot>)>,
+        reservation: Reservation,
+    ) -> Reservation {
+        match catch_unwind(AssertUnwindSafe(|| report(observed))) {
+            Ok(()) => reservation,
+            Err(panic) => {
+                // Releasing reports too; a second panic there changes nothing more.
+                let _ = catch_unwind(AssertUnwindSafe(|| self.release(reservation)));
+                resume_unwind(panic)
+            }
+        }
     }
 
     /// [`PoolManager::reserve`] for a single device: one lock, and `alloc` (which changes
@@ -213,17 +239,17 @@ impl PoolManager {
         self.totals.lock().add(u128::from(rounded));
         let observed = self.observe(std::iter::once((device, &*pool)));
         drop(pool);
-        report(observed);
         let block = ReservedBlock {
             device,
             offset,
             requested: bytes,
             reserved: rounded,
         };
-        Ok(Reservation {
+        let reservation = Reservation {
             manager: self.id,
             blocks: Blocks::One(block),
-        })
+        };
+        Ok(self.report_then_hand_over(observed, reservation))
     }
 
     /// Reserves `total` bytes split evenly over `devices`, the last device taking the remainder.

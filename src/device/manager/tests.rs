@@ -500,3 +500,38 @@ fn snapshots_reach_an_installed_sink_and_stop_when_it_is_cleared() {
     m.release(r).unwrap();
     assert_eq!(*SEEN.lock(), [("tpu:0".to_string(), MIB)]);
 }
+
+/// Hardening III, row 13: an observer that panics inside `reserve` unwound after the block was
+/// placed, so the caller never got the reservation and the bytes stayed held for good. The
+/// reservation is released before the panic goes on, on one device and on several.
+#[test]
+fn an_observer_that_panics_leaves_nothing_reserved() {
+    let pools = PoolManager::builder()
+        .limit(64 * MIB)
+        .devices(2)
+        .strategy(Strategy::BestFit)
+        .build();
+    let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let counted = calls.clone();
+    pools.set_observer(Box::new(move |_| {
+        if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            panic!("observer failed");
+        }
+    }));
+    for request in [
+        vec![(DeviceIndex(0), 8 * MIB)],
+        vec![(DeviceIndex(0), 8 * MIB), (DeviceIndex(1), 4 * MIB)],
+    ] {
+        calls.store(0, std::sync::atomic::Ordering::SeqCst);
+        let result =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pools.reserve(&request)));
+        let panic = result.expect_err("the observer's panic goes on");
+        assert_eq!(panic.downcast_ref::<&str>(), Some(&"observer failed"));
+        for device in [DeviceIndex(0), DeviceIndex(1)] {
+            assert_eq!(pools.stats(device).unwrap().in_use_bytes, 0, "{request:?}");
+        }
+    }
+    // Still usable afterwards.
+    let kept = pools.reserve(&[(DeviceIndex(1), MIB)]).unwrap();
+    assert_eq!(pools.release(kept).unwrap(), u128::from(MIB));
+}
