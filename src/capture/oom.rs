@@ -26,6 +26,12 @@ use super::wake::WaitWord;
 /// machine, short enough that a dying process still dies promptly.
 pub(crate) const OOM_CHECKPOINT_WAIT: Duration = Duration::from_secs(5);
 
+/// After a refused thread started waiting for its checkpoint, refusals within this long are
+/// recorded without a wait (the next checkpoint, or the final profile, holds them): a program
+/// that recovers from refusals (`Vec::try_reserve`, a refused pool admission it handles) is not
+/// stalled on every one, and at most one refusal checkpoint is in flight.
+pub(crate) const OOM_CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
 /// Longest single sleep of a waiter: it looks at the collector again this often.
 const RECHECK: Duration = Duration::from_millis(10);
 
@@ -185,12 +191,30 @@ impl Tickets {
 
 #[cfg(not(loom))]
 mod process {
-    use super::{Collector, SoundTicket, Tickets};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::{Collector, SoundTicket, Tickets, OOM_CHECKPOINT_EVERY};
     use crate::capture::wake;
     use crate::model::OomSource;
 
     /// The process's tickets.
     static TICKETS: Tickets = Tickets::starting_at(0);
+
+    /// When the latest wait for a refusal checkpoint began, monotonic ns (`0`: never).
+    static LAST_WAIT: AtomicU64 = AtomicU64::new(0);
+
+    /// The monotonic clock, ns: allocation- and lock-free (the vDSO).
+    fn monotonic_ns() -> u64 {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `now` is a valid timespec to write; CLOCK_MONOTONIC always exists on Linux.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+        (now.tv_sec as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(now.tv_nsec as u64)
+    }
 
     /// This process's collector, as the hook sees it.
     struct SessionCollector;
@@ -213,10 +237,29 @@ mod process {
 
     /// Records a refusal with `record` (which returns whether it is in this thread's ring) and,
     /// if it is, waits for a checkpoint that includes it, at most
-    /// [`OOM_CHECKPOINT_WAIT`](super::OOM_CHECKPOINT_WAIT). Call it outside any push.
+    /// [`OOM_CHECKPOINT_WAIT`](super::OOM_CHECKPOINT_WAIT) — unless another refusal began such
+    /// a wait less than [`OOM_CHECKPOINT_EVERY`] ago: then it is only recorded. Call it outside
+    /// any push.
     #[cold]
     pub(crate) fn refused(record: impl FnOnce() -> bool) {
+        let now = monotonic_ns();
+        let last = LAST_WAIT.load(Ordering::Acquire);
+        let recent = last != 0 && now.saturating_sub(last) < OOM_CHECKPOINT_EVERY.as_nanos() as u64;
+        // One thread per window waits: the others lose the race and only record.
+        if recent
+            || LAST_WAIT
+                .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            record();
+            return;
+        }
         TICKETS.wait_after::<SoundTicket>(record, &SessionCollector);
+    }
+
+    /// A new session: its first refusal waits for its checkpoint whatever came before.
+    pub(crate) fn new_session() {
+        LAST_WAIT.store(0, Ordering::Release);
     }
 
     /// See [`Tickets::asked`].
@@ -241,6 +284,27 @@ pub(crate) use process::*;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(not(loom))]
+    /// Hardening III, row 10: every refusal a program recovered from waited for a checkpoint of
+    /// its own. Within a second of a wait, refusals are recorded only: one ticket for many.
+    #[test]
+    fn refusals_within_a_second_of_a_wait_only_record() {
+        new_session();
+        let before = asked();
+        let mut recorded = 0;
+        for _ in 0..100 {
+            refused(|| {
+                recorded += 1;
+                true
+            });
+        }
+        assert_eq!(recorded, 100, "every refusal is recorded");
+        assert_eq!(asked().wrapping_sub(before), 1, "one ticket, one wait");
+        new_session();
+        refused(|| true);
+        assert_eq!(asked().wrapping_sub(before), 2, "a new session waits again");
+    }
 
     #[test]
     fn tickets_are_covered_across_the_wrap() {
