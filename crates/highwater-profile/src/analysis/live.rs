@@ -1142,24 +1142,52 @@ pub(crate) fn group_live_now(live: &LiveSet, device: DeviceId) -> Vec<(GroupKey,
 }
 
 /// The `n` largest blocks live at the peak, largest first (ties: allocated earlier first,
-/// then by device and address).
+/// then by device and address). Keeps `n` candidates at a time (a heap whose top is the worst
+/// kept), never a copy of every live block: a checkpoint of a run with tens of millions of live
+/// blocks must not double its memory.
 pub(crate) fn largest_at_peak(live: &LiveSet, n: usize) -> Vec<(DeviceId, LiveEntry)> {
+    /// Orders a heap so that its top is the worst-ranked block kept.
+    struct Kept(Ranked);
+    impl PartialEq for Kept {
+        fn eq(&self, other: &Kept) -> bool {
+            rank_order(&self.0, &other.0).is_eq()
+        }
+    }
+    impl Eq for Kept {}
+    impl PartialOrd for Kept {
+        fn partial_cmp(&self, other: &Kept) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(other))
+        }
+    }
+    impl Ord for Kept {
+        fn cmp(&self, other: &Kept) -> std::cmp::Ordering {
+            rank_order(&self.0, &other.0)
+        }
+    }
     if n == 0 {
         return Vec::new();
     }
-    let mut all: Vec<Ranked> = live
+    let mut kept: std::collections::BinaryHeap<Kept> = std::collections::BinaryHeap::new();
+    let candidates = live
         .still_live_at_peak()
         .map(|(device, block)| Ranked {
             device,
             addr: block.addr,
             block: *block,
         })
-        .chain(live.since_peak_top.iter().copied())
-        .collect();
-    if all.len() > n {
-        all.select_nth_unstable_by(n - 1, rank_order);
-        all.truncate(n);
+        .chain(live.since_peak_top.iter().copied());
+    for ranked in candidates {
+        if kept.len() < n {
+            kept.push(Kept(ranked));
+        } else if kept
+            .peek()
+            .is_some_and(|worst| rank_order(&ranked, &worst.0).is_lt())
+        {
+            kept.pop();
+            kept.push(Kept(ranked));
+        }
     }
+    let mut all: Vec<Ranked> = kept.into_iter().map(|kept| kept.0).collect();
     all.sort_unstable_by(rank_order);
     all.into_iter()
         .map(|ranked| (ranked.device, live.entry(&ranked.block)))
