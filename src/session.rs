@@ -12,7 +12,7 @@
 //! [`Error::Ended`] or [`Error::ForkedChild`] at once and dropping it does nothing.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -762,9 +762,19 @@ fn write_fallback(profile: &Profile, generation: u64) -> Option<PathBuf> {
     .ok()
 }
 
-/// Installs, once per process, the `exit` handler and the fork handlers.
+/// Set once `finish_at_exit` has run: the process is exiting.
+static EXIT_HANDLER_RAN: AtomicBool = AtomicBool::new(false);
+
+/// Installs, once per process, the `exit` handler and the fork handlers. A session started
+/// after the exit handler ran (from a handler the program registered before highwater's, which
+/// runs after it) registers it again: C's `exit` runs handlers registered while it runs them,
+/// so that session is written too.
 fn install_process_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
+    if EXIT_HANDLER_RAN.swap(false, Ordering::SeqCst) {
+        // SAFETY: as below.
+        unsafe { libc::atexit(finish_at_exit) };
+    }
     ONCE.call_once(|| {
         // SAFETY: `finish_at_exit` is an `extern "C" fn()` that does not unwind; the fork
         // handlers only lock and unlock the session's two mutexes and the names table's (and
@@ -804,6 +814,7 @@ extern "C" fn after_fork_unlock() {
 /// the session was finished or dropped. Waits (up to [`EXIT_WAIT`]) for a finish or snapshot
 /// under way on another thread, and says so on stderr if it cannot.
 extern "C" fn finish_at_exit() {
+    EXIT_HANDLER_RAN.store(true, Ordering::SeqCst);
     // A forked child that started no session of its own has nothing to finish.
     if !lifecycle::is_owner_process() {
         return;

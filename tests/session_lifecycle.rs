@@ -53,6 +53,37 @@ fn process_exit_during_a_session_still_writes_the_profile() {
     assert!(profile.summary.peak_bytes >= 100 * 1000);
 }
 
+/// Hardening III, row 18: a program's own `atexit` handler, registered before highwater's (so
+/// run after it), starts a session and keeps it: that session is written too.
+#[test]
+fn a_session_started_in_a_late_exit_handler_is_written() {
+    let name = "a_session_started_in_a_late_exit_handler_is_written";
+    extern "C" fn late() {
+        let path = std::env::var("HW_OUT").unwrap();
+        let session = Session::builder().output(path).start().unwrap();
+        std::mem::forget(allocate_a_little());
+        std::mem::forget(session);
+    }
+    if is_child(name) {
+        // SAFETY: `late` is an `extern "C" fn()` that does not unwind on this path.
+        unsafe { libc::atexit(late) };
+        // A first session registers highwater's own handler, which runs before `late`.
+        let first = Session::builder().write_profile(false).start().unwrap();
+        first.finish().unwrap();
+        std::process::exit(0);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("late.json");
+    let output = child(name, &[("HW_OUT", path.to_str().unwrap())]);
+    assert!(output.status.success(), "{output:?}");
+    let profile = Profile::load(&path).unwrap();
+    assert!(
+        profile.summary.peak_bytes >= 100 * 1000,
+        "{:?}",
+        profile.summary
+    );
+}
+
 #[test]
 fn highwater_off_records_nothing_and_writes_nothing() {
     let name = "highwater_off_records_nothing_and_writes_nothing";
