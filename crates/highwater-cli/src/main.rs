@@ -13,8 +13,13 @@ mod cli;
 mod report;
 mod watch;
 
+/// Longest part of an error message shown, in characters: a name from a hostile file can be
+/// tens of kilobytes.
+const MAX_MESSAGE_PART: usize = 400;
+
 /// The error and its causes on one line, each cause once (a cause whose text the message
-/// already quotes is not repeated) and control characters blanked.
+/// already quotes is not repeated), each cut to [`MAX_MESSAGE_PART`] characters, control
+/// characters blanked and text-reordering characters spelled out.
 fn one_line(error: &anyhow::Error) -> String {
     let mut message = String::new();
     for cause in error.chain() {
@@ -23,13 +28,22 @@ fn one_line(error: &anyhow::Error) -> String {
             if !message.is_empty() {
                 message.push_str(": ");
             }
-            message.push_str(&text);
+            message.push_str(&cut(&text));
         }
     }
-    message
+    let message: String = message
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
+        .collect();
+    report::clean(&message).into_owned()
+}
+
+/// `text` cut to [`MAX_MESSAGE_PART`] characters, saying how much was left out.
+fn cut(text: &str) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(MAX_MESSAGE_PART) {
+        Some((at, _)) => format!("{}… ({} more bytes)", &text[..at], text.len() - at).into(),
+        None => text.into(),
+    }
 }
 
 fn main() -> ExitCode {

@@ -186,3 +186,21 @@ fn a_span_chain_deeper_than_any_profile_is_refused() {
         assert!(stderr.contains(says), "{stderr}");
     }
 }
+
+/// Hardening III, row 19: an error quoting a hostile file's text printed a 65 KB name whole,
+/// and a right-to-left override raw. Messages are cut, and reordering characters spelled out.
+#[test]
+fn error_messages_are_cut_and_cannot_reorder_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = fs::read_to_string(data("minimal.json")).unwrap();
+    let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    value["schema"] = format!("\u{202E}gnp.exe{}", "x".repeat(65_000)).into();
+    let path = dir.path().join("hostile.json");
+    fs::write(&path, value.to_string()).unwrap();
+    let output = highwater(&["summary", path.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.len() < 4_000, "{} bytes of error", stderr.len());
+    assert!(!stderr.contains('\u{202E}'), "{stderr}");
+    assert!(stderr.contains("more bytes"), "{stderr}");
+}

@@ -17,17 +17,34 @@ use highwater_profile::Profile;
 use highwater_profile::{DeviceStats, OomEvent, PeakRow, RunMeta, SpanMetrics, Summary, Warning};
 
 /// Replaces control characters (newlines, escape sequences) in profile strings, which are user
-/// data, so they cannot move the cursor or forge lines in a terminal.
+/// data, so they cannot move the cursor or forge lines in a terminal, and spells out the
+/// characters that reorder text (right-to-left overrides and isolates), which could make a
+/// name read as something it is not.
 pub fn clean(text: &str) -> Cow<'_, str> {
-    if text.chars().any(char::is_control) {
-        Cow::Owned(
-            text.chars()
-                .map(|c| if c.is_control() { '\u{FFFD}' } else { c })
-                .collect(),
-        )
+    if text.chars().any(|c| c.is_control() || is_bidi_control(c)) {
+        let mut out = String::with_capacity(text.len());
+        for c in text.chars() {
+            if is_bidi_control(c) {
+                out.push_str(&format!("<U+{:04X}>", c as u32));
+            } else if c.is_control() {
+                out.push('\u{FFFD}');
+            } else {
+                out.push(c);
+            }
+        }
+        Cow::Owned(out)
     } else {
         Cow::Borrowed(text)
     }
+}
+
+/// Whether `c` changes the direction text is shown in: the embeddings, overrides and isolates
+/// of Unicode's bidirectional algorithm, and its marks.
+pub fn is_bidi_control(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'
+    )
 }
 
 /// `part` as a percentage of `whole`, one decimal (`0.0%` when `whole` is zero).
@@ -817,6 +834,18 @@ pub(crate) mod tests {
         let table = text.lines().take_while(|line| !line.is_empty()).count();
         assert_eq!(table, p.spans.len() + 1);
         assert!(text.contains(words::RESIDUAL_EXPLAINED));
+    }
+
+    /// Hardening III, row 19: a right-to-left override printed raw makes a name read as
+    /// another (`evil`, U+202E, `gnp.exe` shows as `evilexe.png`).
+    #[test]
+    fn text_reordering_characters_are_spelled_out() {
+        assert_eq!(clean("evil\u{202E}gnp.exe"), "evil<U+202E>gnp.exe");
+        assert_eq!(clean("a\u{2066}b\u{2069}"), "a<U+2066>b<U+2069>");
+        assert_eq!(clean("plain"), "plain");
+        let mut p = sample_profile();
+        p.spans[0].name = "step\u{202E}drawrof".into();
+        assert!(!spans_text(&p).contains('\u{202E}'));
     }
 
     #[test]
