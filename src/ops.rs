@@ -61,15 +61,16 @@ pub struct Tensor<'a> {
 #[derive(Debug)]
 pub struct OpGuard {
     name: u32,
-    /// The session the op began in: a guard outliving it must not end an op of a later one.
-    session: u64,
+    /// The gate opening (session) the op began in: a guard outliving it must not end an op of
+    /// a later one.
+    epoch: u32,
     /// Ops nest per thread, like spans.
     _not_send: PhantomData<*const ()>,
 }
 
 /// Starts recording an op named `name` on this thread.
 pub fn op(name: &str) -> OpGuard {
-    let session = crate::session::current_generation();
+    let epoch = capture::gate::epoch();
     let name = if capture::recording() {
         let id = names::name(name);
         capture::record_op_begin(id);
@@ -79,7 +80,7 @@ pub fn op(name: &str) -> OpGuard {
     };
     OpGuard {
         name,
-        session,
+        epoch,
         _not_send: PhantomData,
     }
 }
@@ -105,9 +106,7 @@ impl OpGuard {
 impl OpGuard {
     /// Whether the op was recorded and its session is still the one recording.
     fn in_its_session(&self) -> bool {
-        self.name != u32::MAX
-            && capture::recording()
-            && crate::session::current_generation() == self.session
+        self.name != u32::MAX && capture::recording() && capture::gate::epoch() == self.epoch
     }
 }
 

@@ -497,12 +497,6 @@ impl Drop for Session {
     }
 }
 
-/// The generation of the session recording now (`0`: none), for hooks that must not carry
-/// state from one session into the next.
-pub(crate) fn current_generation() -> u64 {
-    CURRENT.load(Ordering::Relaxed)
-}
-
 /// This process's id.
 fn this_pid() -> libc::pid_t {
     // SAFETY: getpid has no preconditions.

@@ -20,6 +20,13 @@ pub(crate) static RECORDING: AtomicBool = AtomicBool::new(false);
 #[cfg(not(loom))]
 pub(crate) static GATE_EPOCH: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
+/// The current opening of the gate (`0`: never opened): hooks that keep state across calls
+/// (an op's guard) tell by it whether a later session has started since.
+#[cfg(not(loom))]
+pub(crate) fn epoch() -> u32 {
+    GATE_EPOCH.load(Ordering::SeqCst)
+}
+
 /// Whether a session is recording right now (a cheap first check for callers).
 #[cfg(not(loom))]
 #[inline(always)]

@@ -888,7 +888,15 @@ pub(crate) fn with_recording_paused<R>(f: impl FnOnce() -> R) -> R {
         });
         Resume(current.paused)
     });
-    crate::measure::meter::paused(f)
+    f()
+}
+
+/// Whether highwater's own work runs on this thread now ([`with_recording_paused`]), or its
+/// thread-locals are gone: what it allocates is not the program's, for recording and for
+/// measurement alike.
+#[inline(always)]
+pub(crate) fn paused_here() -> bool {
+    state().is_none_or(|current| current.paused)
 }
 
 /// The category the thread's open spans give a new block.

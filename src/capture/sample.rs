@@ -56,11 +56,9 @@ fn uniform(state: &mut u64) -> f64 {
     (bits as f64 + 1.0) / (1u64 << 53) as f64
 }
 
-/// Allocations of at least `ALWAYS_SAMPLED_MEANS * R` bytes are always sampled.
-pub(crate) const ALWAYS_SAMPLED_MEANS: u64 = 4;
-
-// The analysis weighs samples by the same rule.
-const _: () = assert!(ALWAYS_SAMPLED_MEANS == crate::analysis::ALWAYS_SAMPLED_MEANS);
+/// Allocations of at least `ALWAYS_SAMPLED_MEANS * R` bytes are always sampled (the rule the
+/// analysis weighs samples by).
+pub(crate) use crate::model::ALWAYS_SAMPLED_MEANS;
 
 /// The size from which every allocation is sampled: `4R`, `0` for `R = 1` (everything),
 /// `u64::MAX` when sampling is off.

@@ -163,7 +163,10 @@ fn each_meter(event: impl Event) {
         return;
     }
     // Highwater's own work on a user thread (interning a name, starting or finishing a
-    // session) runs under `capture::with_recording_paused`, which sets `PAUSED` here too.
+    // session, building a measurement's result) runs with capture's pause set.
+    if crate::capture::paused_here() {
+        return;
+    }
     set_state(word | BUSY);
     // SAFETY: every meter of the chain is alive: `Activation` removes a meter from the chain
     // before its frame ends, and a meter's parent outlives it (nesting is scoped). `BUSY`
@@ -296,21 +299,6 @@ pub(crate) fn net_bytes_now() -> Option<i64> {
     }
     // SAFETY: see `each_meter`; this runs outside the hook, on the meter's own thread.
     Some(unsafe { (*meter).net() })
-}
-
-/// Runs `f` with measurement paused on this thread (highwater's own bookkeeping).
-pub(crate) fn paused<R>(f: impl FnOnce() -> R) -> R {
-    /// Puts the flags back, even if `f` unwinds.
-    struct Resume(usize);
-    impl Drop for Resume {
-        fn drop(&mut self) {
-            set_flags(self.0);
-        }
-    }
-    let before = flags();
-    set_flags(before | PAUSED);
-    let _resume = Resume(before);
-    f()
 }
 
 /// A span node: one path of spans opened inside the measurement.

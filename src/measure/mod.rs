@@ -205,8 +205,8 @@ pub fn measure<R>(f: impl FnOnce() -> R) -> (R, Measurement) {
         f()
     };
     let meter = meter.into_inner();
-    let measurement = meter::paused(|| meter.finish());
-    meter::paused(|| drop(meter));
+    let measurement = crate::capture::with_recording_paused(|| meter.finish());
+    crate::capture::with_recording_paused(|| drop(meter));
     (value, measurement)
 }
 

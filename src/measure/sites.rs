@@ -18,9 +18,10 @@ use std::ptr::NonNull;
 use rustc_hash::FxHashMap;
 
 use super::SiteFigures;
-use crate::analysis::{sample_probability, trimmed_frames, ResolveFrames};
+use crate::analysis::{trimmed_frames, ResolveFrames};
 use crate::capture::sample;
 use crate::capture::stack::{self, StackBounds, MAX_FRAMES};
+use crate::model::sample_probability;
 use crate::profile::Frame;
 
 /// Mean bytes between samples in a measurement (`R`): 64 KiB, so a test's megabytes give

@@ -278,6 +278,21 @@ impl OomSource {
 /// pointers.
 pub const FRAME_POINTERS_UNWINDER: &str = "frame-pointers";
 
+/// Allocations of at least this many times the mean sampling interval `R` are always sampled:
+/// the rule the recorder samples by and the analysis weighs samples by.
+pub const ALWAYS_SAMPLED_MEANS: u64 = 4;
+
+/// The probability that an allocation of `size` bytes was sampled with mean interval `mean`
+/// bytes: `1 - e^(-size/mean)`, and 1 from [`ALWAYS_SAMPLED_MEANS`]` × mean` on (and for
+/// `mean <= 1`, every allocation sampled).
+pub fn sample_probability(size: u64, mean: u64) -> f64 {
+    if mean <= 1 || size >= mean.saturating_mul(ALWAYS_SAMPLED_MEANS) {
+        1.0
+    } else {
+        -(-(size as f64) / mean as f64).exp_m1()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

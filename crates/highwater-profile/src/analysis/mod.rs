@@ -33,6 +33,6 @@ mod temporary;
 mod timeline;
 
 pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq, StackId};
-pub use sites::{sample_probability, trimmed_frames, ResolveFrames, ALWAYS_SAMPLED_MEANS};
+pub use sites::{trimmed_frames, ResolveFrames};
 pub use timeline::{At, Realloc};
 pub use timeline::{Timeline, TimelineConfig};

@@ -40,22 +40,10 @@ use crate::profile::{CallSite, Frame, SiteSampling, SiteShare, MAX_CALL_SITES, M
 
 use super::event::StackId;
 use super::live::NONE;
-
-/// Allocations of at least this many times `R` bytes are always sampled (capture keeps the
-/// same rule).
-pub const ALWAYS_SAMPLED_MEANS: u64 = 4;
+use crate::model::sample_probability;
 
 /// Most sites a live-at-peak row names.
 const TOP_SITES_PER_ROW: usize = 3;
-
-/// The probability that capture sampled an allocation of `size` bytes with mean `mean`.
-pub fn sample_probability(size: u64, mean: u64) -> f64 {
-    if mean <= 1 || size >= mean.saturating_mul(ALWAYS_SAMPLED_MEANS) {
-        1.0
-    } else {
-        -(-(size as f64) / mean as f64).exp_m1()
-    }
-}
 
 /// Resolves program counters to frames, after the session (it may read files and allocate).
 pub trait ResolveFrames: Send + std::fmt::Debug {

@@ -438,7 +438,7 @@ mod tests {
         s.sampled(1, step, 0x2, 5000, 0xb);
         s.free(1, step, 0x1);
         s.exit(1, step);
-        let p = crate::analysis::sites::sample_probability(100, mean);
+        let p = crate::model::sample_probability(100, mean);
         let (weight, blocks) = ((100.0 / p).round() as u64, (1.0 / p).round() as u64);
         let expected: BTreeMap<u64, Vec<(Category, u64, u64, u64)>> = [
             (0xa, vec![(Category::Optimizer, weight, weight, blocks)]),
