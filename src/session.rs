@@ -321,6 +321,7 @@ impl SessionBuilder {
             settings.sample_bytes,
             settings.max_threads,
         );
+        capture::oom::new_session();
         enable_asymmetric_barrier();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));
         let meta = RunMeta {

@@ -464,7 +464,6 @@ pub(crate) fn begin_session(lossless: bool, sample_bytes: u64, max_threads: usiz
     LOSSLESS.store(lossless, Ordering::Relaxed);
     REGISTRY.set_limit(max_threads);
     TABLE_FULL_DROPS.store(0, Ordering::Relaxed);
-    super::oom::new_session();
     // Countdowns are drawn afresh in the epoch the gate opens next, with this mean.
     sample::set_mean_bytes(sample_bytes);
     for counter in UNATTRIBUTED_DROPS.iter().chain(&REENTRANT_DROPS) {
