@@ -55,14 +55,14 @@
 #![warn(unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // Under loom only the ring and the registry are built, so much of capture is unused there.
-#![cfg_attr(loom, allow(dead_code))]
+#![cfg_attr(highwater_loom, allow(dead_code))]
 
 // Test support shared with the integration tests names the crate `highwater`.
 #[cfg(test)]
 extern crate self as highwater;
 
 mod capture;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub mod device;
 
 /// The profile document, its vocabulary and the analysis that builds it (the
@@ -72,58 +72,58 @@ pub use highwater_profile as profile;
 use highwater_export as export;
 use highwater_profile::{alloc_log, analysis, fileio, model, units};
 
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 mod alloc;
-#[cfg(all(feature = "candle", not(loom)))]
+#[cfg(all(feature = "candle", not(highwater_loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "candle")))]
 pub mod candle;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 mod checkpoint;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 mod collector;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 mod config;
-#[cfg(all(feature = "cuda", not(loom)))]
+#[cfg(all(feature = "cuda", not(highwater_loom)))]
 mod cuda;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 mod error;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 mod fork_lock;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 mod measure;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub mod ops;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 mod outputs;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 mod session;
-#[cfg(all(not(loom), target_os = "linux"))]
+#[cfg(all(not(highwater_loom), target_os = "linux"))]
 mod signal;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 mod span;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 mod symbolize;
-#[cfg(all(feature = "tracing", not(loom)))]
+#[cfg(all(feature = "tracing", not(highwater_loom)))]
 mod tracing_layer;
 
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub use alloc::Alloc;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub use checkpoint::DEFAULT_CHECKPOINT_INTERVAL;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub use error::Error;
 pub use highwater_profile::model::{Category, ParseLabelError, SpanLabel, Step};
 pub use highwater_profile::{CaptureMode, Profile};
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub use measure::{
     measure, Budget, BudgetExceeded, IterationReport, LeakCheck, LeakDetected, Measurement,
     SiteFigures, SpanFigures,
 };
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub use span::SpanGuard;
-#[cfg(all(feature = "tracing", not(loom)))]
+#[cfg(all(feature = "tracing", not(highwater_loom)))]
 #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
 pub use tracing_layer::TracingLayer;
 

@@ -11,45 +11,45 @@ use super::sync::{AtomicBool, AtomicU64, Ordering};
 
 /// Open while a session records. Read on every hook call (Relaxed first, then through
 /// [`GateProtocol`] inside a push); written only here.
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) static RECORDING: AtomicBool = AtomicBool::new(false);
 
 /// Counts the times the gate opened (from 1): a thread whose innermost span was opened before
 /// the current opening announces it once, so a span opened before `Session::start` still
 /// names what runs inside it.
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) static GATE_EPOCH: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 /// The current opening of the gate (`0`: never opened): hooks that keep state across calls
 /// (an op's guard) tell by it whether a later session has started since.
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) fn epoch() -> u32 {
     GATE_EPOCH.load(Ordering::SeqCst)
 }
 
 /// Whether a session is recording right now (a cheap first check for callers).
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 #[inline(always)]
 pub(crate) fn recording() -> bool {
     RECORDING.load(Ordering::Relaxed)
 }
 
 /// Opens the recording gate (the session, once everything is ready).
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) fn open_gate() {
     GATE_EPOCH.fetch_add(1, Ordering::SeqCst);
     RECORDING.store(true, Ordering::SeqCst);
 }
 
 /// Closes the recording gate when the session stops; see [`close_gate`].
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) fn close_recording() {
     close_gate(&RECORDING);
 }
 
 /// Closes the recording gate in a forked child, which never records (its collector did not
 /// survive the fork). A plain store: this runs in an `atfork` child handler.
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) fn close_in_forked_child() {
     RECORDING.store(false, Ordering::SeqCst);
 }
@@ -76,7 +76,7 @@ pub(crate) struct Sound;
 impl GateProtocol for Sound {
     #[inline(always)]
     fn enter(busy: &AtomicU64, gate: &AtomicBool) -> bool {
-        #[cfg(not(loom))]
+        #[cfg(not(highwater_loom))]
         {
             if ASYMMETRIC.load(Ordering::Relaxed) {
                 // The stopper's membarrier acts as a full fence on this thread, so program
@@ -89,7 +89,7 @@ impl GateProtocol for Sound {
                 gate.load(Ordering::SeqCst)
             }
         }
-        #[cfg(loom)]
+        #[cfg(highwater_loom)]
         {
             busy.store(1, Ordering::Relaxed);
             super::sync::fence(Ordering::SeqCst);
@@ -100,12 +100,12 @@ impl GateProtocol for Sound {
 
 /// Whether producers use the asymmetric protocol (see [`Sound`]). Set once, before any
 /// session opens its gate, and never cleared.
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) static ASYMMETRIC: AtomicBool = AtomicBool::new(false);
 
 /// Registers this process for expedited private membarriers; on success producers switch to
 /// the asymmetric protocol. Called before a session opens its gate.
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) fn enable_asymmetric_barrier() {
     #[cfg(target_os = "linux")]
     {
@@ -125,7 +125,7 @@ pub(crate) fn enable_asymmetric_barrier() {
 }
 
 /// A full memory barrier on every running thread of this process.
-#[cfg(all(not(loom), target_os = "linux"))]
+#[cfg(all(not(highwater_loom), target_os = "linux"))]
 fn membarrier() -> bool {
     const MEMBARRIER_CMD_PRIVATE_EXPEDITED: libc::c_long = 1 << 3;
     // SAFETY: membarrier takes a command and flags; the process registered for this command
@@ -136,7 +136,7 @@ fn membarrier() -> bool {
 /// Closes `gate`; afterwards a [`Ring::is_busy`] that reads `false` on a ring guarantees its
 /// producer no longer writes under the open gate.
 pub(crate) fn close_gate(gate: &AtomicBool) {
-    #[cfg(not(loom))]
+    #[cfg(not(highwater_loom))]
     {
         gate.store(false, Ordering::SeqCst);
         #[cfg(target_os = "linux")]
@@ -146,7 +146,7 @@ pub(crate) fn close_gate(gate: &AtomicBool) {
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
     }
-    #[cfg(loom)]
+    #[cfg(highwater_loom)]
     {
         gate.store(false, Ordering::Relaxed);
         super::sync::fence(Ordering::SeqCst);

@@ -1,5 +1,5 @@
 //! Model checks of the ring, the waiting protocol, the stop protocol, the registry and the
-//! out-of-memory tickets (`RUSTFLAGS="--cfg loom"`).
+//! out-of-memory tickets (`RUSTFLAGS="--cfg highwater_loom"`).
 //!
 //! Each model runs the real code under every interleaving loom explores; each protocol has a
 //! deliberately broken variant that loom must catch (`#[should_panic]`), so a model that stops

@@ -15,29 +15,29 @@ pub(crate) mod ring;
 pub(crate) mod sync;
 pub(crate) mod wake;
 
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) mod clock;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 mod hook;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) mod lifecycle;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) mod names;
 pub(crate) mod oom;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) mod recent;
 pub(crate) mod sample;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) mod stack;
 
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) use gate::{open_gate, recording};
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) use hook::*;
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) use registry::{DEFAULT_THREAD_LIMIT, MAX_THREADS};
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) use sample::DEFAULT_SAMPLE_BYTES;
 
-#[cfg(all(test, loom))]
+#[cfg(all(test, highwater_loom))]
 mod loom_models;

@@ -107,7 +107,7 @@ fn covers(written: u32, ticket: u32) -> bool {
 
 impl Tickets {
     /// No waiter, and every ticket up to `ticket` done: the next ticket is `ticket + 1`.
-    #[cfg(not(loom))]
+    #[cfg(not(highwater_loom))]
     pub(crate) const fn starting_at(ticket: u32) -> Tickets {
         Tickets {
             asked: AtomicU32::new(ticket),
@@ -116,7 +116,7 @@ impl Tickets {
     }
 
     /// No waiter, and every ticket up to `ticket` done: the next ticket is `ticket + 1`.
-    #[cfg(loom)]
+    #[cfg(highwater_loom)]
     pub(crate) fn starting_at(ticket: u32) -> Tickets {
         Tickets {
             asked: AtomicU32::new(ticket),
@@ -189,7 +189,7 @@ impl Tickets {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 mod process {
     use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -278,14 +278,14 @@ mod process {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) use process::*;
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[cfg(not(loom))]
+    #[cfg(not(highwater_loom))]
     /// Hardening III, row 10: every refusal a program recovered from waited for a checkpoint of
     /// its own. Within a second of a wait, refusals are recorded only: one ticket for many.
     #[test]

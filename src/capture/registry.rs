@@ -69,7 +69,7 @@ pub(crate) struct Registry<S = [Slot; MAX_THREADS]> {
 }
 
 impl Slot {
-    #[cfg(not(loom))]
+    #[cfg(not(highwater_loom))]
     const fn new() -> Slot {
         Slot {
             state: AtomicU32::new(FREE),
@@ -78,7 +78,7 @@ impl Slot {
         }
     }
 
-    #[cfg(loom)]
+    #[cfg(highwater_loom)]
     pub(crate) fn new() -> Slot {
         Slot {
             state: AtomicU32::new(FREE),
@@ -107,7 +107,7 @@ impl Slot {
     }
 }
 
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 impl Registry {
     /// An empty table.
     pub(crate) const fn new() -> Registry {
@@ -125,7 +125,7 @@ impl Registry {
 
 impl<S: AsRef<[Slot]>> Registry<S> {
     /// A table over the given slots (loom models use a few).
-    #[cfg(loom)]
+    #[cfg(highwater_loom)]
     pub(crate) fn with_slots(slots: S) -> Registry<S> {
         Registry {
             slots,
@@ -269,10 +269,10 @@ impl<S: AsRef<[Slot]>> Registry<S> {
 }
 
 /// The process's table.
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) static REGISTRY: Registry = Registry::new();
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(highwater_loom)))]
 mod tests {
     use super::*;
 

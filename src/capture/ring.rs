@@ -76,9 +76,9 @@ pub(crate) trait ParkProtocol {
 pub(crate) const PARK_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// Reads of `tail` a producer spins through before it parks.
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 const SPINS: u32 = 128;
-#[cfg(loom)]
+#[cfg(highwater_loom)]
 const SPINS: u32 = 1;
 
 /// Registers as parked, then checks room (and whether the collector still serves), then
@@ -153,7 +153,7 @@ pub(crate) struct Ring {
 
 impl Ring {
     /// An empty ring with no storage yet.
-    #[cfg(not(loom))]
+    #[cfg(not(highwater_loom))]
     pub(crate) const fn new() -> Ring {
         #[allow(clippy::declare_interior_mutable_const)]
         const ZERO: AtomicU64 = AtomicU64::new(0);
@@ -175,7 +175,7 @@ impl Ring {
     }
 
     /// An empty ring with no storage yet.
-    #[cfg(loom)]
+    #[cfg(highwater_loom)]
     pub(crate) fn new() -> Ring {
         Ring {
             slots: AtomicPtr::new(std::ptr::null_mut()),
@@ -438,7 +438,7 @@ impl Ring {
     /// # Safety
     ///
     /// The caller is the only consumer of this ring (the collector), and storage is installed.
-    #[cfg_attr(not(loom), allow(dead_code))]
+    #[cfg_attr(not(highwater_loom), allow(dead_code))]
     pub(crate) unsafe fn drain(&self, out: &mut impl Extend<RawEvent>) -> u64 {
         // SAFETY: the caller's contract is this one's.
         unsafe { self.drain_at_most(out, u64::MAX) }
@@ -496,7 +496,7 @@ impl Ring {
     /// is not between a gate check and its publish, whatever its flag said at the fork. Without
     /// this, the stopper in the child's own session would wait for it forever. (Its unpublished
     /// event, if any, was never visible: `head` did not move.)
-    #[cfg(not(loom))]
+    #[cfg(not(highwater_loom))]
     pub(crate) fn clear_busy_after_fork(&self) {
         self.producer.busy.store(0, Ordering::Relaxed);
     }
@@ -505,14 +505,14 @@ impl Ring {
     /// included). After [`close_gate`](super::gate::close_gate), a `false` means every event recorded under the open
     /// gate is published.
     pub(crate) fn is_busy(&self) -> bool {
-        #[cfg(not(loom))]
+        #[cfg(not(highwater_loom))]
         return self.producer.busy.load(Ordering::SeqCst) != 0;
-        #[cfg(loom)]
+        #[cfg(highwater_loom)]
         return self.producer.busy.load(Ordering::Acquire) != 0;
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(highwater_loom)))]
 impl Ring {
     /// Moves an empty ring's positions to `position`, as if `position` events had passed
     /// through it: lets a test reach the `u64` wrap without pushing 2^64 events.
@@ -524,7 +524,7 @@ impl Ring {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(highwater_loom)))]
 mod tests {
     use std::cell::Cell;
 

@@ -1,19 +1,19 @@
 //! The one place that chooses std or loom primitives, so the ring and the registry can be
-//! model-checked unchanged under `RUSTFLAGS="--cfg loom"`.
+//! model-checked unchanged under `RUSTFLAGS="--cfg highwater_loom"`.
 
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
-#[cfg(loom)]
+#[cfg(highwater_loom)]
 pub(crate) use loom::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 /// Interior-mutable storage for one ring slot, with loom's access tracking under loom.
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 #[derive(Debug, Default)]
 #[repr(transparent)]
 pub(crate) struct SlotCell<T>(std::cell::UnsafeCell<T>);
 
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 impl<T> SlotCell<T> {
     /// Runs `f` with a raw pointer to the value for writing.
     #[inline(always)]
@@ -28,5 +28,5 @@ impl<T> SlotCell<T> {
     }
 }
 
-#[cfg(loom)]
+#[cfg(highwater_loom)]
 pub(crate) use loom::cell::UnsafeCell as SlotCell;

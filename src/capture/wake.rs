@@ -22,15 +22,15 @@ use super::sync::{AtomicU32, Ordering};
 pub(crate) struct WaitWord {
     word: AtomicU32,
     /// Loom's stand-in for the kernel's futex queue.
-    #[cfg(loom)]
+    #[cfg(highwater_loom)]
     queue: loom::sync::Mutex<()>,
-    #[cfg(loom)]
+    #[cfg(highwater_loom)]
     sleepers: loom::sync::Condvar,
 }
 
 impl WaitWord {
     /// A word holding `value`.
-    #[cfg(not(loom))]
+    #[cfg(not(highwater_loom))]
     pub(crate) const fn new(value: u32) -> WaitWord {
         WaitWord {
             word: AtomicU32::new(value),
@@ -38,7 +38,7 @@ impl WaitWord {
     }
 
     /// A word holding `value`.
-    #[cfg(loom)]
+    #[cfg(highwater_loom)]
     pub(crate) fn new(value: u32) -> WaitWord {
         WaitWord {
             word: AtomicU32::new(value),
@@ -55,7 +55,7 @@ impl WaitWord {
     /// Sleeps while the word holds `expected`, at most about `timeout` (`None`: until woken).
     /// Returns early on a wake, a signal or spuriously; callers re-check what they wait for.
     pub(crate) fn wait(&self, expected: u32, timeout: Option<Duration>) {
-        #[cfg(all(not(loom), target_os = "linux"))]
+        #[cfg(all(not(highwater_loom), target_os = "linux"))]
         {
             let limit = timeout.map(|timeout| libc::timespec {
                 tv_sec: timeout.as_secs() as libc::time_t,
@@ -78,13 +78,13 @@ impl WaitWord {
                 )
             };
         }
-        #[cfg(all(not(loom), not(target_os = "linux")))]
+        #[cfg(all(not(highwater_loom), not(target_os = "linux")))]
         {
             if self.word.load(Ordering::Acquire) == expected {
                 std::thread::sleep(timeout.unwrap_or(Duration::from_millis(1)));
             }
         }
-        #[cfg(loom)]
+        #[cfg(highwater_loom)]
         {
             let _ = timeout;
             let queue = self.queue.lock().unwrap();
@@ -96,7 +96,7 @@ impl WaitWord {
 
     /// Wakes every thread sleeping on the word. Change the word first.
     pub(crate) fn wake_all(&self) {
-        #[cfg(all(not(loom), target_os = "linux"))]
+        #[cfg(all(not(highwater_loom), target_os = "linux"))]
         {
             // SAFETY: FUTEX_WAKE only reads the word's address to find its sleepers.
             unsafe {
@@ -108,7 +108,7 @@ impl WaitWord {
                 )
             };
         }
-        #[cfg(loom)]
+        #[cfg(highwater_loom)]
         {
             let _queue = self.queue.lock().unwrap();
             self.sleepers.notify_all();
@@ -118,30 +118,30 @@ impl WaitWord {
 
 /// The collector's doorbell: a producer whose ring fills rings it so the collector drains now
 /// instead of sleeping out its interval; the session rings it after sending a request.
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 static COLLECTOR_BELL: WaitWord = WaitWord::new(0);
 
 /// The bell's current value; pass it to [`collector_sleep`] so a ring after this read is not
 /// slept through.
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) fn collector_bell() -> u32 {
     COLLECTOR_BELL.word().load(Ordering::Acquire)
 }
 
 /// Rings the collector's bell. Callable from the allocator hook and from signal handlers.
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) fn ring_collector() {
     COLLECTOR_BELL.word().fetch_add(1, Ordering::Release);
     COLLECTOR_BELL.wake_all();
 }
 
 /// Sleeps the collector for at most `interval`, unless the bell rang since it read `seen`.
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub(crate) fn collector_sleep(seen: u32, interval: Duration) {
     COLLECTOR_BELL.wait(seen, Some(interval));
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(highwater_loom)))]
 mod tests {
     use super::*;
     use std::sync::Arc;

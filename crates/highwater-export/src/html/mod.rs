@@ -24,7 +24,7 @@
 //! charts, and [`MAX_TABLE_ROWS`] rows per table. Making it is linear in the profile: points are
 //! grouped by device in one pass, whatever the number of devices.
 
-#[cfg(not(loom))]
+#[cfg(not(highwater_loom))]
 pub mod fit;
 
 use std::path::Path;
