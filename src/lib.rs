@@ -68,9 +68,12 @@ pub mod device;
 /// The profile document, its vocabulary and the analysis that builds it (the
 /// `highwater-profile` crate): the types a [`Profile`] is made of.
 pub use highwater_profile as profile;
-// The parts of the profile crate this library builds on, by their short names.
+// The parts of the lower crates this library builds on, by their short names.
+#[cfg(not(highwater_loom))]
 use highwater_export as export;
-use highwater_profile::{alloc_log, analysis, fileio, model, units};
+use highwater_profile::model;
+#[cfg(not(highwater_loom))]
+use highwater_profile::{alloc_log, analysis, fileio, units};
 
 #[cfg(not(highwater_loom))]
 mod alloc;
