@@ -15,12 +15,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cpu_time::process_cpu_time;
 use highwater::{Alloc, Session};
-
-#[path = "support/cpu_time.rs"]
-#[allow(dead_code)] // `thread_cpu_time` is for the other benches
-mod cpu_time;
+use highwater_testkit::cpu::process_cpu_time;
 
 #[global_allocator]
 static ALLOC: Alloc = Alloc::system();

@@ -27,13 +27,10 @@ use std::collections::HashMap;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use cpu_time::thread_cpu_time;
 use criterion::{criterion_group, criterion_main, Criterion};
 use highwater::device::{DeviceIndex, PoolManager, Reservation, Strategy};
 use highwater_device::{replay, Allocator, SimOp, Trace};
-
-#[path = "support/cpu_time.rs"]
-mod cpu_time;
+use highwater_testkit::cpu::thread_cpu_time;
 
 const GIB: u64 = 1 << 30;
 const OPS: usize = 1_000_000;

@@ -31,9 +31,7 @@ use highwater::profile::PeakRow;
 use highwater::{Category, Profile, Session, Step};
 use highwater_export::vocabulary as words;
 
-#[path = "support/collector_cpu.rs"]
-mod collector_cpu;
-use collector_cpu::collector_thread_cpu;
+use highwater_testkit::cpu::{collector_thread_cpu, process_cpu_time};
 #[path = "support/mlp.rs"]
 mod mlp;
 #[path = "support/sites.rs"]
@@ -356,21 +354,6 @@ fn main() -> Result<()> {
         println!("HIGHWATER=off: nothing recorded, no profile written");
     }
     Ok(())
-}
-
-/// CPU time used so far by every thread of this process.
-fn process_cpu_time() -> Duration {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid, writable timespec; the call writes only into it.
-    let ok = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut now) } == 0;
-    if ok {
-        Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
-    } else {
-        Duration::ZERO
-    }
 }
 
 /// Ends an `--ab` block's session, adding its collector's CPU time (read before the profile is

@@ -7,6 +7,9 @@
 //! target/release/examples/workload --kind syn --sources ~/src/some-crate/src --copies 4
 //! target/release/examples/workload --kind json --json-mib 25
 //! target/release/examples/workload --kind maps --threads 4 --rounds 40
+//! target/release/examples/workload --kind rayon --threads 2 --strings 3000000
+//! target/release/examples/workload --kind tight --threads 2 --pairs 20000000
+//! target/release/examples/workload --kind realloc --rounds 400
 //! HIGHWATER=off target/release/examples/workload --kind maps        # same work, not recorded
 //! HIGHWATER=off heaptrack target/release/examples/workload --kind json
 //! ```
@@ -14,8 +17,9 @@
 //! The session starts before the workload reads or generates its input and finishes after
 //! everything was freed, so highwater sees every allocation the work makes, as an external
 //! profiler does. The last line of output is one JSON object: the work time (the workload
-//! only, without session start and finish), the collector thread's CPU time during it (Linux),
-//! the finish time, and the profile's figures.
+//! only, without session start and finish), the process's CPU time during it (every thread, the
+//! collector's included) and the collector thread's alone (Linux), the finish time, and the
+//! profile's figures.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -24,10 +28,8 @@ use anyhow::{anyhow, Result};
 use clap::{Parser, ValueEnum};
 use highwater::Session;
 
-#[path = "support/collector_cpu.rs"]
-mod collector_cpu;
-#[path = "support/workloads.rs"]
-mod workloads;
+use highwater_testkit::cpu::{collector_thread_cpu, process_cpu_time};
+use highwater_testkit::workloads;
 
 #[global_allocator]
 static ALLOC: highwater::Alloc = highwater::Alloc::system();
@@ -41,6 +43,12 @@ enum Kind {
     Json,
     /// Threads build `HashMap<String, Vec<u64>>`s and pass them to the next thread to free.
     Maps,
+    /// rayon: strings made and sorted in parallel, then folded and reduced into `HashMap`s.
+    Rayon,
+    /// Threads allocate 64 to 256 bytes and free them at once, as fast as they can.
+    Tight,
+    /// `Vec`s and `String`s grown one element at a time: mostly `realloc`s.
+    Realloc,
 }
 
 /// Runs one allocation-heavy workload under highwater (see the module docs).
@@ -58,10 +66,10 @@ struct Args {
     /// json: size of the generated document, in MiB.
     #[arg(long, default_value_t = 25)]
     json_mib: usize,
-    /// maps: worker threads, in a ring.
+    /// maps: worker threads, in a ring; rayon: the pool's threads; tight: looping threads.
     #[arg(long, default_value_t = 4)]
     threads: usize,
-    /// maps: rounds of build, hand over, free.
+    /// maps: rounds of build, hand over, free; realloc: rounds of 128 buffers grown.
     #[arg(long, default_value_t = 40)]
     rounds: usize,
     /// maps: maps each thread builds per round.
@@ -70,15 +78,22 @@ struct Args {
     /// maps: entries per map.
     #[arg(long, default_value_t = 4_000)]
     entries: usize,
+    /// rayon: strings sorted and counted.
+    #[arg(long, default_value_t = 3_000_000)]
+    strings: usize,
+    /// tight: alloc + free pairs per thread.
+    #[arg(long, default_value_t = 20_000_000)]
+    pairs: u64,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
     let session = Session::start()?;
-    let began = Instant::now();
+    let (began, began_cpu) = (Instant::now(), process_cpu_time());
     let figures = run(&args)?;
     let work_s = began.elapsed().as_secs_f64();
-    let collector_cpu_s = collector_cpu::collector_thread_cpu().map(|cpu| cpu.as_secs_f64());
+    let work_cpu_s = (process_cpu_time() - began_cpu).as_secs_f64();
+    let collector_cpu_s = collector_thread_cpu().map(|cpu| cpu.as_secs_f64());
     let recording = session.is_recording();
     let finishing = Instant::now();
     let profile = session.finish()?;
@@ -90,6 +105,7 @@ fn main() -> Result<()> {
             "kind": format!("{:?}", args.kind).to_lowercase(),
             "recording": recording,
             "work_s": work_s,
+            "work_cpu_s": work_cpu_s,
             "finish_s": finish_s,
             "collector_cpu_s": collector_cpu_s,
             "peak_bytes": summary.peak_bytes,
@@ -140,6 +156,21 @@ fn run(args: &Args) -> Result<serde_json::Value> {
                 entries: args.entries,
             });
             serde_json::json!({ "maps": maps.maps, "entries": maps.entries })
+        }
+        Kind::Rayon => {
+            let sorted = workloads::sort_and_count(workloads::SortConfig {
+                threads: args.threads,
+                strings: args.strings,
+            });
+            serde_json::json!({ "strings": sorted.strings, "prefixes": sorted.prefixes })
+        }
+        Kind::Tight => {
+            let threads = workloads::alloc_free_loop(args.threads, args.pairs);
+            serde_json::json!({ "threads": threads.len(), "pairs_per_thread": args.pairs })
+        }
+        Kind::Realloc => {
+            let grown = workloads::grow_buffers(args.rounds);
+            serde_json::json!({ "buffers": grown.buffers, "kept_bytes": grown.kept_bytes })
         }
     })
 }

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Compare highwater with heaptrack and valgrind's massif on three real workloads, in one run.
+"""Compare highwater with heaptrack and valgrind's massif on real workloads, in one run.
 
-    scripts/compare_profilers.py                  # all three workloads, full size
+    scripts/compare_profilers.py                  # every workload, full size
     scripts/compare_profilers.py --quick          # smaller inputs, for a smoke test
-    scripts/compare_profilers.py --kinds json     # only some workloads (syn, json, maps)
+    scripts/compare_profilers.py --kinds json     # only some (syn, json, maps, rayon, tight1,
+                                                  # tight2, realloc)
     scripts/compare_profilers.py --out FILE       # also write the Markdown there
     scripts/compare_profilers.py --report-only    # re-print the last run's tables
     scripts/compare_profilers.py --earlier OLD.json     # reuse OLD's massif rows (massif is slow)
@@ -13,7 +14,9 @@
 
 For each workload of `examples/workload.rs` (syn parsing five crates' sources with all trees
 alive at once; a ~25 MB JSON document through `serde_json::Value` and back; four threads
-passing `HashMap<String, Vec<u64>>`s to be freed) it runs the same release binary:
+passing `HashMap<String, Vec<u64>>`s to be freed; rayon sorting 3 M strings on two threads and
+folding them into maps; a tight alloc + free loop on one and on two threads; buffers grown one
+element at a time) it runs the same release binary:
 
 - unprofiled: `HIGHWATER=off` (highwater's hook passes every call straight through);
 - highwater, lossless (`HIGHWATER_CAPTURE=lossless`, the default) and drop mode
@@ -29,7 +32,16 @@ change's before and after come from one run under the same load.
 
 Work time is what the program measures around the workload itself (no process start, no
 session start or finish, no profiler start-up or post-processing), printed on its last output
-line. Resident memory is the child's maximum RSS from `wait4`. Peaks:
+line. Resident memory is the child's maximum RSS from `wait4`.
+
+Added CPU per event is what recording costs a program that keeps every core busy: (CPU of the
+profiled run − CPU of the unprofiled run) / the events the program made (allocations, frees
+and reallocs, as highwater's lossless run counts them). For highwater and the unprofiled run,
+CPU is the process's CPU clock over the work (every thread, the collector's included; the
+program prints it), so the fixed costs of starting and finishing a session stay out as the work
+time keeps them out. heaptrack's interpreter is a process of its own, so its CPU is user +
+system time of the whole run and its children (`wait4`) less the unprofiled run's: its start-up
+is in it, its post-processing (`heaptrack_print`) is not. Peaks:
 
 - highwater: `summary.peak_bytes`, requested bytes of blocks allocated while recording (the
   session starts before the workload reads or generates its input);
@@ -126,6 +138,9 @@ def workload_args(quick):
     for package in metadata["packages"]:
         if package["name"] in SYN_CRATES and package["name"] not in roots:
             roots[package["name"]] = Path(package["manifest_path"]).parent / "src"
+    strings = "300000" if quick else "3000000"
+    pairs = "2000000" if quick else "20000000"
+    rounds = "40" if quick else "400"
     syn = ["--kind", "syn", "--copies", "1"]
     for name in SYN_CRATES:
         if name in roots and (not quick or name == "syn"):
@@ -141,6 +156,25 @@ def workload_args(quick):
             ["--kind", "maps", "--threads", "4", "--rounds", "2" if quick else "10"],
             f"4 threads building `HashMap<String, Vec<u64>>`s ({2 if quick else 10} rounds of "
             "8 maps × 4,000 entries each) and passing them on to be freed",
+        ),
+        "rayon": (
+            ["--kind", "rayon", "--threads", "2", "--strings", strings],
+            f"rayon on 2 threads: {int(strings):,} strings made and `par_sort`ed, folded into "
+            "per-task `HashMap`s of prefix counts and reduced; the calling thread frees them",
+        ),
+        "tight1": (
+            ["--kind", "tight", "--threads", "1", "--pairs", pairs],
+            f"one thread allocating 64–256 bytes and freeing them at once, {int(pairs):,} times",
+        ),
+        "tight2": (
+            ["--kind", "tight", "--threads", "2", "--pairs", str(int(pairs) // 2)],
+            f"two threads allocating 64–256 bytes and freeing them at once, "
+            f"{int(pairs) // 2:,} times each",
+        ),
+        "realloc": (
+            ["--kind", "realloc", "--rounds", rounds],
+            f"{rounds} rounds of 64 `Vec<u64>`s and 64 `String`s grown one element at a time "
+            "to up to 4,096, one in eight kept",
         ),
     }
 
@@ -182,30 +216,33 @@ def run(command, env, cwd):
 
 
 def heaptrack_peak(path):
-    """The highest sum of live requested bytes in a heaptrack data file, and the most blocks
-    live at once, replayed from its allocation (`+`) and free (`-`) records."""
+    """The highest sum of live requested bytes in a heaptrack data file, the most blocks live
+    at once and the allocation (`+`) and free (`-`) records it was replayed from (heaptrack
+    writes a `realloc` as a free and an allocation)."""
     if path.suffix == ".zst":
         stream = subprocess.Popen(["zstd", "-dc", str(path)], stdout=subprocess.PIPE, text=True)
         lines = stream.stdout
     else:
         stream = None
         lines = gzip.open(path, "rt")
-    sizes, live, peak, blocks, most_blocks = [], 0, 0, 0, 0
+    sizes, live, peak, blocks, most_blocks, events = [], 0, 0, 0, 0, 0
     for line in lines:
         kind = line[:1]
         if kind == "+":
             live += sizes[int(line[2:], 16)]
             blocks += 1
+            events += 1
             peak = max(peak, live)
             most_blocks = max(most_blocks, blocks)
         elif kind == "-":
             live -= sizes[int(line[2:], 16)]
             blocks -= 1
+            events += 1
         elif kind == "a":
             sizes.append(int(line.split()[1], 16))
     if stream:
         stream.wait()
-    return peak, most_blocks
+    return peak, most_blocks, events
 
 
 def massif_peak(path):
@@ -218,7 +255,7 @@ def heaptrack_run(binary, args, scratch):
     result, rss, wall, cpu = run(
         ["heaptrack", "-o", str(cwd / "heaptrack"), binary] + args, {"HIGHWATER": "off"}, cwd
     )
-    peak, blocks = heaptrack_peak(next(cwd.glob("heaptrack.*")))
+    peak, blocks, events = heaptrack_peak(next(cwd.glob("heaptrack.*")))
     row = {
         "result": result,
         "max_rss": rss,
@@ -226,6 +263,7 @@ def heaptrack_run(binary, args, scratch):
         "cpu_s": cpu,
         "peak": peak,
         "most_blocks": blocks,
+        "records": events,
     }
     # heaptrack can die while the program runs on (the exit status is the program's): its data
     # file then stops early and its figures are not the run's.
@@ -310,6 +348,62 @@ def signed_pct(value, base):
     return f"{100 * (value - base) / base:+.3f} %" if base else "–"
 
 
+def events_made(runs):
+    """The events the program made: the median over highwater's lossless runs (recorded plus
+    dropped, in case a run was told to drop)."""
+    counts = [
+        r["result"]["events"] + r["result"]["dropped_events"]
+        for r in runs.get("highwater lossless", [])
+    ]
+    return median(counts)
+
+
+def added_cpu_ns(runs, label, events):
+    """(median CPU of `label`'s runs − median CPU unprofiled) / events, in ns: CPU over the
+    work where the program reports it, over the whole run for heaptrack (see the module docs);
+    None without the figures."""
+    rows, base = runs.get(label), runs.get("unprofiled")
+    if not rows or not base or not events:
+        return None
+    if label == "heaptrack":
+        def cpu(row):
+            return row.get("cpu_s")
+    else:
+        def cpu(row):
+            return row["result"].get("work_cpu_s")
+    if any(cpu(r) is None for r in rows + base):
+        return None
+    return 1e9 * (median([cpu(r) for r in rows]) - median([cpu(r) for r in base])) / events
+
+
+def summary(data):
+    """One row per workload: work time and added CPU per event, for each profiler."""
+    labels = ["highwater lossless", "highwater drop mode", "heaptrack"]
+    lines = [
+        "| workload | events | "
+        + " | ".join(f"{label}: × unprofiled, added CPU / event" for label in labels)
+        + " |",
+        "|---|---|" + "---|" * len(labels),
+    ]
+    for kind, entry in data["workloads"].items():
+        runs = entry["runs"]
+        if any(r.get("failed") for r in runs.get("heaptrack", [])):
+            runs = dict(runs, heaptrack=[])
+        events = events_made(runs)
+        base = median([r["result"]["work_s"] for r in runs.get("unprofiled", [])])
+        cells = []
+        for label in labels:
+            rows = runs.get(label)
+            if not rows:
+                cells.append("–")
+                continue
+            work = median([r["result"]["work_s"] for r in rows])
+            cpu = added_cpu_ns(runs, label, events)
+            cells.append(f"{ratio(work, base)}, {f'{cpu:.0f} ns' if cpu is not None else '–'}")
+        lines.append(f"| {kind} | {events:,.0f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def report(data):
     lines = []
     for kind, entry in data["workloads"].items():
@@ -333,15 +427,17 @@ def report(data):
             runs["heaptrack"] = []
             work.pop("heaptrack", None)
         heaptrack = work.get("heaptrack")
+        made = events_made(runs)
         massif = median([r["peak"] for r in runs.get("massif", [])])
         heap_peak = median([r["peak"] for r in runs.get("heaptrack", [])])
         most_blocks = median([r["most_blocks"] for r in runs.get("heaptrack", [])])
         lines += [
             f"**{kind}**: {entry['description']}.",
             "",
-            "| run | work time | × unprofiled | × heaptrack | process CPU, × unprofiled | peak | "
-            "peak vs massif | events dropped | max RSS | added RSS (vs unprofiled) |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| run | work time | × unprofiled | × heaptrack | process CPU, × unprofiled | "
+            "added CPU / event | peak | peak vs massif | events dropped | max RSS | "
+            "added RSS (vs unprofiled) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for label, rows in runs.items():
             if not rows:
@@ -369,9 +465,12 @@ def report(data):
                 if label in cpu
                 else "–"
             )
+            added_cpu = added_cpu_ns(runs, label, made) if label != "unprofiled" else None
             lines.append(
                 f"| {label} | {work[label]:.3f} s | {ratio(work[label], base)} | "
-                f"{ratio(work[label], heaptrack)} | {cpu_cell} | {size(peak) if peak else '–'} | "
+                f"{ratio(work[label], heaptrack)} | {cpu_cell} | "
+                f"{f'{added_cpu:.0f} ns' if added_cpu is not None else '–'} | "
+                f"{size(peak) if peak else '–'} | "
                 f"{signed_pct(peak, massif) if peak and massif else '–'} | {dropped} | "
                 f"{size(rss[label])} | {added} |"
             )
@@ -404,13 +503,17 @@ def report(data):
                     "run's load."
                 )
         lines.append("")
-    return "\n".join([data["machine"], ""] + lines)
+    return "\n".join([data["machine"], "", summary(data), ""] + lines)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller inputs, for a smoke test")
-    parser.add_argument("--kinds", default="syn,json,maps", help="workloads, comma-separated")
+    parser.add_argument(
+        "--kinds",
+        default="syn,json,maps,rayon,tight1,tight2,realloc",
+        help="workloads, comma-separated",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="runs of each highwater mode")
     parser.add_argument("--repeat-external", type=int, default=1, help="heaptrack/massif runs")
     parser.add_argument("--out", type=Path, help="also write the Markdown to this file")

@@ -3,8 +3,7 @@
 
 #![allow(dead_code)]
 
-#[path = "../../examples/support/workloads.rs"]
-pub mod workloads;
+pub use highwater_testkit::workloads;
 
 use std::sync::atomic::Ordering;
 

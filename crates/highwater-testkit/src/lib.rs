@@ -1,6 +1,12 @@
-//! Test support shared by highwater's crates. Not published; a dev-dependency only.
+//! Test support shared by highwater's crates, benches and examples. Not published; a
+//! dev-dependency only.
 //!
 //! - [`sample`]: a realistic hand-built profile the exporters', the report's and the command's
 //!   tests all read.
+//! - [`workloads`]: allocation-heavy programs of other crates' code, run by the workload tests,
+//!   the `workload` example and `scripts/compare_profilers.py`.
+//! - [`cpu`]: CPU time of a thread, the process and the collector thread.
 
+pub mod cpu;
 pub mod sample;
+pub mod workloads;

@@ -1,5 +1,5 @@
-//! Three allocation-heavy workloads of the kind a training binary's data pipeline runs, shared
-//! by the workload tests (`tests/workload_*.rs`), the `workload` example and
+//! Allocation-heavy workloads of the kind a training binary's data pipeline runs, shared by the
+//! workload tests (`tests/workload_*.rs`), the `workload` example and
 //! `scripts/compare_profilers.py`:
 //!
 //! - [`parse_trees`]: `syn` parses real Rust sources several times over, keeping every tree
@@ -8,11 +8,15 @@
 //!   written out again and parsed again.
 //! - [`pass_maps`]: threads build `HashMap<String, Vec<u64>>`s and hand them over channels to
 //!   the next thread, which frees them.
+//! - [`sort_and_count`]: rayon sorts millions of strings in parallel, then folds them into
+//!   per-task `HashMap`s that are reduced into one: work stealing moves blocks between threads.
+//! - [`alloc_free_loop`]: a tight loop of small allocations freed at once, on one thread or more,
+//!   the most events a second a program can make.
+//! - [`grow_buffers`]: `Vec`s and `String`s grown one element at a time, so most events are
+//!   `realloc`s.
 //!
 //! Everything is deterministic: the same inputs make the same allocations in every run, so a
 //! profiler's peak can be compared with an independent count, and between profilers.
-
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -304,6 +308,154 @@ fn build_map(worker: usize, round: usize, index: usize, entries: usize) -> Map {
         map.insert(key, values);
     }
     map
+}
+
+/// How [`sort_and_count`] runs.
+#[derive(Debug, Clone, Copy)]
+pub struct SortConfig {
+    /// Threads of the rayon pool.
+    pub threads: usize,
+    /// Strings made, sorted and counted.
+    pub strings: usize,
+}
+
+/// What [`sort_and_count`] did.
+#[derive(Debug)]
+pub struct Sorted {
+    /// Strings sorted.
+    pub strings: usize,
+    /// Distinct three-letter prefixes counted.
+    pub prefixes: usize,
+    /// The pool's threads' OS ids.
+    pub worker_tids: Vec<u64>,
+}
+
+/// Makes `strings` strings in parallel, sorts them with rayon's `par_sort` (a merge sort with
+/// one buffer as long as the input), then folds them into per-task `HashMap`s of prefix counts
+/// (a key allocated per string, most freed at once as a duplicate) reduced into one map. Every
+/// string is freed at the end by the calling thread, though the pool's threads made them.
+///
+/// The peak is while the sort's buffer and every string are live, whatever the interleaving,
+/// so it can be compared exactly with a count kept outside the profiler.
+pub fn sort_and_count(config: SortConfig) -> Sorted {
+    use rayon::prelude::*;
+
+    // The pool's threads are joined before this returns, so all they do falls inside the
+    // caller's measurement (a dropped rayon pool lets its threads exit on their own).
+    let mut threads = Vec::new();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(config.threads.max(1))
+        .spawn_handler(|thread| {
+            threads.push(std::thread::spawn(|| thread.run()));
+            Ok(())
+        })
+        .build()
+        .expect("a rayon pool starts");
+    let worker_tids = pool.broadcast(|_| gettid());
+    let (strings, prefixes) = pool.install(|| {
+        let mut words: Vec<String> = (0..config.strings as u64)
+            .into_par_iter()
+            .map(|index| {
+                let mut random = SplitMix64(index);
+                let len = 8 + random.below(24) as usize;
+                (0..len)
+                    .map(|_| char::from(b'a' + random.below(26) as u8))
+                    .collect()
+            })
+            .collect();
+        words.par_sort();
+        let counts = words
+            .par_iter()
+            .fold(HashMap::new, |mut counts: HashMap<String, u64>, word| {
+                *counts.entry(word[..3].to_owned()).or_default() += 1;
+                counts
+            })
+            .reduce(HashMap::new, |mut into, from| {
+                for (prefix, count) in from {
+                    *into.entry(prefix).or_default() += count;
+                }
+                into
+            });
+        (words.len(), counts.len())
+    });
+    drop(pool);
+    for thread in threads {
+        thread.join().expect("a rayon thread panicked");
+    }
+    Sorted {
+        strings,
+        prefixes,
+        worker_tids,
+    }
+}
+
+/// Each of `threads` threads allocates and at once frees `pairs` blocks of 64 to 256 bytes: the
+/// most events a second a program can make, nearly all of them short-lived pairs. Returns the
+/// threads' OS ids.
+pub fn alloc_free_loop(threads: usize, pairs: u64) -> Vec<u64> {
+    let start = Arc::new(Barrier::new(threads.max(1)));
+    let workers: Vec<_> = (0..threads.max(1))
+        .map(|thread| {
+            let start = Arc::clone(&start);
+            std::thread::spawn(move || {
+                start.wait();
+                let mut random = SplitMix64(thread as u64);
+                for _ in 0..pairs {
+                    let block: Vec<u8> = Vec::with_capacity(64 + random.below(193) as usize);
+                    drop(std::hint::black_box(block));
+                }
+                gettid()
+            })
+        })
+        .collect();
+    workers
+        .into_iter()
+        .map(|worker| worker.join().expect("a loop thread panicked"))
+        .collect()
+}
+
+/// What [`grow_buffers`] built.
+#[derive(Debug)]
+pub struct Grown {
+    /// Buffers grown.
+    pub buffers: usize,
+    /// Bytes of the buffers kept to the end.
+    pub kept_bytes: usize,
+}
+
+/// `rounds` rounds of growing 64 `Vec<u64>`s and 64 `String`s one element at a time to between
+/// one and 4,096 elements, so most of the events are `realloc`s; one buffer in eight is kept
+/// to the end, the rest freed when the round ends. Deterministic, on the calling thread.
+pub fn grow_buffers(rounds: usize) -> Grown {
+    let mut random = SplitMix64(0x5EED);
+    let mut kept_numbers: Vec<Vec<u64>> = Vec::new();
+    let mut kept_text: Vec<String> = Vec::new();
+    let mut buffers = 0;
+    for _ in 0..rounds {
+        let mut numbers = Vec::with_capacity(64);
+        let mut text = Vec::with_capacity(64);
+        for _ in 0..64 {
+            let mut grown = Vec::new();
+            for value in 0..1 + random.below(4096) {
+                grown.push(value);
+            }
+            numbers.push(grown);
+            let mut line = String::new();
+            for _ in 0..1 + random.below(4096) {
+                line.push(char::from(b'a' + random.below(26) as u8));
+            }
+            text.push(line);
+            buffers += 2;
+        }
+        kept_numbers.extend(numbers.into_iter().step_by(8));
+        kept_text.extend(text.into_iter().step_by(8));
+    }
+    let kept_bytes = kept_numbers.iter().map(|v| v.len() * 8).sum::<usize>()
+        + kept_text.iter().map(String::len).sum::<usize>();
+    Grown {
+        buffers,
+        kept_bytes,
+    }
 }
 
 /// The calling thread's OS id.

@@ -23,7 +23,7 @@
 //!
 //! **Before and after.** `HIGHWATER_BENCH_TIMELINE_ONLY=1` runs only the whole-stream replay
 //! and the live-map row, and prints one JSON line (`timeline-only: {...}`): with
-//! `benches/support/compare_main.sh` the same bench source is built against `main` and against
+//! `scripts/compare_analysis_with_main.sh` the same bench source is built against `main` and against
 //! the working tree and the two binaries run alternately, so the ratio comes from one run under
 //! the same load. Replay rates are given per second of wall time and per second of the
 //! replaying thread's CPU time (steadier on a shared machine).
@@ -49,12 +49,9 @@ use highwater::profile::analysis::{Timeline, TimelineConfig};
 use highwater::Profile;
 use serde_json::{json, Value};
 
-#[path = "support/cpu_time.rs"]
-mod cpu_time;
-#[path = "support/stream.rs"]
 mod stream;
 
-use cpu_time::thread_cpu_time;
+use highwater_testkit::cpu::thread_cpu_time;
 
 /// The stream's seed: change it and every figure changes a little, the ratios hardly.
 const SEED: u64 = 0x6869_6768_7761_7465;

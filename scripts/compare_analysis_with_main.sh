@@ -2,7 +2,7 @@
 # Replays the analysis bench's stream with `main`'s library and with the working tree's, the
 # same bench source for both, alternately, and prints each run's figures and the ratios.
 #
-#   benches/support/compare_main.sh [runs]     (from the repository root; default 3 runs)
+#   scripts/compare_analysis_with_main.sh [runs]     (from the repository root; default 3 runs)
 #
 # Builds `main` from `git archive` in $CARGO_TARGET_DIR/compare-main (nothing in the working
 # tree or in git changes). HIGHWATER_BENCH_EVENTS and HIGHWATER_BENCH_REPEAT are passed on.
@@ -13,9 +13,8 @@ base=$target/compare-main
 rm -rf "$base/src-tree"
 mkdir -p "$base/src-tree"
 git archive main | tar -x -C "$base/src-tree"
-cp benches/analysis.rs "$base/src-tree/benches/analysis.rs"
-cp benches/support/stream.rs "$base/src-tree/benches/support/stream.rs"
-cp benches/support/cpu_time.rs "$base/src-tree/benches/support/cpu_time.rs"
+rm -rf "$base/src-tree/benches/analysis"
+cp -r benches/analysis "$base/src-tree/benches/analysis"
 binary() {
     cargo bench --bench analysis --no-run --message-format=json "$@" 2>/dev/null |
         sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1
