@@ -49,6 +49,7 @@ pub(crate) struct Requested {
     pub(crate) checkpoint_every: Option<Duration>,
     pub(crate) sample_bytes: Option<u64>,
     pub(crate) cuda: Option<bool>,
+    pub(crate) oom_wait: Option<Duration>,
 }
 
 /// What the `HIGHWATER_*` environment variables say; `None` where a variable is unset.
@@ -86,6 +87,8 @@ pub(crate) struct Settings {
     pub(crate) sample_bytes: u64,
     /// Whether CUDA device memory is recorded (with the `cuda` feature).
     pub(crate) cuda: bool,
+    /// Longest a refused allocation waits for the checkpoint that holds it.
+    pub(crate) oom_wait: Duration,
 }
 
 impl Settings {
@@ -129,6 +132,9 @@ impl Settings {
                 DEFAULT_SAMPLE_BYTES,
             ),
             cuda: pick(&env.cuda, &requested.cuda, true),
+            oom_wait: requested
+                .oom_wait
+                .unwrap_or(crate::capture::oom::OOM_CHECKPOINT_WAIT),
         }
     }
 }
@@ -315,6 +321,7 @@ mod tests {
             checkpoint_every: Some(Duration::from_secs(3)),
             sample_bytes: Some(4096),
             cuda: Some(true),
+            oom_wait: None,
         };
         let env = parse(&[
             ("HIGHWATER_OUT", "env.json"),

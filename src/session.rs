@@ -227,6 +227,27 @@ impl SessionBuilder {
         self
     }
 
+    /// Longest a thread whose allocation was refused waits for the checkpoint that records the
+    /// refusal (default 5 s). Rust aborts the process right after a failed allocation, so that
+    /// checkpoint is what the run leaves; a larger profile or a busier machine may need longer.
+    /// The wait ends as soon as the checkpoint is on disk, so a generous bound costs nothing
+    /// when the writer keeps up.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), highwater::Error> {
+    /// use std::time::Duration;
+    /// let session = highwater::Session::builder()
+    ///     .oom_wait(Duration::from_secs(60))
+    ///     .start()?;
+    /// # drop(session); Ok(()) }
+    /// ```
+    pub fn oom_wait(mut self, bound: Duration) -> SessionBuilder {
+        self.requested.oom_wait = Some(bound);
+        self
+    }
+
     /// Whether CUDA device memory is recorded (default on; `$HIGHWATER_CUDA` overrides). Takes
     /// effect with the `cuda` feature: the session then subscribes to CUPTI's memory callbacks
     /// when a CUDA driver and CUPTI load, and the profile says why if they do not. Without the
@@ -304,6 +325,7 @@ impl SessionBuilder {
         }
         let clock_name = clock::init(settings.force_monotonic);
         capture::set_ring_capacity(settings.ring_events);
+        capture::oom::set_wait(settings.oom_wait);
         capture::begin_session(
             settings.capture_mode == CaptureMode::Lossless,
             settings.sample_bytes,

@@ -10,8 +10,8 @@
 //!
 //! The wait allocates nothing and takes no lock (atomics, a futex, the monotonic clock). It ends
 //! when the checkpoint is written, when the collector stops serving (the session stopped, or
-//! this is a forked child: [`release_waiters`]) or after [`OOM_CHECKPOINT_WAIT`], whichever
-//! comes first.
+//! this is a forked child: [`release_waiters`]) or after the session's bound (by default
+//! [`OOM_CHECKPOINT_WAIT`], see [`set_wait`]), whichever comes first.
 //!
 //! The protocol is [`Tickets`], generic over the std-or-loom primitives of `sync` so that the
 //! loom models in `loom_models` check this code unchanged; the process's one set of tickets and
@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 use super::sync::{fence, AtomicU32, Ordering};
 use super::wake::WaitWord;
 
-/// Longest a refused thread waits for its checkpoint: long enough to write a profile on a busy
-/// machine, short enough that a dying process still dies promptly.
+/// Longest a refused thread waits for its checkpoint unless the session says otherwise
+/// (`SessionBuilder::oom_wait`): long enough to write a profile on a busy machine, short enough
+/// that a dying process still dies promptly.
 pub(crate) const OOM_CHECKPOINT_WAIT: Duration = Duration::from_secs(5);
 
 /// Longest single sleep of a waiter: it looks at the collector again this often.
@@ -78,7 +79,7 @@ pub(crate) enum Waited {
     Answered,
     /// The collector stopped serving before the ticket was marked done.
     Unserved,
-    /// [`OOM_CHECKPOINT_WAIT`] passed first.
+    /// The bound passed first.
     TimedOut,
 }
 
@@ -120,7 +121,7 @@ impl Tickets {
 
     /// Records a refusal with `record` (which returns whether it is now in the thread's ring)
     /// and, if it is, asks `collector` for a checkpoint that includes it and waits for it, at
-    /// most [`OOM_CHECKPOINT_WAIT`].
+    /// most `bound`.
     ///
     /// Call it outside any push (the thread's ring not busy), so that nothing the collector
     /// waits for while it merges waits on this thread.
@@ -128,12 +129,13 @@ impl Tickets {
         &self,
         record: impl FnOnce() -> bool,
         collector: &impl Collector,
+        bound: Duration,
     ) -> Waited {
         let Some(ticket) = P::take(&self.asked, record) else {
             return Waited::NotRecorded;
         };
         collector.ring();
-        let deadline = Instant::now() + OOM_CHECKPOINT_WAIT;
+        let deadline = Instant::now() + bound;
         loop {
             let written = self.written.word().load(Ordering::Acquire);
             if covers(written, ticket) {
@@ -185,12 +187,25 @@ impl Tickets {
 
 #[cfg(not(loom))]
 mod process {
-    use super::{Collector, SoundTicket, Tickets};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use super::{Collector, SoundTicket, Tickets, OOM_CHECKPOINT_WAIT};
     use crate::capture::wake;
     use crate::model::OomSource;
 
     /// The process's tickets.
     static TICKETS: Tickets = Tickets::starting_at(0);
+
+    /// Longest a refused thread waits, in milliseconds: the running session's bound.
+    static WAIT_MS: AtomicU64 = AtomicU64::new(OOM_CHECKPOINT_WAIT.as_millis() as u64);
+
+    /// Sets how long a refused thread waits for its checkpoint; the session calls it as it
+    /// starts.
+    pub(crate) fn set_wait(bound: Duration) {
+        let ms = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
+        WAIT_MS.store(ms, Ordering::Relaxed);
+    }
 
     /// This process's collector, as the hook sees it.
     struct SessionCollector;
@@ -212,11 +227,12 @@ mod process {
     }
 
     /// Records a refusal with `record` (which returns whether it is in this thread's ring) and,
-    /// if it is, waits for a checkpoint that includes it, at most
-    /// [`OOM_CHECKPOINT_WAIT`](super::OOM_CHECKPOINT_WAIT). Call it outside any push.
+    /// if it is, waits for a checkpoint that includes it, at most the bound [`set_wait`] set.
+    /// Call it outside any push.
     #[cold]
     pub(crate) fn refused(record: impl FnOnce() -> bool) {
-        TICKETS.wait_after::<SoundTicket>(record, &SessionCollector);
+        let bound = Duration::from_millis(WAIT_MS.load(Ordering::Relaxed));
+        TICKETS.wait_after::<SoundTicket>(record, &SessionCollector, bound);
     }
 
     /// See [`Tickets::asked`].

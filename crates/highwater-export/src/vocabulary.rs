@@ -8,7 +8,7 @@
 /// Where allocations made with no span open are attributed.
 pub const OUTSIDE_SPANS: &str = "(outside spans)";
 
-/// The label of [`Summary::autograd_retained_bytes`](crate::Summary::autograd_retained_bytes).
+/// The label of [`Summary::autograd_retained_bytes`](highwater_profile::Summary::autograd_retained_bytes).
 pub const KEPT_FOR_BACKWARD: &str = "Kept for backward";
 
 /// What [`KEPT_FOR_BACKWARD`] measures.
@@ -18,7 +18,7 @@ pub const KEPT_FOR_BACKWARD_EXPLAINED: &str = "activation bytes still live when 
 /// The label of the part of a category at the peak that outlived its span.
 pub const STATE: &str = "State";
 
-/// The label of [`Summary::peak_temporary_by_category`](crate::Summary::peak_temporary_by_category).
+/// The label of [`Summary::peak_temporary_by_category`](highwater_profile::Summary::peak_temporary_by_category).
 pub const TEMPORARY: &str = "Temporary";
 
 /// What [`STATE`] and [`TEMPORARY`] split.

@@ -623,7 +623,7 @@ pub enum ProfileError {
         expected: &'static str,
     },
     /// Writing the profile failed; no partial file was left behind. (The other outputs fail
-    /// with [`ExportError`](crate::export::ExportError).)
+    /// with `highwater_export::ExportError`.)
     #[error("cannot write profile {path}: {source}")]
     Write {
         /// The destination.
