@@ -13,7 +13,7 @@
 //! | `HIGHWATER` | `on`, `off` (also `1`/`0`, `true`/`false`, `yes`/`no`) | — | `on` |
 //! | `HIGHWATER_OUT` | a path (any bytes, not only UTF-8) | [`output`](crate::SessionBuilder::output) | `highwater-profile.json` |
 //! | `HIGHWATER_ALLOC_LOG` | a path (any bytes) | [`alloc_log`](crate::SessionBuilder::alloc_log) | none |
-//! | `HIGHWATER_HTML` | on/off | [`html`](crate::SessionBuilder::html) | off |
+//! | `HIGHWATER_HTML` | on/off | [`html`](crate::SessionBuilder::html) | on (beside a profile written to a file) |
 //! | `HIGHWATER_CAPTURE` | `lossless`, `drop` | [`capture_mode`](crate::SessionBuilder::capture_mode) | `lossless` |
 //! | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | [`ring_events`](crate::SessionBuilder::ring_events) | 65536 |
 //! | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | — | `tsc` where available |
@@ -102,7 +102,7 @@ impl Settings {
             output: pick(&env.output, &requested.output, DEFAULT_OUTPUT.into()),
             write: requested.write.unwrap_or(true),
             signals: pick(&env.signals, &requested.signals, false),
-            html: pick(&env.html, &requested.html, false),
+            html: pick(&env.html, &requested.html, true),
             alloc_log: env
                 .alloc_log
                 .clone()
@@ -296,7 +296,7 @@ mod tests {
         assert!(settings.enabled);
         assert_eq!(settings.output, PathBuf::from(DEFAULT_OUTPUT));
         assert_eq!(settings.ring_events, DEFAULT_RING_EVENTS);
-        assert!(settings.write && !settings.signals && !settings.html);
+        assert!(settings.write && !settings.signals && settings.html);
         assert_eq!(settings.alloc_log, None);
         assert_eq!(settings.sample_bytes, 512 * 1024);
     }

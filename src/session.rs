@@ -86,7 +86,7 @@ struct Running {
 /// | `HIGHWATER` | `on`, `off` (also `1`/`0`, `true`/`false`) | — | `on`; `off` disables recording with no code change |
 /// | `HIGHWATER_OUT` | a path (any bytes) | [`SessionBuilder::output`] | `highwater-profile.json` |
 /// | `HIGHWATER_ALLOC_LOG` | a path (any bytes) | [`SessionBuilder::alloc_log`] | none ([`crate::alloc_log`]) |
-/// | `HIGHWATER_HTML` | `1`/`0` (also `on`/`off`, `true`/`false`) | [`SessionBuilder::html`] | off |
+/// | `HIGHWATER_HTML` | `1`/`0` (also `on`/`off`, `true`/`false`) | [`SessionBuilder::html`] | on: the report beside a profile written to a file |
 /// | `HIGHWATER_CAPTURE` | `lossless`, `drop` | [`SessionBuilder::capture_mode`] | `lossless`: a full ring waits for the collector; `drop` drops and counts ([`CaptureMode`]) |
 /// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | [`SessionBuilder::ring_events`] | 65536 (2 MiB per thread) |
 /// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | — | `tsc` where available |
@@ -187,8 +187,10 @@ impl SessionBuilder {
         self
     }
 
-    /// Also write the self-contained HTML report next to the profile (`profile.html` beside
-    /// `profile.json`) when the session ends. Default off; `$HIGHWATER_HTML` overrides.
+    /// Whether the self-contained HTML report is written next to the profile (`profile.html`
+    /// beside `profile.json`) when the session ends. Default on; `$HIGHWATER_HTML` overrides
+    /// (`HIGHWATER_HTML=0` leaves it out). A profile written to something that is not a file
+    /// (`/dev/null`, `/dev/stdout`, a FIFO) gets no report beside it.
     pub fn html(mut self, html: bool) -> SessionBuilder {
         self.requested.html = Some(html);
         self
@@ -288,12 +290,13 @@ impl SessionBuilder {
             setting: "ring_events",
             reason,
         })?;
+        let html = settings.html && report_fits_beside(&settings.output);
         if settings.write {
             check_output(&settings.output).map_err(|reason| Error::Setting {
                 setting: "output",
                 reason,
             })?;
-            if settings.html {
+            if html {
                 check_output(&html::path_beside(&settings.output)).map_err(|reason| {
                     Error::Setting {
                         setting: "html",
@@ -375,7 +378,7 @@ impl SessionBuilder {
             control,
             output: settings.output,
             write: settings.write,
-            html: settings.html,
+            html,
             meta,
             folded_names_before: names::folded(),
         });
@@ -716,6 +719,13 @@ fn device_capture(on: bool) -> Option<Warning> {
 fn stop_device_capture() {
     #[cfg(feature = "cuda")]
     crate::cuda::stop();
+}
+
+/// Whether the HTML report can go beside a profile written to `output`: a regular file or one
+/// not created yet (through links, as the profile is written), not a device, FIFO or socket,
+/// whose name with `.html` would be a file no one asked for (`/dev/null.html`).
+fn report_fits_beside(output: &Path) -> bool {
+    std::fs::metadata(output).map_or(true, |meta| meta.is_file())
 }
 
 /// Writes the profile and, when asked, the HTML report beside it. A profile that cannot be

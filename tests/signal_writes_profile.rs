@@ -119,7 +119,7 @@ fn signal_child(name: &str, env: &[(&str, &str)], signal: libc::c_int) -> (ExitS
     (status, stderr)
 }
 
-/// Checks that `dir` holds exactly the profile `path` (no temporary file) and that it loads with
+/// Checks that `dir` holds exactly the profile `path` and its report (no temporary file) and that it loads with
 /// events from the worker threads and the main thread.
 fn check_profile(dir: &Path, path: &Path, stderr: &str) {
     let profile = Profile::load(path).unwrap_or_else(|error| {
@@ -136,14 +136,20 @@ fn check_profile(dir: &Path, path: &Path, stderr: &str) {
             profile.spans
         );
     }
-    let names: Vec<_> = std::fs::read_dir(dir)
+    let mut names: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
+    names.sort();
+    let report = highwater_export::html::path_beside(path);
+    let mut expected = vec![
+        path.file_name().unwrap().to_os_string(),
+        report.file_name().unwrap().to_os_string(),
+    ];
+    expected.sort();
     assert_eq!(
-        names,
-        vec![path.file_name().unwrap().to_os_string()],
-        "only the profile should be left"
+        names, expected,
+        "only the profile and its report should be left"
     );
 }
 
