@@ -69,6 +69,15 @@ pub struct Profile {
     pub summary: Summary,
     /// Live bytes over time, per device, downsampled with the extremes kept.
     pub timeline: Vec<TimelinePoint>,
+    /// The peak device's live bytes over the window that holds the peak, at fine resolution:
+    /// from the top-level span exit before the peak to the one after it (in a training loop,
+    /// the iteration that peaked), every change while the window has fewer than twice
+    /// [`PEAK_WINDOW_BUCKETS`](crate::analysis::PEAK_WINDOW_BUCKETS), else each time bucket's
+    /// highest and lowest point. The exact peak is one of them; a window that follows a
+    /// top-level exit starts with the level at that exit. Empty in profiles written before this
+    /// field existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peak_window: Vec<TimelinePoint>,
     /// What was live at the peak, aggregated by (span path, op, category, device), largest first.
     pub peak_breakdown: Vec<PeakRow>,
     /// The largest single allocations live at the peak, largest first.
@@ -775,6 +784,15 @@ impl Profile {
             if sum(&point.by_category) > u128::from(point.live_bytes) {
                 return Err(format!(
                     "timeline[{index}].by_category adds up to more than its live_bytes {}",
+                    point.live_bytes
+                ));
+            }
+        }
+        for (index, point) in self.peak_window.iter().enumerate() {
+            if sum(&point.by_category) > u128::from(point.live_bytes) || point.live_bytes > peak {
+                return Err(format!(
+                    "peak_window[{index}] holds {} bytes, more than its categories allow or \
+                     above summary.peak_bytes {peak}",
                     point.live_bytes
                 ));
             }
