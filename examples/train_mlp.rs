@@ -663,18 +663,17 @@ fn print_summary(profile: &Profile, out: &std::path::Path, log: &std::path::Path
         words::KEPT_FOR_BACKWARD_EXPLAINED
     );
 
-    println!(
-        "\ntop spans by peak (residual/call: bytes a call allocated and still held at its exit):"
-    );
+    println!("\ntop spans by peak ({})", words::RESIDUAL_EXPLAINED);
     let mut spans: Vec<_> = profile.spans.iter().collect();
     spans.sort_by_key(|s| std::cmp::Reverse((s.peak_bytes, s.calls)));
     for span in spans.iter().take(5) {
         println!(
-            "  {:<28} calls {:>4}  peak {:>10}  residual/call {:>10}",
+            "  {:<28} calls {:>4}  peak {:>10}  {} {:>10}",
             profile.span_path(span.id),
             span.calls,
             format_bytes(span.peak_bytes),
-            format_bytes(span.residual_bytes / span.calls.max(1)),
+            words::RESIDUAL_HEAD,
+            format_bytes(span.residual_per_call()),
         );
     }
 

@@ -68,6 +68,7 @@ fn profile_at(step: u64, partial: bool) -> Profile {
         device.peak_by_category = profile.summary.peak_by_category.clone();
     }
     profile.largest_at_peak.retain(|live| live.bytes <= peak);
+    profile.peak_window.retain(|point| point.live_bytes <= peak);
     profile.summary.duration_ns = step * 1_000_000_000;
     profile.iterations.truncate(step as usize);
     profile

@@ -376,8 +376,30 @@ pub struct SpanMetrics {
     pub alloc_count: u64,
     /// Highest live bytes (on the peak's device measure) while the span was open.
     pub peak_bytes: u64,
-    /// Bytes allocated inside and still live at exit, summed over calls.
+    /// Bytes allocated inside and still live at exit, summed over calls; every view shows it
+    /// per call ([`SpanMetrics::residual_per_call`]).
     pub residual_bytes: u64,
+}
+
+impl SpanMetrics {
+    /// The residual of one call: bytes a call allocated and still held when it exited,
+    /// averaged over the span's calls (rounded to the nearest byte; 0 for a span never
+    /// called). What every output shows as the span's residual.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use highwater_profile::SpanMetrics;
+    /// let step = SpanMetrics { calls: 200, residual_bytes: 800 << 20, ..SpanMetrics::default() };
+    /// assert_eq!(step.residual_per_call(), 4 << 20);
+    /// ```
+    pub fn residual_per_call(&self) -> u64 {
+        if self.calls == 0 {
+            return 0;
+        }
+        let calls = u128::from(self.calls);
+        ((u128::from(self.residual_bytes) + calls / 2) / calls) as u64
+    }
 }
 
 /// Live bytes at the end of one top-level iteration span.

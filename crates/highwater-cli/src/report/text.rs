@@ -498,7 +498,7 @@ pub fn spans_text(profile: &Profile) -> String {
         ("TIME", true),
         ("ALLOCATED", true),
         ("PEAK", true),
-        ("RESIDUAL", true),
+        ("RESIDUAL/CALL", true),
     ]);
     for row in span_rows(profile) {
         let span = row.span;
@@ -512,7 +512,7 @@ pub fn spans_text(profile: &Profile) -> String {
             format_duration_ns(span.total_ns),
             format_bytes(span.bytes_allocated),
             format_bytes(span.peak_bytes),
-            format_bytes(span.residual_bytes),
+            format_bytes(span.residual_per_call()),
         ]);
     }
     let mut out = String::new();
@@ -576,7 +576,7 @@ pub fn diff_text(diff: &ProfileDiff, limit: usize) -> String {
     );
     let mut table = Table::new(&[
         ("PEAK", true),
-        ("RESIDUAL", true),
+        ("RESIDUAL/CALL", true),
         ("ALLOCATED", true),
         ("SPAN PATH", false),
     ]);
@@ -588,7 +588,7 @@ pub fn diff_text(diff: &ProfileDiff, limit: usize) -> String {
         };
         table.push(vec![
             format_bytes_delta(span.peak_bytes.delta),
-            format_bytes_delta(span.residual_bytes.delta),
+            format_bytes_delta(span.residual_per_call.delta),
             format_bytes_delta(span.bytes_allocated.delta),
             format!("{}{note}", clean(&span.path)),
         ]);
