@@ -446,7 +446,8 @@ pub fn top_text(profile: &Profile, limit: usize) -> String {
     table.render(&mut out, "");
     if with_sites {
         out.push_str(
-            "SITES: the call sites behind each row, largest first; \
+            "SITES: the call sites behind each row, largest first (estimated from sampled \
+             stacks; the bytes are exact); \
              `highwater sites PROFILE --site N` shows site #N's stack\n",
         );
     }
@@ -817,6 +818,20 @@ pub(crate) mod tests {
         let table = text.lines().take_while(|line| !line.is_empty()).count();
         assert_eq!(table, p.spans.len() + 1);
         assert!(text.contains(words::RESIDUAL_EXPLAINED));
+    }
+
+    /// Issue 34: residual means one thing everywhere, a call's; the spans view showed the
+    /// total over all calls (`backward 791.2 MiB`) while the example showed it per call.
+    #[test]
+    fn spans_show_the_residual_of_one_call() {
+        let mut p = sample_profile();
+        p.spans[0].calls = 200;
+        p.spans[0].residual_bytes = 800 << 20;
+        let text = spans_text(&p);
+        let row = text.lines().nth(1).unwrap();
+        assert!(text.lines().next().unwrap().contains("RESIDUAL/CALL"));
+        assert!(row.trim_end().ends_with("4.0 MiB"), "{row}");
+        assert!(!row.contains("800.0 MiB"), "{row}");
     }
 
     #[test]
