@@ -278,9 +278,10 @@ impl Run {
             wait_for_file(&self.marker(&format!("written-{step}")));
             let on_disk = Profile::load(&self.profile).unwrap();
             assert_eq!(on_disk.summary.final_live_bytes, step * 3 * MIB);
-            let screen = self.wait_for_screen(&figures(&on_disk, "status: running"));
-            assert!(screen.contains(&format!("pid {pid}")), "{screen}");
-            assert!(screen.contains("checkpoint "), "{screen}");
+            // Everything the screen must show in one wait: a capture mid-redraw is retried.
+            let mut wanted = figures(&on_disk, "status: running");
+            wanted.extend([format!("pid {pid}"), "checkpoint ".to_string()]);
+            let screen = self.wait_for_screen(&wanted);
             if let Some(previous) = previous {
                 assert_ne!(previous, screen, "the screen did not change at step {step}");
             }
@@ -478,12 +479,25 @@ fn wait_for_oom_box(run: &Run, status: &str, oom_events: &[OomEvent]) {
         "out of memory: {count} allocation{} refused",
         if count == 1 { "" } else { "s" }
     );
-    let screen = run.wait_for_screen(&[status.to_string(), title]);
-    let text = oom_box(&screen);
-    for oom in oom_events {
-        for fact in oom_facts(oom) {
-            assert!(text.contains(&fact), "the box lacks {fact:?}:\n{screen}");
+    let facts: Vec<String> = oom_events.iter().flat_map(oom_facts).collect();
+    // A capture can catch the view mid-redraw: wait until the box says everything (or the
+    // patience runs out, and the last screen shows what it lacked).
+    let start = Instant::now();
+    loop {
+        let screen = run.wait_for_screen(&[status.to_string(), title.clone()]);
+        let text = oom_box(&screen);
+        let missing: Vec<&String> = facts
+            .iter()
+            .filter(|f| !text.contains(f.as_str()))
+            .collect();
+        if missing.is_empty() {
+            return;
         }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the box lacks {missing:?}:\n{screen}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -186,7 +186,7 @@ fn draw_spans(frame: &mut Frame, area: Rect, view: &View) {
         [
             Constraint::Min(20),
             Constraint::Length(12),
-            Constraint::Length(12),
+            Constraint::Length(14),
             Constraint::Length(10),
         ],
     )
