@@ -1,5 +1,8 @@
 //! The smallest useful highwater run: a pretend training loop with forward, backward and
-//! optimizer spans, and a profile written at the end.
+//! optimizer spans, and a profile written at the end, with the HTML report beside it.
+//!
+//! It writes `target/highwater/quickstart.json` and `quickstart.html` (under the repository's
+//! ignored `target/`, so the work tree stays clean); `HIGHWATER_OUT` sends them elsewhere.
 //!
 //! ```text
 //! cargo run --release --example quickstart
@@ -19,8 +22,13 @@ fn buffer(floats: usize) -> Vec<f32> {
 }
 
 fn main() -> Result<(), highwater::Error> {
-    // The profile goes to $HIGHWATER_OUT, else ./highwater-profile.json.
-    let session = Session::start()?;
+    // The profile goes to $HIGHWATER_OUT, else where the code says: its own name, under the
+    // repository's `target/highwater/`, so it never replaces another example's profile.
+    let out = PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/target/highwater/quickstart.json"
+    ));
+    let session = Session::builder().output(&out).start()?;
 
     let weights = {
         let _load = highwater::profile!("load_weights", Category::Parameter);
@@ -65,14 +73,22 @@ fn main() -> Result<(), highwater::Error> {
     // An explicit HIGHWATER_OUT overrides the builder's `.output()` (the project's rule).
     let written_to = std::env::var_os("HIGHWATER_OUT")
         .filter(|path| !path.is_empty())
-        .map_or_else(|| PathBuf::from("highwater-profile.json"), PathBuf::from);
+        .map_or(out, PathBuf::from);
     println!(
-        "{} allocations, {} frees, {} events dropped; profile: {}",
+        "{} allocations, {} frees, {} events dropped",
         format_count(summary.alloc_count),
         format_count(summary.free_count),
         format_count(summary.dropped_events),
-        written_to.display()
     );
+    println!("profile: {}", written_to.display());
+    if std::env::var("HIGHWATER_HTML")
+        .map_or(true, |v| !matches!(v.trim(), "0" | "off" | "false" | "no"))
+    {
+        println!(
+            "report: {} (open it in a browser)",
+            highwater_export::html::path_beside(&written_to).display()
+        );
+    }
     drop(moments);
     Ok(())
 }

@@ -9,11 +9,16 @@
 //! bytes read as AdamW's two moments (2x the parameters) apart from its update's scratch, each
 //! with the call sites that allocated it (from the profile's sampled stacks).
 //!
+//! Everything it writes lands under the repository's ignored `target/highwater/`: the profile
+//! `train_mlp.json`, the HTML report `train_mlp.html` beside it, and the allocation log
+//! `train_mlp.alloc` that `highwater simulate`, `fit` and `export --format torch` replay
+//! (`--out` moves all three; `HIGHWATER_OUT` and `HIGHWATER_ALLOC_LOG` override them).
+//!
 //! ```text
 //! cargo run --release --features candle --example train_mlp
 //! cargo run --release --features candle --example train_mlp -- --leak        # keep one activation per step
 //! cargo run --release --features candle --example train_mlp -- --steps 100
-//! cargo run --release --features candle --example train_mlp -- --out runs/mlp.json
+//! cargo run --release --features candle --example train_mlp -- --out runs/mlp.json  # and runs/mlp.alloc
 //! HIGHWATER_OUT=runs/mlp.json cargo run --release --features candle --example train_mlp  # wins over --out
 //! HIGHWATER=off cargo run --release --features candle --example train_mlp   # same run, not recorded
 //! ```
@@ -56,6 +61,13 @@ struct Args {
     /// `cuda` feature to record the device memory).
     cuda: bool,
 }
+
+/// Where the profile goes unless `--out` or `HIGHWATER_OUT` says: the repository's ignored
+/// `target/`, whatever the working directory.
+const DEFAULT_OUT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/target/highwater/train_mlp.json"
+);
 
 /// Steps per block in `--checkpoint-ab` mode: over 10 s of steps, so a block at the default
 /// interval writes a checkpoint too.
@@ -113,8 +125,8 @@ impl Args {
                          `cuda` feature records its memory); falls back to the CPU, saying why"
                     );
                     println!(
-                        "  --out PATH  where the profile goes (default highwater-profile.json); \
-                         HIGHWATER_OUT overrides it"
+                        "  --out PATH  where the profile goes (default {DEFAULT_OUT}), with the \
+                         report and the allocation log beside it; HIGHWATER_OUT overrides it"
                     );
                     println!(
                         "  --ab  timing only: blocks of {AB_BLOCK} steps alternate recorded and \
@@ -233,10 +245,7 @@ fn train(args: &Args) -> Result<Run> {
                 session.finish()?;
             }
             let mode = CHECKPOINT_ORDER[(step / CHECKPOINT_BLOCK) % CHECKPOINT_ORDER.len()];
-            let out = args
-                .out
-                .clone()
-                .unwrap_or_else(|| "highwater-profile.json".into());
+            let out = args.out.clone().unwrap_or_else(|| DEFAULT_OUT.into());
             let session = Session::builder()
                 .output(out)
                 .checkpoint_every(CHECKPOINT_MODES[mode].1)
@@ -310,19 +319,19 @@ fn main() -> Result<()> {
     if args.checkpoint_ab {
         return time_checkpoints(&args);
     }
-    // The self-contained HTML report goes beside the profile (`HIGHWATER_HTML=0` turns it off).
-    let mut builder = Session::builder().html(true);
-    if let Some(out) = &args.out {
-        builder = builder.output(out);
-    }
-    let session = builder.start()?;
     // The project's precedence rule: an explicit HIGHWATER_OUT overrides what the code asked
     // for, so that is where the profile goes, and what to print.
-    let written_to = std::env::var_os("HIGHWATER_OUT")
-        .filter(|path| !path.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| args.out.clone())
-        .unwrap_or_else(|| PathBuf::from("highwater-profile.json"));
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_OUT));
+    let written_to = env_path("HIGHWATER_OUT").unwrap_or_else(|| out.clone());
+    // The allocation log goes beside the profile, for `simulate`, `fit` and the torch export
+    // (HIGHWATER_ALLOC_LOG wins); the HTML report goes there by default (HIGHWATER_HTML=0
+    // leaves it out).
+    let log = written_to.with_extension("alloc");
+    let logged_to = env_path("HIGHWATER_ALLOC_LOG").unwrap_or_else(|| log.clone());
+    let session = Session::builder().output(&out).alloc_log(&log).start()?;
     let recording = session.is_recording();
     let run = train(&args)?;
     let profile = session.finish()?;
@@ -349,11 +358,18 @@ fn main() -> Result<()> {
         if recording { "on" } else { "off" },
     );
     if recording {
-        print_summary(&profile, &written_to);
+        print_summary(&profile, &written_to, &logged_to);
     } else {
         println!("HIGHWATER=off: nothing recorded, no profile written");
     }
     Ok(())
+}
+
+/// The path in environment variable `name`, when it is set and not empty.
+fn env_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name)
+        .filter(|path| !path.is_empty())
+        .map(PathBuf::from)
 }
 
 /// Ends an `--ab` block's session, adding its collector's CPU time (read before the profile is
@@ -569,7 +585,7 @@ fn print_sites(profile: &Profile, category: Category) {
     }
 }
 
-fn print_summary(profile: &Profile, out: &std::path::Path) {
+fn print_summary(profile: &Profile, out: &std::path::Path, log: &std::path::Path) {
     let summary = &profile.summary;
     println!();
     println!(
@@ -630,18 +646,17 @@ fn print_summary(profile: &Profile, out: &std::path::Path) {
         words::KEPT_FOR_BACKWARD_EXPLAINED
     );
 
-    println!(
-        "\ntop spans by peak (residual/call: bytes a call allocated and still held at its exit):"
-    );
+    println!("\ntop spans by peak ({})", words::RESIDUAL_EXPLAINED);
     let mut spans: Vec<_> = profile.spans.iter().collect();
     spans.sort_by_key(|s| std::cmp::Reverse((s.peak_bytes, s.calls)));
     for span in spans.iter().take(5) {
         println!(
-            "  {:<28} calls {:>4}  peak {:>10}  residual/call {:>10}",
+            "  {:<28} calls {:>4}  peak {:>10}  {} {:>10}",
             profile.span_path(span.id),
             span.calls,
             format_bytes(span.peak_bytes),
-            format_bytes(span.residual_bytes / span.calls.max(1)),
+            words::RESIDUAL_HEAD,
+            format_bytes(span.residual_per_call()),
         );
     }
 
@@ -677,11 +692,19 @@ fn print_summary(profile: &Profile, out: &std::path::Path) {
         println!("warning: {warning}");
     }
     println!("profile: {}", out.display());
-    // The session asked for the report; only the environment can have turned it off.
-    let html_off = std::env::var("HIGHWATER_HTML")
-        .is_ok_and(|value| matches!(value.to_ascii_lowercase().as_str(), "0" | "off" | "false"));
+    // The report is on by default; only the environment can have turned it off.
+    let html_off = std::env::var("HIGHWATER_HTML").is_ok_and(|value| {
+        matches!(
+            value.trim().to_ascii_lowercase().as_str(),
+            "0" | "off" | "false" | "no"
+        )
+    });
     if !html_off {
         let report = highwater_export::html::path_beside(out);
         println!("report: {} (open it in a browser)", report.display());
     }
+    println!(
+        "allocation log: {} (for highwater simulate, fit and export --format torch)",
+        log.display()
+    );
 }

@@ -13,7 +13,7 @@
 //! | `HIGHWATER` | `on`, `off` (also `1`/`0`, `true`/`false`, `yes`/`no`) | — | `on` |
 //! | `HIGHWATER_OUT` | a path (any bytes, not only UTF-8) | [`output`](crate::SessionBuilder::output) | `highwater-profile.json` |
 //! | `HIGHWATER_ALLOC_LOG` | a path (any bytes) | [`alloc_log`](crate::SessionBuilder::alloc_log) | none |
-//! | `HIGHWATER_HTML` | on/off | [`html`](crate::SessionBuilder::html) | off |
+//! | `HIGHWATER_HTML` | on/off | [`html`](crate::SessionBuilder::html) | on (beside a profile written to a file) |
 //! | `HIGHWATER_CAPTURE` | `lossless`, `drop` | [`capture_mode`](crate::SessionBuilder::capture_mode) | `lossless` |
 //! | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | [`ring_events`](crate::SessionBuilder::ring_events) | 65536 |
 //! | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | — | `tsc` where available |
@@ -51,6 +51,7 @@ pub(crate) struct Requested {
     pub(crate) sample_bytes: Option<u64>,
     pub(crate) cuda: Option<bool>,
     pub(crate) max_threads: Option<usize>,
+    pub(crate) oom_wait: Option<Duration>,
 }
 
 /// What the `HIGHWATER_*` environment variables say; `None` where a variable is unset.
@@ -91,6 +92,8 @@ pub(crate) struct Settings {
     pub(crate) cuda: bool,
     /// Threads that can record at the same time.
     pub(crate) max_threads: usize,
+    /// Longest a refused allocation waits for the checkpoint that holds it.
+    pub(crate) oom_wait: Duration,
 }
 
 impl Settings {
@@ -104,7 +107,7 @@ impl Settings {
             output: pick(&env.output, &requested.output, DEFAULT_OUTPUT.into()),
             write: requested.write.unwrap_or(true),
             signals: pick(&env.signals, &requested.signals, false),
-            html: pick(&env.html, &requested.html, false),
+            html: pick(&env.html, &requested.html, true),
             alloc_log: env
                 .alloc_log
                 .clone()
@@ -139,6 +142,9 @@ impl Settings {
                 &requested.max_threads,
                 crate::capture::DEFAULT_THREAD_LIMIT,
             ),
+            oom_wait: requested
+                .oom_wait
+                .unwrap_or(crate::capture::oom::OOM_CHECKPOINT_WAIT),
         }
     }
 }
@@ -327,7 +333,7 @@ mod tests {
         assert!(settings.enabled);
         assert_eq!(settings.output, PathBuf::from(DEFAULT_OUTPUT));
         assert_eq!(settings.ring_events, DEFAULT_RING_EVENTS);
-        assert!(settings.write && !settings.signals && !settings.html);
+        assert!(settings.write && !settings.signals && settings.html);
         assert_eq!(settings.alloc_log, None);
         assert_eq!(settings.sample_bytes, 512 * 1024);
     }
@@ -353,6 +359,7 @@ mod tests {
             sample_bytes: Some(4096),
             cuda: Some(true),
             max_threads: Some(64),
+            oom_wait: None,
         };
         let env = parse(&[
             ("HIGHWATER_OUT", "env.json"),

@@ -91,7 +91,7 @@ struct Running {
 /// | `HIGHWATER` | `on`, `off` (also `1`/`0`, `true`/`false`) | — | `on`; `off` disables recording with no code change |
 /// | `HIGHWATER_OUT` | a path (any bytes) | [`SessionBuilder::output`] | `highwater-profile.json` |
 /// | `HIGHWATER_ALLOC_LOG` | a path (any bytes) | [`SessionBuilder::alloc_log`] | none ([`crate::alloc_log`]) |
-/// | `HIGHWATER_HTML` | `1`/`0` (also `on`/`off`, `true`/`false`) | [`SessionBuilder::html`] | off |
+/// | `HIGHWATER_HTML` | `1`/`0` (also `on`/`off`, `true`/`false`) | [`SessionBuilder::html`] | on: the report beside a profile written to a file |
 /// | `HIGHWATER_CAPTURE` | `lossless`, `drop` | [`SessionBuilder::capture_mode`] | `lossless`: a full ring waits for the collector; `drop` drops and counts ([`CaptureMode`]) |
 /// | `HIGHWATER_RING_EVENTS` | a power of two, 1024 to 16777216 | [`SessionBuilder::ring_events`] | 65536 (2 MiB per thread) |
 /// | `HIGHWATER_CLOCK` | `tsc`, `monotonic` | — | `tsc` where available |
@@ -193,8 +193,10 @@ impl SessionBuilder {
         self
     }
 
-    /// Also write the self-contained HTML report next to the profile (`profile.html` beside
-    /// `profile.json`) when the session ends. Default off; `$HIGHWATER_HTML` overrides.
+    /// Whether the self-contained HTML report is written next to the profile (`profile.html`
+    /// beside `profile.json`) when the session ends. Default on; `$HIGHWATER_HTML` overrides
+    /// (`HIGHWATER_HTML=0` leaves it out). A profile written to something that is not a file
+    /// (`/dev/null`, `/dev/stdout`, a FIFO) gets no report beside it.
     pub fn html(mut self, html: bool) -> SessionBuilder {
         self.requested.html = Some(html);
         self
@@ -240,6 +242,27 @@ impl SessionBuilder {
     /// are handed back once drained, and a thread waits for one in lossless mode.
     pub fn max_threads(mut self, threads: usize) -> SessionBuilder {
         self.requested.max_threads = Some(threads);
+        self
+    }
+
+    /// Longest a thread whose allocation was refused waits for the checkpoint that records the
+    /// refusal (default 5 s). Rust aborts the process right after a failed allocation, so that
+    /// checkpoint is what the run leaves; a larger profile or a busier machine may need longer.
+    /// The wait ends as soon as the checkpoint is on disk, so a generous bound costs nothing
+    /// when the writer keeps up.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), highwater::Error> {
+    /// use std::time::Duration;
+    /// let session = highwater::Session::builder()
+    ///     .oom_wait(Duration::from_secs(60))
+    ///     .start()?;
+    /// # drop(session); Ok(()) }
+    /// ```
+    pub fn oom_wait(mut self, bound: Duration) -> SessionBuilder {
+        self.requested.oom_wait = Some(bound);
         self
     }
 
@@ -316,6 +339,7 @@ impl SessionBuilder {
         }
         let clock_name = clock::init(settings.force_monotonic);
         capture::set_ring_capacity(settings.ring_events);
+        capture::oom::set_wait(settings.oom_wait);
         capture::begin_session(
             settings.capture_mode == CaptureMode::Lossless,
             settings.sample_bytes,

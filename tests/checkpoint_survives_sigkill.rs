@@ -23,14 +23,15 @@ static GLOBAL: common::TestAlloc = common::test_alloc();
 /// A block the child keeps live from start to end, so every checkpoint must show it.
 const HELD: usize = 8 << 20;
 
-/// Allocates in spans while holding [`HELD`] bytes; stops when `stop` appears (or after a
-/// minute, as a watchdog), then finishes the session.
+/// Allocates in spans while holding [`HELD`] bytes; stops when `stop` appears (or, as a
+/// watchdog for a parent that died, well after any wait of the parent's), then finishes the
+/// session.
 fn allocate(session: Session, stop: &Path) {
     let held = {
         let _span = highwater::profile!("hold", Step::Forward);
         black_box(vec![7u8; HELD])
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + 5 * common::WATCHDOG;
     let mut round = 0usize;
     while !stop.exists() && Instant::now() < deadline {
         let _span = highwater::profile!("train_step", Step::Backward);

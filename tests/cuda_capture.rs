@@ -227,7 +227,7 @@ fn not_recorded(profile: &Profile) -> Option<NotRecordedReason> {
 
 /// Waits, boundedly, for the output to hold a checkpoint that lists a refusal.
 fn checkpoint_with_refusal(path: &Path) -> Profile {
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + common::WATCHDOG;
     loop {
         if let Ok(profile) = common::uncounted(|| Profile::load(path)) {
             if profile.meta.partial && !profile.oom_events.is_empty() {

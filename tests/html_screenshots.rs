@@ -135,7 +135,8 @@ const MEASURE: &str = r##"
     });
     var frameOf = function (name) {
       return Array.prototype.filter.call(flame.querySelectorAll("g.frame"), function (g) {
-        return g.querySelector("text") && g.querySelector("text").textContent === name;
+        var t = g.querySelector("text");
+        return t && (t.textContent === name || t.textContent.slice(-name.length - 2) === "::" + name);
       })[0];
     };
     var centre = function (g) { var r = g.querySelector("rect").getBoundingClientRect(); return { x: r.left + r.width / 2, y: r.top + r.height / 2 }; };
@@ -152,6 +153,7 @@ const MEASURE: &str = r##"
       f.focus_after_click = +flame.getAttribute("data-focus");
       var focused = flame.querySelector("g.frame[data-i=\"" + f.target + "\"] rect");
       f.focused_width = +focused.getAttribute("width");
+      f.width = flame.viewBox.baseVal.width;
       f.detail = document.getElementById("flame-detail").textContent;
       f.frames_zoomed = flame.querySelectorAll("g.frame").length;
       c = centre(flame.querySelector("g.frame[data-i=\"" + f.target + "\"]"));
@@ -165,6 +167,71 @@ const MEASURE: &str = r##"
     });
     out.flame = f;
   }
+  // Fit (issue 34): everything inside its section, tables without sideways scrolling, text of
+  // at least 10 px as drawn (an SVG's text scaled by its drawing), span paths broken only
+  // between their parts, swatches on their label's line, no label cut to a stub.
+  var fit = { outside: [], scrolls: [], small: [], broken: [], swatches: [], stubs: [] };
+  function shown(e) { return e.getClientRects().length > 0; }
+  Array.prototype.forEach.call(document.querySelectorAll("main > section"), function (s) {
+    var sb = box(s);
+    Array.prototype.forEach.call(s.querySelectorAll("*"), function (e) {
+      if (!shown(e)) return;
+      var b = box(e);
+      if (b.r > sb.r + 1 || b.l < sb.l - 1) fit.outside.push(s.id + ": " + name(e));
+    });
+  });
+  Array.prototype.forEach.call(document.querySelectorAll(".scroll"), function (e) {
+    if (shown(e) && e.scrollWidth > e.clientWidth + 1) fit.scrolls.push(name(e.firstElementChild || e));
+  });
+  var walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (var node = walker.nextNode(); node; node = walker.nextNode()) {
+    var e = node.parentElement;
+    if (!node.textContent.trim() || !e || !shown(e) || e.closest("#tip, #hw-layout, script, style, title")) continue;
+    var size = parseFloat(getComputedStyle(e).fontSize), svg = e.closest("svg");
+    if (svg && svg.viewBox && svg.viewBox.baseVal && svg.viewBox.baseVal.width) {
+      size *= svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+    }
+    if (size < 10 - 0.01) fit.small.push(size.toFixed(1) + "px " + name(e));
+  }
+  Array.prototype.forEach.call(document.querySelectorAll("td.path"), function (td) {
+    if (!shown(td)) return;
+    var text = td.textContent, at = 0;
+    text.split("/").forEach(function (part) {
+      var range = document.createRange(), start = text.indexOf(part, at);
+      at = start + part.length;
+      if (!part) return;
+      // Text offsets across the <wbr> elements: walk the cell's text nodes.
+      var nodes = [], w = document.createTreeWalker(td, NodeFilter.SHOW_TEXT), n, pos = 0, a = null, b = null;
+      for (n = w.nextNode(); n; n = w.nextNode()) {
+        var len = n.textContent.length;
+        if (a === null && start < pos + len) a = [n, start - pos];
+        if (b === null && at <= pos + len) b = [n, at - pos];
+        pos += len;
+      }
+      if (!a || !b) return;
+      range.setStart(a[0], a[1]); range.setEnd(b[0], b[1]);
+      var tops = {};
+      Array.prototype.forEach.call(range.getClientRects(), function (r) { if (r.width > 0) tops[Math.round(r.top)] = 1; });
+      if (Object.keys(tops).length > 1) fit.broken.push(text);
+    });
+  });
+  Array.prototype.forEach.call(document.querySelectorAll(".legend li, td.cat"), function (e) {
+    var swatch = e.querySelector("i");
+    if (!swatch || !shown(e)) return;
+    var range = document.createRange();
+    range.selectNodeContents(e);
+    var first = Array.prototype.filter.call(range.getClientRects(), function (r) { return r.width > 0; })[0];
+    var sw = swatch.getBoundingClientRect();
+    if (first && (sw.bottom < first.top || sw.top > first.bottom)) fit.swatches.push(name(e));
+  });
+  Array.prototype.forEach.call(document.querySelectorAll("#flame-chart text"), function (t) {
+    var s = t.textContent;
+    if (s.slice(-1) === "…" && s.length < 6) fit.stubs.push(s);
+  });
+  fit.envelope = Array.prototype.map.call(document.querySelectorAll("#timelines svg"), function (s) { return s.getAttribute("data-envelope"); });
+  var stepSvg = document.querySelector("#peak-step-chart svg");
+  fit.peak_step_points = stepSvg ? +stepSvg.getAttribute("data-points") : 0;
+  out.fit = fit;
   out.formats = [0, 1023, 1024, 1536, 1048575, 10485760, 5905580032, 1099511627776].map(window.highwaterFormat.bytes)
     .concat([999, 12500, 3200000, 999960, 999999999, 1250000000].map(window.highwaterFormat.time));
   var pre = document.createElement("pre");
@@ -366,7 +433,10 @@ fn the_call_sites_icicle_lays_out_hovers_zooms_and_the_rows_link_to_their_sites(
         // Clicking a frame zooms into it (full width, fewer frames); clicking it again zooms out.
         let target = flame["target"].as_u64().expect("Gpt::forward is drawn");
         assert_eq!(flame["focus_after_click"].as_u64(), Some(target));
-        assert!(flame["focused_width"].as_f64().unwrap() > 990.0, "{flame}");
+        assert!(
+            flame["focused_width"].as_f64().unwrap() > flame["width"].as_f64().unwrap() - 10.0,
+            "{flame}"
+        );
         assert!(
             flame["frames_zoomed"].as_u64() < flame["frames"].as_u64(),
             "{flame}"
@@ -435,4 +505,102 @@ fn the_script_formats_units_exactly_as_the_text_reports_do() {
         .map(|v| v.as_str().unwrap().to_string())
         .collect();
     assert_eq!(got, want);
+}
+
+/// The fit checks the measuring script collected, for `name` at `width`.
+fn assert_fits(name: &str, width: u32, layout: &serde_json::Value, max_height: u64) {
+    let fit = &layout["fit"];
+    eprintln!(
+        "{name} at {width}: {} px tall, fit {fit}",
+        layout["page_height"]
+    );
+    for (key, what) in [
+        ("outside", "boxes past their section's edge"),
+        ("scrolls", "tables wider than their card"),
+        ("small", "text under 10 px as drawn"),
+        ("broken", "span paths broken inside a name"),
+        ("swatches", "swatches on another line than their label"),
+        ("stubs", "icicle labels cut to a stub"),
+    ] {
+        let found = fit[key].as_array().unwrap();
+        assert!(
+            found.is_empty(),
+            "{name} at {width}: {what}: {}",
+            serde_json::to_string(&found[..found.len().min(12)]).unwrap()
+        );
+    }
+    let height = layout["page_height"].as_u64().unwrap();
+    assert!(
+        height <= max_height,
+        "{name} at {width}: the page is {height} px tall (at most {max_height})"
+    );
+}
+
+/// The hand-built profile with a hundred more call sites that hold nothing at the peak, as the
+/// candle MLP's profile has (125 sites, most of them 0 B at the peak).
+fn many_sites() -> Profile {
+    let mut profile = highwater_testkit::sample::sample_profile();
+    let template = profile.sites[0].clone();
+    for i in 0..100u32 {
+        let mut site = template.clone();
+        site.id = 1_000 + i;
+        site.peak_bytes = 0;
+        site.peak_bytes_error = 0;
+        for share in &mut site.shares {
+            share.peak_bytes = 0;
+            share.peak_count = 0;
+            share.peak_temporary_bytes = 0;
+            share.category = Category::Gradient;
+        }
+        site.frames[0].line = Some(1_000 + i);
+        profile.sites.push(site);
+    }
+    profile
+}
+
+/// Issue 34: the report fits a phone-sized window and a wide screen. At 800 and 1,920 px every
+/// box stays inside its section, no table scrolls sideways, all text is at least 10 px as
+/// drawn (the charts are drawn at their width, not scaled down), span paths wrap between
+/// their parts, swatches sit with their labels, and the page stays a few screens tall (one
+/// screen of rows per table, zero-byte sites folded). The zoomed-out timeline of a long run
+/// draws its envelope, and the step that peaked is drawn from the fine window.
+#[test]
+fn the_report_fits_800_and_1920_px_with_bounded_height() {
+    let Some(browser) = browser() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (normal, _) = runs();
+    let sites = many_sites();
+    for width in [800, 1920] {
+        let seen = look(&browser, dir.path(), "fit-sites", &sites, width);
+        assert_laid_out("fit-sites", width, &seen);
+        let max = if width == 800 { 8_000 } else { 6_500 };
+        assert_fits("fit-sites", width, &seen.layout, max);
+
+        let seen = look(&browser, dir.path(), "fit-run", normal, width);
+        assert_laid_out("fit-run", width, &seen);
+        assert_fits("fit-run", width, &seen.layout, 7_000);
+        let fit = &seen.layout["fit"];
+        assert_eq!(
+            fit["envelope"][0], "yes",
+            "fit-run at {width}: 200 steps zoomed out draw an envelope: {fit}"
+        );
+        let step = &seen.layout["peak_step"];
+        let (t0, t1) = (step["t0"].as_u64().unwrap(), step["t1"].as_u64().unwrap());
+        let fine = normal
+            .peak_window
+            .iter()
+            .filter(|p| p.timestamp_ns >= t0 && p.timestamp_ns <= t1)
+            .count() as u64;
+        let coarse = normal
+            .timeline
+            .iter()
+            .filter(|p| p.timestamp_ns >= t0 && p.timestamp_ns <= t1)
+            .count() as u64;
+        assert!(fine > coarse, "the window is finer: {fine} vs {coarse}");
+        // Every category's path draws each point of the window.
+        assert!(
+            fit["peak_step_points"].as_u64().unwrap() >= fine,
+            "fit-run at {width}: {fit}"
+        );
+    }
 }

@@ -52,7 +52,13 @@ fn a_null_from_the_inner_allocator_is_checkpointed_with_what_was_live() {
         || {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("run.json");
-            let session = Session::builder().output(&path).start().unwrap();
+            // The checkpoint is read as soon as `alloc` returns: the refused thread must wait
+            // for it however busy the machine is (the default 5 s was once not enough).
+            let session = Session::builder()
+                .output(&path)
+                .oom_wait(common::WATCHDOG)
+                .start()
+                .unwrap();
             common::open_window();
             let weights = {
                 let _init = highwater::profile!("init", Category::Parameter);
@@ -136,7 +142,11 @@ fn a_process_that_aborts_on_a_failed_allocation_leaves_a_checkpoint_that_says_so
         "a_process_that_aborts_on_a_failed_allocation_leaves_a_checkpoint_that_says_so";
     if common::is_child(NAME) {
         let path = std::env::var_os("HW_OOM_OUT").unwrap();
-        let _session = Session::builder().output(path).start().unwrap();
+        let _session = Session::builder()
+            .output(path)
+            .oom_wait(common::WATCHDOG)
+            .start()
+            .unwrap();
         let _weights = black_box(vec![1u8; 2 << 20]);
         let _step = highwater::profile!("train_step", Step::Forward);
         // `handle_alloc_error` aborts the process after the allocator returns null.

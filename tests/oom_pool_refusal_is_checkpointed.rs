@@ -2,6 +2,8 @@
 //! OOM event per refusing device (request, largest free block, the pool's reserved bytes, the
 //! span that asked) and a checkpoint holding it, written before `reserve` returns the error.
 
+use std::time::Duration;
+
 use highwater::device::{DeviceIndex, DeviceKind, PoolError, PoolManager, Strategy};
 use highwater::profile::model::OomSource;
 use highwater::{Alloc, Profile, Session, Step};
@@ -15,7 +17,13 @@ const GIB: u64 = 1 << 30;
 fn a_refused_admission_is_checkpointed_with_the_pool_state() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.json");
-    let session = Session::builder().output(&path).start().unwrap();
+    // A generous bound: the checkpoint is read as soon as `reserve` returns, however busy
+    // the machine is (the wait ends when it is on disk).
+    let session = Session::builder()
+        .output(&path)
+        .oom_wait(Duration::from_secs(600))
+        .start()
+        .unwrap();
     let pools = PoolManager::builder()
         .kind(DeviceKind::TpuV4)
         .devices(2)

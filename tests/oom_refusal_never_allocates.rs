@@ -4,6 +4,7 @@
 
 use std::alloc::{Layout, System};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use highwater::{Alloc, Profile, Session, Step};
 
@@ -21,7 +22,13 @@ const IMPOSSIBLE: usize = 1 << 62;
 fn a_refused_allocation_and_its_checkpoint_wait_never_allocate_on_the_refused_thread() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.json");
-    let session = Session::builder().output(&path).start().unwrap();
+    // The refused thread waits for its checkpoint however busy the machine is: the counts
+    // below say each refusal was on disk before `alloc` returned.
+    let session = Session::builder()
+        .output(&path)
+        .oom_wait(Duration::from_secs(600))
+        .start()
+        .unwrap();
     let before = (CALLS.load(Ordering::SeqCst), NESTED.load(Ordering::SeqCst));
     let kept = vec![7u8; 1 << 16];
     let refusals = {

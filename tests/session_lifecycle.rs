@@ -148,8 +148,8 @@ fn environment_output_path_is_used_and_drop_writes_the_profile() {
 }
 
 #[test]
-fn html_report_is_written_next_to_the_profile_when_asked() {
-    let name = "html_report_is_written_next_to_the_profile_when_asked";
+fn html_report_is_written_next_to_the_profile_by_default() {
+    let name = "html_report_is_written_next_to_the_profile_by_default";
     if is_child(name) {
         let session = Session::builder()
             .output(std::env::var("HW_OUT").unwrap())
@@ -161,10 +161,8 @@ fn html_report_is_written_next_to_the_profile_when_asked() {
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.json");
-    let output = child(
-        name,
-        &[("HW_OUT", path.to_str().unwrap()), ("HIGHWATER_HTML", "1")],
-    );
+    // Nothing asked for it: the library writes the report by default, as the README says.
+    let output = child(name, &[("HW_OUT", path.to_str().unwrap())]);
     assert!(output.status.success(), "{output:?}");
     let html = std::fs::read_to_string(dir.path().join("run.html")).unwrap();
     assert!(
@@ -174,6 +172,27 @@ fn html_report_is_written_next_to_the_profile_when_asked() {
     );
     assert!(html.contains("forward"), "the report names the span");
     assert!(Profile::load(&path).is_ok());
+
+    // HIGHWATER_HTML=0 leaves it out.
+    let quiet = dir.path().join("quiet.json");
+    let output = child(
+        name,
+        &[("HW_OUT", quiet.to_str().unwrap()), ("HIGHWATER_HTML", "0")],
+    );
+    assert!(output.status.success(), "{output:?}");
+    assert!(Profile::load(&quiet).is_ok());
+    assert!(!dir.path().join("quiet.html").exists());
+
+    // A profile written to a device gets no report beside it: no `/dev/null.html`.
+    let stray = std::path::Path::new("/dev/null.html");
+    assert!(
+        !stray.exists(),
+        "left by an earlier run: {}",
+        stray.display()
+    );
+    let output = child(name, &[("HW_OUT", "/dev/null")]);
+    assert!(output.status.success(), "{output:?}");
+    assert!(!stray.exists(), "a report was written beside /dev/null");
 }
 
 #[test]

@@ -43,7 +43,8 @@ fn allocate_until_killed() -> ! {
         black_box(vec![0u8; 1 << 16]);
     }
     println!("ready");
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // Far past the parent's own waits: the parent signals as soon as it reads `ready`.
+    let deadline = Instant::now() + 5 * common::WATCHDOG;
     while Instant::now() < deadline {
         let _span = highwater::profile!("main_step", Step::Backward);
         black_box(vec![1u8; 4096]);
@@ -118,7 +119,7 @@ fn signal_child(name: &str, env: &[(&str, &str)], signal: libc::c_int) -> (ExitS
     (status, stderr)
 }
 
-/// Checks that `dir` holds exactly the profile `path` (no temporary file) and that it loads with
+/// Checks that `dir` holds exactly the profile `path` and its report (no temporary file) and that it loads with
 /// events from the worker threads and the main thread.
 fn check_profile(dir: &Path, path: &Path, stderr: &str) {
     let profile = Profile::load(path).unwrap_or_else(|error| {
@@ -135,14 +136,20 @@ fn check_profile(dir: &Path, path: &Path, stderr: &str) {
             profile.spans
         );
     }
-    let names: Vec<_> = std::fs::read_dir(dir)
+    let mut names: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
+    names.sort();
+    let report = highwater_export::html::path_beside(path);
+    let mut expected = vec![
+        path.file_name().unwrap().to_os_string(),
+        report.file_name().unwrap().to_os_string(),
+    ];
+    expected.sort();
     assert_eq!(
-        names,
-        vec![path.file_name().unwrap().to_os_string()],
-        "only the profile should be left"
+        names, expected,
+        "only the profile and its report should be left"
     );
 }
 
@@ -287,7 +294,7 @@ fn handlers_chain_to_the_programs_own_and_recording_goes_on() {
                 OWN_HANDLER_RAN.load(Ordering::SeqCst),
                 "the program's handler runs at once, inside the signal"
             );
-            let deadline = Instant::now() + Duration::from_secs(60);
+            let deadline = Instant::now() + common::WATCHDOG;
             let checkpoint = loop {
                 if let Ok(profile) = Profile::load(&path) {
                     break profile;

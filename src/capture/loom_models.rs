@@ -10,7 +10,7 @@ use loom::sync::Arc;
 use loom::thread;
 
 use super::gate::{close_gate, GateProtocol, Sound};
-use super::oom::{Collector, SoundTicket, TicketProtocol, Tickets, Waited};
+use super::oom::{Collector, SoundTicket, TicketProtocol, Tickets, Waited, OOM_CHECKPOINT_WAIT};
 use super::raw::{RawEvent, RawKind};
 use super::registry::{Registry, Slot, SlotState};
 use super::ring::{ParkProtocol, Pushed, Ring, SoundPark, WhenFull};
@@ -516,6 +516,7 @@ fn refusal_model<P: TicketProtocol + 'static>() {
                     pushed == Pushed::Recorded
                 },
                 policy,
+                OOM_CHECKPOINT_WAIT,
             );
             (waited, on_disk.load(Ordering::Acquire))
         });
@@ -591,7 +592,8 @@ fn refused_stop_model<P: TicketProtocol + 'static>(release: bool) {
         // Leaked, as in `waiting_model`.
         let policy: &'static Policy = Box::leak(Box::new(Policy::new(true)));
         let tickets: &'static Tickets = Box::leak(Box::new(Tickets::starting_at(0)));
-        let refused = thread::spawn(move || tickets.wait_after::<P>(|| true, policy));
+        let refused =
+            thread::spawn(move || tickets.wait_after::<P>(|| true, policy, OOM_CHECKPOINT_WAIT));
         policy.serving.store(false, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         if release {
@@ -665,6 +667,7 @@ fn two_refusals_are_each_answered_by_a_checkpoint_that_holds_them() {
                             pushed == Pushed::Recorded
                         },
                         policy,
+                        OOM_CHECKPOINT_WAIT,
                     );
                     (waited, on_disk.load(Ordering::Acquire) & (1 << i) != 0)
                 })

@@ -10,8 +10,8 @@
 //!
 //! The wait allocates nothing and takes no lock (atomics, a futex, the monotonic clock). It ends
 //! when the checkpoint is written, when the collector stops serving (the session stopped, or
-//! this is a forked child: [`release_waiters`]) or after [`OOM_CHECKPOINT_WAIT`], whichever
-//! comes first.
+//! this is a forked child: [`release_waiters`]) or after the session's bound (by default
+//! [`OOM_CHECKPOINT_WAIT`], see [`set_wait`]), whichever comes first.
 //!
 //! The protocol is [`Tickets`], generic over the std-or-loom primitives of `sync` so that the
 //! loom models in `loom_models` check this code unchanged; the process's one set of tickets and
@@ -22,8 +22,9 @@ use std::time::{Duration, Instant};
 use super::sync::{fence, AtomicU32, Ordering};
 use super::wake::WaitWord;
 
-/// Longest a refused thread waits for its checkpoint: long enough to write a profile on a busy
-/// machine, short enough that a dying process still dies promptly.
+/// Longest a refused thread waits for its checkpoint unless the session says otherwise
+/// (`SessionBuilder::oom_wait`): long enough to write a profile on a busy machine, short enough
+/// that a dying process still dies promptly.
 pub(crate) const OOM_CHECKPOINT_WAIT: Duration = Duration::from_secs(5);
 
 /// After a refused thread started waiting for its checkpoint, refusals within this long are
@@ -84,7 +85,7 @@ pub(crate) enum Waited {
     Answered,
     /// The collector stopped serving before the ticket was marked done.
     Unserved,
-    /// [`OOM_CHECKPOINT_WAIT`] passed first.
+    /// The bound passed first.
     TimedOut,
 }
 
@@ -126,7 +127,7 @@ impl Tickets {
 
     /// Records a refusal with `record` (which returns whether it is now in the thread's ring)
     /// and, if it is, asks `collector` for a checkpoint that includes it and waits for it, at
-    /// most [`OOM_CHECKPOINT_WAIT`].
+    /// most `bound`.
     ///
     /// Call it outside any push (the thread's ring not busy), so that nothing the collector
     /// waits for while it merges waits on this thread.
@@ -134,12 +135,13 @@ impl Tickets {
         &self,
         record: impl FnOnce() -> bool,
         collector: &impl Collector,
+        bound: Duration,
     ) -> Waited {
         let Some(ticket) = P::take(&self.asked, record) else {
             return Waited::NotRecorded;
         };
         collector.ring();
-        let deadline = Instant::now() + OOM_CHECKPOINT_WAIT;
+        let deadline = Instant::now() + bound;
         loop {
             let written = self.written.word().load(Ordering::Acquire);
             if covers(written, ticket) {
@@ -192,8 +194,9 @@ impl Tickets {
 #[cfg(not(highwater_loom))]
 mod process {
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
 
-    use super::{Collector, SoundTicket, Tickets, OOM_CHECKPOINT_EVERY};
+    use super::{Collector, SoundTicket, Tickets, OOM_CHECKPOINT_EVERY, OOM_CHECKPOINT_WAIT};
     use crate::capture::wake;
     use crate::model::OomSource;
 
@@ -216,6 +219,16 @@ mod process {
             .saturating_add(now.tv_nsec as u64)
     }
 
+    /// Longest a refused thread waits, in milliseconds: the running session's bound.
+    static WAIT_MS: AtomicU64 = AtomicU64::new(OOM_CHECKPOINT_WAIT.as_millis() as u64);
+
+    /// Sets how long a refused thread waits for its checkpoint; the session calls it as it
+    /// starts.
+    pub(crate) fn set_wait(bound: Duration) {
+        let ms = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
+        WAIT_MS.store(ms, Ordering::Relaxed);
+    }
+
     /// This process's collector, as the hook sees it.
     struct SessionCollector;
 
@@ -236,10 +249,9 @@ mod process {
     }
 
     /// Records a refusal with `record` (which returns whether it is in this thread's ring) and,
-    /// if it is, waits for a checkpoint that includes it, at most
-    /// [`OOM_CHECKPOINT_WAIT`](super::OOM_CHECKPOINT_WAIT) — unless another refusal began such
-    /// a wait less than [`OOM_CHECKPOINT_EVERY`] ago: then it is only recorded. Call it outside
-    /// any push.
+    /// if it is, waits for a checkpoint that includes it, at most the bound [`set_wait`] set —
+    /// unless another refusal began such a wait less than [`OOM_CHECKPOINT_EVERY`] ago: then it
+    /// is only recorded. Call it outside any push.
     #[cold]
     pub(crate) fn refused(record: impl FnOnce() -> bool) {
         let now = monotonic_ns();
@@ -254,7 +266,8 @@ mod process {
             record();
             return;
         }
-        TICKETS.wait_after::<SoundTicket>(record, &SessionCollector);
+        let bound = Duration::from_millis(WAIT_MS.load(Ordering::Relaxed));
+        TICKETS.wait_after::<SoundTicket>(record, &SessionCollector, bound);
     }
 
     /// A new session: its first refusal waits for its checkpoint whatever came before.

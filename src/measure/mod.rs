@@ -7,48 +7,8 @@
 //! parallel threads never see each other's allocations; a thread that is not measuring pays
 //! one Relaxed load per allocator call.
 //!
-//! # What a measurement sees
-//!
-//! - **Blocks born inside**: every `alloc`, `alloc_zeroed` and `realloc` the calling thread
-//!   makes while the closure runs, kept until the same thread frees them: the latest one in
-//!   the meter itself (so an allocation freed before the next one, the commonest pattern,
-//!   costs no table work), the others in an address table (mapped with `mmap`, never from the
-//!   global allocator). `peak_bytes` is the highest total
-//!   of those blocks live at once, `leaked_bytes` what is still live when the closure returns.
-//! - **Frees of older blocks** (made before the closure, or by another thread): not blocks of
-//!   the measurement, so they lower neither its live bytes nor its peak; counted in
-//!   [`Measurement::untracked_frees`], and in [`Measurement::net_bytes`], the thread's heap
-//!   change net of every free.
-//! - **A block born inside and freed by another thread**: that thread is not measuring and
-//!   pays nothing, so the free is not seen; the block stays live in the figures and is counted
-//!   in `leaked_bytes` and `leaked_blocks`, even if the same address is later handed to the
-//!   measuring thread again.
-//! - **Threads the closure spawns**: not measured. Their allocations are their own; what they
-//!   hand back and the measuring thread frees is an older block. Measure inside the thread to
-//!   measure its work. Spawning itself allocates std's thread bookkeeping on the calling
-//!   thread, and whichever thread drops the last reference frees it, so a closure that spawns
-//!   may show a few dozen bytes leaked, not always the same.
-//! - **highwater's own allocations** on the thread (interning a span or op name while a
-//!   session records, starting or finishing a session inside the closure): not counted. The
-//!   [`Profile`](crate::Profile) a session inside the closure returns is highwater's too: its
-//!   frees are of an older block.
-//!
-//! Measurements nest: an inner [`measure`] counts its closure, and the outer one counts it too.
-//!
-//! # Spans
-//!
-//! [`profile!`](crate::profile!) spans opened inside the closure split the figures by span path
-//! ([`Measurement::spans`]): bytes allocated, bytes live at the measurement's peak and bytes
-//! leaked, per path. Budget failures print the largest of them.
-//!
-//! # Call sites
-//!
-//! Which code allocated is estimated from stacks sampled by bytes, as a session samples them
-//! (one sample per 64 KiB allocated on average, every block of 256 KiB or more), with the same
-//! seed in every measurement so that the estimates, like the exact figures, are the same on
-//! every run ([`Measurement::sites`]). Only a sampled allocation walks the stack; symbols are
-//! resolved only when a budget fails, whose message then names the largest sites by function,
-//! file and line.
+//! What a measurement sees, how spans split it and how call sites are estimated is written on
+//! [`measure`], the public entry point.
 
 mod budget;
 mod iterations;
@@ -175,9 +135,51 @@ pub struct SiteFigures {
 /// Runs `f` and returns its value with an exact [`Measurement`] of the heap blocks the calling
 /// thread allocated inside it.
 ///
-/// It needs no [`Session`](crate::Session) and does not disturb one; see the [module
-/// docs](self) for what is and is not seen (frees by other threads, spawned threads). It
-/// counts only when [`Alloc`](crate::Alloc) is the global allocator.
+/// It needs no [`Session`](crate::Session) and does not disturb one, and it counts only when
+/// [`Alloc`](crate::Alloc) is the global allocator.
+///
+/// # What a measurement sees
+///
+/// - **Blocks born inside**: every `alloc`, `alloc_zeroed` and `realloc` the calling thread
+///   makes while the closure runs, kept until the same thread frees them: the latest one in
+///   the meter itself (so an allocation freed before the next one, the commonest pattern,
+///   costs no table work), the others in an address table (mapped with `mmap`, never from the
+///   global allocator). `peak_bytes` is the highest total
+///   of those blocks live at once, `leaked_bytes` what is still live when the closure returns.
+/// - **Frees of older blocks** (made before the closure, or by another thread): not blocks of
+///   the measurement, so they lower neither its live bytes nor its peak; counted in
+///   [`Measurement::untracked_frees`], and in [`Measurement::net_bytes`], the thread's heap
+///   change net of every free.
+/// - **A block born inside and freed by another thread**: that thread is not measuring and
+///   pays nothing, so the free is not seen; the block stays live in the figures and is counted
+///   in `leaked_bytes` and `leaked_blocks`, even if the same address is later handed to the
+///   measuring thread again.
+/// - **Threads the closure spawns**: not measured. Their allocations are their own; what they
+///   hand back and the measuring thread frees is an older block. Measure inside the thread to
+///   measure its work. Spawning itself allocates std's thread bookkeeping on the calling
+///   thread, and whichever thread drops the last reference frees it, so a closure that spawns
+///   may show a few dozen bytes leaked, not always the same.
+/// - **highwater's own allocations** on the thread (interning a span or op name while a
+///   session records, starting or finishing a session inside the closure): not counted. The
+///   [`Profile`](crate::Profile) a session inside the closure returns is highwater's too: its
+///   frees are of an older block.
+///
+/// Measurements nest: an inner [`measure`] counts its closure, and the outer one counts it too.
+///
+/// # Spans
+///
+/// [`profile!`](crate::profile!) spans opened inside the closure split the figures by span path
+/// ([`Measurement::spans`]): bytes allocated, bytes live at the measurement's peak and bytes
+/// leaked, per path. Budget failures print the largest of them.
+///
+/// # Call sites
+///
+/// Which code allocated is estimated from stacks sampled by bytes, as a session samples them
+/// (one sample per 64 KiB allocated on average, every block of 256 KiB or more), with the same
+/// seed in every measurement so that the estimates, like the exact figures, are the same on
+/// every run ([`Measurement::sites`]). Only a sampled allocation walks the stack; symbols are
+/// resolved only when a budget fails, whose message then names the largest sites by function,
+/// file and line.
 ///
 /// # Examples
 ///

@@ -94,6 +94,20 @@ fn simulate_reports_fit_and_fragmentation_failures() {
 
     let text = highwater(&["simulate", profile, "--device", "tpu-v5e"]);
     let text = String::from_utf8_lossy(&text.stdout);
+    // Issue 34: the short answer comes first (fits or not, by how much, the allocator that
+    // decides), the detail below; fragmentation is one measure, in percent.
+    let first = text.lines().next().unwrap_or("");
+    assert!(
+        first.starts_with("answer: does not fit tpu-v5e (16.0 GiB)"),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .nth(1)
+            .is_some_and(|l| l.contains("the allocator that decides: ")),
+        "{text}"
+    );
+    assert!(!text.contains("0.500") && !text.contains("tax"), "{text}");
     assert!(
         text.contains("OUT OF MEMORY") && text.contains("fragmentation"),
         "{text}"
@@ -105,7 +119,7 @@ fn simulate_reports_fit_and_fragmentation_failures() {
     for column in [
         "refused",
         "first refusal",
-        "max frag",
+        "max split",
         "lower bound",
         "offline packing",
     ] {
@@ -173,8 +187,19 @@ fn fit_finds_the_largest_factor_and_exits_3_when_the_run_does_not_fit() {
         text.contains("largest factor that fits: other ×0.79"),
         "{text}"
     );
+    // The answer first, the factor as a plain number.
     assert!(
-        text.contains("does not fit: the factor is below ×1"),
+        text.starts_with("answer: does not fit as recorded: it needs "),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .nth(1)
+            .is_some_and(|l| l.contains("other can grow to 0.79 times its recorded size")),
+        "{text}"
+    );
+    assert!(
+        text.contains("does not fit: the factor is below 1"),
         "{text}"
     );
 

@@ -151,8 +151,9 @@ fn growth_per_iteration_catches_a_kept_allocation_and_spares_a_steady_loop() {
     assert_eq!(
         lines,
         [format!(
-            "growth {KEPT}.0 bytes per iteration (iterations 1..{}, after 1 warm-up) > \
+            "growth {} (iterations 1..{}, after 1 warm-up) > \
              max-growth-per-iteration 0 bytes",
+            highwater_profile::units::format_bytes_per_iteration(KEPT as f64),
             ITERATIONS - 1
         )]
     );

@@ -362,7 +362,7 @@ fn write_sample_profiles_for_manual_checks() {
 fn help_explains_residual_and_lists_every_export_format() {
     let spans = stdout(&highwater(&["spans", "--help"]));
     assert!(
-        spans.contains("RESIDUAL: bytes the span allocated and still held"),
+        spans.contains("RESIDUAL/CALL: bytes one call of the span allocated and still held"),
         "{spans}"
     );
     let export = stdout(&highwater(&["export", "--help"]));

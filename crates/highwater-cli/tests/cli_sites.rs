@@ -48,6 +48,13 @@ fn sites_lists_the_largest_at_the_peak_first_with_errors_and_stacks() {
     let profile = sample_profile();
     let path = write(dir.path(), "p.json", &profile);
     let text = stdout(&highwater(&["sites", &path, "-n", "3"]));
+    // Issue 34: the header counts what it shows ("125 listed of 125 seen" over 20 shown).
+    assert!(
+        text.lines()
+            .next()
+            .is_some_and(|l| l.contains(": 3 shown of ") && l.contains("estimated from")),
+        "{text}"
+    );
     let headers: Vec<&str> = text.lines().filter(|l| l.starts_with('#')).collect();
     assert_eq!(headers.len(), 3, "{text}");
     for (line, site) in headers.iter().zip(&profile.sites) {

@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 const GIB: u64 = 1 << 30;
 
-/// Index of a device within a [`PoolManager`](super::PoolManager), from 0.
+/// Index of a device within a pool manager (`highwater::device::PoolManager`), from 0.
 ///
 /// # Examples
 ///
@@ -27,7 +27,7 @@ impl fmt::Display for DeviceIndex {
 /// Capacities are the spec-sheet figures read as binary units (32 GiB for a TPU v4 core). The
 /// runtimes report somewhat less usable memory than the sheet (an "80 GB" H100 shows about
 /// 79.6 GiB); size pools from what the runtime reports with
-/// [`PoolManagerBuilder::limit`](super::PoolManagerBuilder::limit) when you know it.
+/// `highwater::device::PoolManagerBuilder::limit` when you know it.
 ///
 /// | kind | parse name | per device |
 /// |---|---|---|

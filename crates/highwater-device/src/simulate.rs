@@ -275,6 +275,11 @@ impl From<Vec<SimReport>> for SimComparison {
     }
 }
 
+/// A fraction as a percentage with one decimal: `0.5` is `50.0 %`.
+fn percent(fraction: f64) -> String {
+    format!("{:.1} %", fraction * 100.0)
+}
+
 impl fmt::Display for SimComparison {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use highwater_profile::units::{format_bytes, format_duration_ns};
@@ -291,9 +296,9 @@ impl fmt::Display for SimComparison {
             "cause",
             "peak reserved",
             "peak requested",
-            "max frag",
-            "mean frag",
-            "end frag"
+            "max split",
+            "mean split",
+            "end split"
         )?;
         for r in &self.reports {
             let (when, cause) = match &r.first_failure {
@@ -302,7 +307,7 @@ impl fmt::Display for SimComparison {
             };
             writeln!(
                 f,
-                "{:<11} {:>13} {:>8} {:>16} {:>14} {:>13} {:>14} {:>9.3} {:>9.3} {:>9.3}",
+                "{:<11} {:>13} {:>8} {:>16} {:>14} {:>13} {:>14} {:>9} {:>9} {:>9}",
                 r.strategy.name(),
                 if r.fits { "fits" } else { "OUT OF MEMORY" },
                 r.failures,
@@ -310,15 +315,16 @@ impl fmt::Display for SimComparison {
                 cause,
                 format_bytes(r.peak_reserved),
                 format_bytes(r.peak_requested),
-                r.max_fragmentation,
-                r.mean_fragmentation,
-                r.final_fragmentation,
+                percent(r.max_fragmentation),
+                percent(r.mean_fragmentation),
+                percent(r.final_fragmentation),
             )?;
         }
         write!(
             f,
             "refused: allocations that did not fit; first refusal: time since the log began; \
-             frag: fragmentation, 1 - largest free block / free bytes (max, mean, at the end)"
+             split: the share of free memory outside the largest free block (max, mean, at the \
+             end)"
         )
     }
 }

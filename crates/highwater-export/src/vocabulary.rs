@@ -8,7 +8,7 @@
 /// Where allocations made with no span open are attributed.
 pub const OUTSIDE_SPANS: &str = "(outside spans)";
 
-/// The label of [`Summary::autograd_retained_bytes`](crate::Summary::autograd_retained_bytes).
+/// The label of [`Summary::autograd_retained_bytes`](highwater_profile::Summary::autograd_retained_bytes).
 pub const KEPT_FOR_BACKWARD: &str = "Kept for backward";
 
 /// What [`KEPT_FOR_BACKWARD`] measures.
@@ -18,7 +18,7 @@ pub const KEPT_FOR_BACKWARD_EXPLAINED: &str = "activation bytes still live when 
 /// The label of the part of a category at the peak that outlived its span.
 pub const STATE: &str = "State";
 
-/// The label of [`Summary::peak_temporary_by_category`](crate::Summary::peak_temporary_by_category).
+/// The label of [`Summary::peak_temporary_by_category`](highwater_profile::Summary::peak_temporary_by_category).
 pub const TEMPORARY: &str = "Temporary";
 
 /// What [`STATE`] and [`TEMPORARY`] split.
@@ -26,10 +26,19 @@ pub const STATE_VS_TEMPORARY_EXPLAINED: &str = "temporary: live at the peak but 
     the span that allocated it exited (an update's scratch); state: outlived its span \
     (parameters, optimizer moments)";
 
-/// What a span's residual is, and why it can exceed the peak.
-pub const RESIDUAL_EXPLAINED: &str = "Residual: bytes a span allocated and still held when it \
-    exited, added up over all its calls. It can exceed the peak: a span called 200 times that \
-    leaves 4 MiB behind each time (freed later, outside it) shows 800 MiB.";
+/// The head of a span's residual, in every view (the value is
+/// [`SpanMetrics::residual_per_call`](highwater_profile::SpanMetrics::residual_per_call)).
+pub const RESIDUAL_HEAD: &str = "residual/call";
+
+/// What a span's residual is: per call, in every view.
+pub const RESIDUAL_EXPLAINED: &str = "Residual/call: bytes one call of the span allocated and \
+    still held when it exited, averaged over its calls. A step that keeps nothing shows 0 B; \
+    a forward pass whose activations wait for the backward pass shows their size; a step that \
+    keeps a little more every call is leaking (see the change per iteration).";
+
+/// What the per-iteration figure is (not a residual: the change of everything live).
+pub const ITERATION_CHANGE_EXPLAINED: &str = "change: live bytes on all devices at an \
+    iteration's end minus at the previous iteration's end";
 
 /// What a span's peak is.
 pub const SPAN_PEAK_EXPLAINED: &str =

@@ -3,7 +3,7 @@
 //! (`highwater simulate`) without re-running it.
 //!
 //! A profile is bounded (its curve is downsampled); the log is not: 27 bytes per event. Turn
-//! it on with [`SessionBuilder::alloc_log`](crate::SessionBuilder::alloc_log) or
+//! it on with `highwater::SessionBuilder::alloc_log` or
 //! `HIGHWATER_ALLOC_LOG=path`.
 //!
 //! # Format

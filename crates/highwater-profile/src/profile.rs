@@ -69,6 +69,15 @@ pub struct Profile {
     pub summary: Summary,
     /// Live bytes over time, per device, downsampled with the extremes kept.
     pub timeline: Vec<TimelinePoint>,
+    /// The peak device's live bytes over the window that holds the peak, at fine resolution:
+    /// from the top-level span exit before the peak to the one after it (in a training loop,
+    /// the iteration that peaked), every change while the window has fewer than twice
+    /// [`PEAK_WINDOW_BUCKETS`](crate::analysis::PEAK_WINDOW_BUCKETS), else each time bucket's
+    /// highest and lowest point. The exact peak is one of them; a window that follows a
+    /// top-level exit starts with the level at that exit. Empty in profiles written before this
+    /// field existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peak_window: Vec<TimelinePoint>,
     /// What was live at the peak, aggregated by (span path, op, category, device), largest first.
     pub peak_breakdown: Vec<PeakRow>,
     /// The largest single allocations live at the peak, largest first.
@@ -367,8 +376,30 @@ pub struct SpanMetrics {
     pub alloc_count: u64,
     /// Highest live bytes (on the peak's device measure) while the span was open.
     pub peak_bytes: u64,
-    /// Bytes allocated inside and still live at exit, summed over calls.
+    /// Bytes allocated inside and still live at exit, summed over calls; every view shows it
+    /// per call ([`SpanMetrics::residual_per_call`]).
     pub residual_bytes: u64,
+}
+
+impl SpanMetrics {
+    /// The residual of one call: bytes a call allocated and still held when it exited,
+    /// averaged over the span's calls (rounded to the nearest byte; 0 for a span never
+    /// called). What every output shows as the span's residual.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use highwater_profile::SpanMetrics;
+    /// let step = SpanMetrics { calls: 200, residual_bytes: 800 << 20, ..SpanMetrics::default() };
+    /// assert_eq!(step.residual_per_call(), 4 << 20);
+    /// ```
+    pub fn residual_per_call(&self) -> u64 {
+        if self.calls == 0 {
+            return 0;
+        }
+        let calls = u128::from(self.calls);
+        ((u128::from(self.residual_bytes) + calls / 2) / calls) as u64
+    }
 }
 
 /// Live bytes at the end of one top-level iteration span.
@@ -658,7 +689,7 @@ pub enum ProfileError {
         expected: &'static str,
     },
     /// Writing the profile failed; no partial file was left behind. (The other outputs fail
-    /// with [`ExportError`](crate::export::ExportError).)
+    /// with `highwater_export::ExportError`.)
     #[error("cannot write profile {path}: {source}")]
     Write {
         /// The destination.
@@ -810,6 +841,15 @@ impl Profile {
             if sum(&point.by_category) > u128::from(point.live_bytes) {
                 return Err(format!(
                     "timeline[{index}].by_category adds up to more than its live_bytes {}",
+                    point.live_bytes
+                ));
+            }
+        }
+        for (index, point) in self.peak_window.iter().enumerate() {
+            if sum(&point.by_category) > u128::from(point.live_bytes) || point.live_bytes > peak {
+                return Err(format!(
+                    "peak_window[{index}] holds {} bytes, more than its categories allow or \
+                     above summary.peak_bytes {peak}",
                     point.live_bytes
                 ));
             }

@@ -97,6 +97,54 @@ pub fn format_count(count: u64) -> String {
     out
 }
 
+/// A factor (how many times a size) as a person reads it: whole and with thousands separators
+/// from 100 on, one decimal from 10, two below (`53,192`, `12.5`, `0.79`, `0`).
+///
+/// # Examples
+///
+/// ```
+/// use highwater_profile::units::format_factor;
+/// assert_eq!(format_factor(53192.01), "53,192");
+/// assert_eq!(format_factor(12.46), "12.5");
+/// assert_eq!(format_factor(0.787), "0.79");
+/// assert_eq!(format_factor(0.0), "0");
+/// assert_eq!(format_factor(2.0), "2");
+/// ```
+pub fn format_factor(factor: f64) -> String {
+    if !factor.is_finite() || factor <= 0.0 {
+        return "0".to_string();
+    }
+    let text = if factor >= 100.0 {
+        return format_count(factor.floor() as u64);
+    } else if factor >= 10.0 {
+        format!("{factor:.1}")
+    } else {
+        format!("{factor:.2}")
+    };
+    // `2.00` reads as `2`, `2.50` as `2.5`.
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// Bytes per iteration as a person reads them: `256.2 KiB per iteration`, `-4.0 MiB per
+/// iteration`, `0 B per iteration`.
+///
+/// # Examples
+///
+/// ```
+/// use highwater_profile::units::format_bytes_per_iteration;
+/// assert_eq!(format_bytes_per_iteration(262394.2), "256.2 KiB per iteration");
+/// assert_eq!(format_bytes_per_iteration(-4194304.0), "-4.0 MiB per iteration");
+/// ```
+pub fn format_bytes_per_iteration(bytes: f64) -> String {
+    let rounded = bytes.round();
+    let magnitude = format_bytes(rounded.abs().min(u64::MAX as f64) as u64);
+    if rounded < 0.0 {
+        format!("-{magnitude} per iteration")
+    } else {
+        format!("{magnitude} per iteration")
+    }
+}
+
 /// A shape as `[2, 3, 4]`, or `-` when unknown.
 ///
 /// # Examples

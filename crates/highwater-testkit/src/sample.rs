@@ -146,6 +146,42 @@ fn span(
     id
 }
 
+/// Fine points between each pair of the curve's points in the iteration that peaked.
+const FINE_STEPS: u64 = 10;
+
+/// The peak window: the peak device's curve over the iteration that holds `peak_ts`, ten
+/// points between each of the curve's (each category moving in a straight line, so no point
+/// passes the curve's own), as the analysis keeps it at fine resolution.
+fn peak_window(timeline: &[TimelinePoint], device: &str, peak_ts: u64) -> Vec<TimelinePoint> {
+    let start = peak_ts / ITERATION_NS * ITERATION_NS;
+    let coarse: Vec<&TimelinePoint> = timeline
+        .iter()
+        .filter(|p| p.device == device)
+        .filter(|p| p.timestamp_ns >= start && p.timestamp_ns <= start + ITERATION_NS)
+        .collect();
+    let mut fine = Vec::new();
+    for pair in coarse.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        for j in 0..FINE_STEPS {
+            let values: [u64; Category::COUNT] = Category::ALL.map(|category| {
+                let from = a.by_category.get(&category).copied().unwrap_or(0) as f64;
+                let to = b.by_category.get(&category).copied().unwrap_or(0) as f64;
+                (from + (to - from) * j as f64 / FINE_STEPS as f64) as u64
+            });
+            fine.push(TimelinePoint {
+                timestamp_ns: a.timestamp_ns + (b.timestamp_ns - a.timestamp_ns) * j / FINE_STEPS,
+                device: device.to_string(),
+                live_bytes: values.iter().sum(),
+                by_category: by_category(values),
+            });
+        }
+    }
+    if let Some(last) = coarse.last() {
+        fine.push((*last).clone());
+    }
+    fine
+}
+
 /// A profile of eight training steps on `cpu`, `cuda:0` and `cuda:1` with no dropped events.
 pub fn sample_profile() -> Profile {
     let duration_ns = ITERATIONS * ITERATION_NS;
@@ -222,6 +258,7 @@ pub fn sample_profile() -> Profile {
         devices.push(stats);
     }
     let (peak_bytes, peak_ts, peak_device, peak_by_category) = peak;
+    let peak_window = peak_window(&timeline, &peak_device, peak_ts);
     // A quarter of the activations at the peak are scratch the layer frees before it returns.
     let peak_temporary_by_category: BTreeMap<Category, u64> = peak_by_category
         .iter()
@@ -314,6 +351,7 @@ pub fn sample_profile() -> Profile {
             oom_count: 0,
         },
         timeline,
+        peak_window,
         peak_breakdown,
         largest_at_peak,
         spans,

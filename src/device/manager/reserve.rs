@@ -78,7 +78,7 @@ pub struct ReservedBlock {
 impl PoolManager {
     /// Reserves `bytes` on each listed device, all or nothing.
     ///
-    /// Each request is rounded up as the strategy documents ([`Strategy`]). A device listed more
+    /// Each request is rounded up as the strategy documents ([`Strategy`](crate::device::Strategy)). A device listed more
     /// than once gets one block holding the sum of its requests. Either every device gets its
     /// block, or none does and every pool is left exactly as it was (only the failure counters
     /// of the devices that could not fit move).

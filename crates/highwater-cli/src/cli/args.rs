@@ -79,13 +79,12 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// The span tree with calls, time and memory metrics (PEAK and RESIDUAL explained below).
+    /// The span tree with calls, time and memory metrics (PEAK and RESIDUAL/CALL explained below).
     ///
-    /// Every path of the span tree, all calls added up. ALLOCATED: bytes allocated inside,
-    /// children included. PEAK: the highest live bytes on the peak's device while the span was
-    /// open. RESIDUAL: bytes the span allocated and still held when it exited, added up over all
-    /// its calls; it can exceed the peak (a span called 200 times that leaves 4 MiB behind each
-    /// time, freed later outside it, shows 800 MiB).
+    /// Every path of the span tree; TIME and ALLOCATED add up all calls. ALLOCATED: bytes
+    /// allocated inside, children included. PEAK: the highest live bytes on the peak's device
+    /// while the span was open. RESIDUAL/CALL: bytes one call of the span allocated and still held
+    /// when it exited, averaged over its calls (a step that keeps nothing shows 0 B).
     Spans {
         /// A profile written by highwater.
         profile: PathBuf,

@@ -24,7 +24,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use highwater_profile::model::Category;
-use highwater_profile::units::format_bytes;
+use highwater_profile::units::{format_bytes, format_bytes_per_iteration};
 use highwater_profile::Profile;
 use serde::Deserialize;
 
@@ -166,8 +166,9 @@ fn evaluate(
         outcomes.push(Outcome {
             held: growth <= limit as f64,
             line: format!(
-                "growth {growth:.1} bytes per iteration (iterations {first}..{last}, after \
-                 {warmups} warm-up) > max-growth-per-iteration {}",
+                "growth {} (iterations {first}..{last}, after {warmups} warm-up) > \
+                 max-growth-per-iteration {}",
+                format_bytes_per_iteration(growth),
                 bytes(limit)
             ),
         });
@@ -416,7 +417,7 @@ mod tests {
                 "peak 3.0 MiB (3145728 bytes) > max-peak 2.0 MiB (2097152 bytes)",
                 "optimizer at the peak 2.0 MiB (2097152 bytes) > max-peak-category \
                  optimizer=1.0 MiB (1048576 bytes)",
-                "growth 100.0 bytes per iteration (iterations 1..3, after 1 warm-up) > \
+                "growth 100 B per iteration (iterations 1..3, after 1 warm-up) > \
                  max-growth-per-iteration 50 bytes",
                 "dropped events 4 > max-dropped 0",
             ]

@@ -6,7 +6,7 @@ use std::path::Path;
 use highwater_device::{figures, fit, Allocator, DeviceKind, Edits, FitAnswer, FitQuery};
 use highwater_export::html::fit::{section, DeviceFigures};
 use highwater_profile::model::Category;
-use highwater_profile::units::format_bytes;
+use highwater_profile::units::{format_bytes, format_factor};
 use highwater_profile::Profile;
 use serde_json::json;
 
@@ -78,8 +78,9 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
             &whatif,
         ))?;
     } else {
-        let mut text = format!(
-            "fit: {} from {} on {} ({}), growing {} under {}; other edits: {}\n",
+        let mut text = short_answer(&answer, &target, &whatif);
+        text.push_str(&format!(
+            "\ndetail: {} from {} on {} ({}), growing {} under {}; other edits: {}\n",
             stream.name,
             stream.log_path.display(),
             target.name,
@@ -87,7 +88,7 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
             names(request.grow),
             allocator,
             request.edits,
-        );
+        ));
         text.push_str(&note);
         text.push('\n');
         text.push_str(&replay::figures_text(&stream.name, &whatif));
@@ -119,13 +120,65 @@ fn names(categories: &[Category]) -> String {
         .join(" + ")
 }
 
+/// The answer in a few lines, before the detail: whether the run fits as recorded and by how
+/// much, how far the grown categories can go (a plain number), and the allocator that decides.
+fn short_answer(
+    answer: &FitAnswer,
+    target: &replay::Target,
+    whatif: &highwater_device::Figures,
+) -> String {
+    let grown = names(&answer.query.grow);
+    let allocator = answer.query.allocator;
+    let capacity = answer.query.capacity;
+    let recorded = whatif
+        .allocators
+        .iter()
+        .find(|a| a.allocator == allocator)
+        .map_or(whatif.lower_bound, |a| a.peak_bytes);
+    let mut text = if answer.fits_as_recorded {
+        format!(
+            "answer: fits as recorded, with {} to spare on {} ({}) under {allocator}, which \
+             decides: the run needs {} under it\n",
+            format_bytes(capacity.saturating_sub(recorded)),
+            target.name,
+            format_bytes(capacity),
+            format_bytes(recorded)
+        )
+    } else {
+        format!(
+            "answer: does not fit as recorded: it needs {} under {allocator}, which decides, \
+             {} more than {} ({})\n",
+            format_bytes(recorded),
+            format_bytes(recorded.saturating_sub(capacity)),
+            target.name,
+            format_bytes(capacity)
+        )
+    };
+    match answer.factor {
+        Some(factor) => text.push_str(&format!(
+            "  {grown} can grow to {} times its recorded size{}\n",
+            format_factor(factor.as_f64()),
+            if answer.ceiling {
+                " (the search's ceiling: it still fits)"
+            } else {
+                " before the device fills"
+            }
+        )),
+        None => text.push_str(&format!(
+            "  no size of {grown} fits: the rest of the run is too large on its own\n"
+        )),
+    }
+    text
+}
+
 fn answer_text(answer: &FitAnswer) -> String {
     let grown = names(&answer.query.grow);
     let mut text = match answer.factor {
         Some(factor) => {
+            let factor = format_factor(factor.as_f64());
             let mut line = format!(
-                "largest factor that fits: {grown} {factor}{}\n  at {factor}: peak {}, lower \
-                 bound {}, {} tax {} ({:.1} %)\n",
+                "largest factor that fits: {grown} ×{factor}{}\n  at ×{factor}: peak {}, lower \
+                 bound {}, {} overhead {} ({:.1} %)\n",
                 if answer.ceiling {
                     " (the search's ceiling: it still fits)"
                 } else {
@@ -138,7 +191,7 @@ fn answer_text(answer: &FitAnswer) -> String {
                 answer.tax_percent,
             );
             if !answer.fits_as_recorded {
-                line.push_str("  the run as recorded does not fit: the factor is below ×1\n");
+                line.push_str("  the run as recorded does not fit: the factor is below 1\n");
             }
             line
         }
@@ -153,8 +206,7 @@ fn answer_text(answer: &FitAnswer) -> String {
             .map(|c| format!("{} {}", c.as_str(), format_bytes(first.live[c.index()])))
             .collect();
         text.push_str(&format!(
-            "  at {} the device fills first with {}: {} of {} refused with {} live\n",
-            first.factor,
+            "  just past it the device fills first with {}: {} of {} refused with {} live\n",
             first.category.as_str(),
             format_bytes(first.refused.1),
             first.refused.0.as_str(),
@@ -171,8 +223,8 @@ fn answer_text(answer: &FitAnswer) -> String {
     ));
     for p in &answer.curve {
         text.push_str(&format!(
-            "  ×{:<8.2} peak {:>10}  lower bound {:>10}  {}\n",
-            p.factor,
+            "  ×{:<8} peak {:>10}  lower bound {:>10}  {}\n",
+            format_factor(p.factor),
             format_bytes(p.peak_bytes),
             format_bytes(p.lower_bound),
             if p.fits { "fits" } else { "does not fit" }

@@ -134,12 +134,12 @@ pub(crate) fn proxy_note(min_block: u64) -> String {
 pub(crate) fn figures_text(stream: &str, figures: &Figures) -> String {
     let mut text = format!(
         "{stream}: {} allocations; device capacity {}\n",
-        figures.allocations,
+        highwater_profile::units::format_count(figures.allocations as u64),
         format_bytes(figures.capacity)
     );
     text.push_str(&format!(
         "  {:<20} {:>12} {:>22}  {}\n",
-        "", "peak", "fragmentation tax", "on this device"
+        "", "peak", "overhead", "on this device"
     ));
     text.push_str(&format!(
         "  {:<20} {:>12} {:>22}  {}\n",
@@ -174,7 +174,7 @@ pub(crate) fn figures_text(stream: &str, figures: &Figures) -> String {
     text.push_str(
         "  lower bound: most bytes live at once; offline packing: the run planned with every \
          lifetime known; peak: most memory the allocator holds from the device with room to \
-         spare; tax: peak - lower bound.\n",
+         spare; overhead: peak - lower bound (rounding, caching and fragmentation).\n",
     );
     text
 }

@@ -7,7 +7,7 @@ use highwater_device::{
     compare_strategies, figures, simulate, Allocator, DeviceKind, SimComparison, SimOpKind,
     SimReport, Strategy,
 };
-use highwater_profile::units::{format_bytes, format_duration_ns};
+use highwater_profile::units::{format_bytes, format_count, format_duration_ns};
 use serde_json::json;
 
 use super::replay::{self, DoesNotFit};
@@ -54,14 +54,16 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
     } else {
         let first = ops.iter().map(|op| op.ts_ns).min().unwrap_or(0);
         let last = ops.iter().map(|op| op.ts_ns).max().unwrap_or(0);
-        let mut text = format!(
-            "replaying {} from {} ({allocations} allocations over {}) through {} ({})\n\n",
+        let mut text = short_answer(&chosen, &target, &whatif);
+        text.push_str(&format!(
+            "\ndetail: replaying {} from {} ({} allocations over {}) through {} ({})\n\n",
             stream.name,
             stream.log_path.display(),
+            format_count(allocations as u64),
             format_duration_ns(last - first),
             target.name,
             format_bytes(chosen.capacity),
-        );
+        ));
         text.push_str(&report_text(&chosen, first));
         text.push_str("\nall strategies on the same stream:\n");
         text.push_str(&SimComparison::from(all).to_string());
@@ -87,6 +89,60 @@ pub(crate) fn run(request: &Request<'_>) -> anyhow::Result<()> {
     }
 }
 
+/// The answer in a few lines, before the detail: whether the run fits under the chosen
+/// strategy and by how much, and which emulated allocator needs the most (the one that decides
+/// whether a real framework's run fits).
+fn short_answer(
+    chosen: &SimReport,
+    target: &replay::Target,
+    whatif: &highwater_device::Figures,
+) -> String {
+    let capacity = chosen.capacity;
+    let mut text = if chosen.fits {
+        format!(
+            "answer: fits {} ({}) under {}, with {} to spare (it reserves {} at most)\n",
+            target.name,
+            format_bytes(capacity),
+            chosen.strategy.name(),
+            format_bytes(capacity.saturating_sub(chosen.peak_reserved)),
+            format_bytes(chosen.peak_reserved)
+        )
+    } else if whatif.lower_bound > capacity {
+        format!(
+            "answer: does not fit {} ({}): {} is live at once, {} more than the device has\n",
+            target.name,
+            format_bytes(capacity),
+            format_bytes(whatif.lower_bound),
+            format_bytes(whatif.lower_bound - capacity)
+        )
+    } else {
+        format!(
+            "answer: does not fit {} ({}) under {}: {} allocations refused, though the {} live at \
+             once would fit; the free memory is split into blocks too small\n",
+            target.name,
+            format_bytes(capacity),
+            chosen.strategy.name(),
+            chosen.failures,
+            format_bytes(whatif.lower_bound)
+        )
+    };
+    if let Some(worst) = whatif.allocators.iter().max_by_key(|a| a.peak_bytes) {
+        text.push_str(&format!(
+            "  the allocator that decides: {} needs the most, {} ({} over the {} live at once){}\n",
+            worst.allocator,
+            format_bytes(worst.peak_bytes),
+            format_bytes(worst.tax_bytes),
+            format_bytes(whatif.lower_bound),
+            if worst.fits {
+                ", and still fits"
+            } else {
+                ", and does not fit"
+            }
+        ));
+    }
+    text
+}
+
 fn report_text(report: &SimReport, start_ns: u64) -> String {
     let mut text = format!("{}: ", report.strategy.name());
     match &report.first_failure {
@@ -109,11 +165,11 @@ fn report_text(report: &SimReport, start_ns: u64) -> String {
         )),
     }
     text.push_str(&format!(
-        "  fragmentation (1 - largest free block / free bytes): max {:.3}, mean {:.3}, at the \
-         end {:.3}; peak requested {}\n",
-        report.max_fragmentation,
-        report.mean_fragmentation,
-        report.final_fragmentation,
+        "  free memory outside the largest free block: max {:.1} %, mean {:.1} %, at the end \
+         {:.1} %; peak requested {}\n",
+        report.max_fragmentation * 100.0,
+        report.mean_fragmentation * 100.0,
+        report.final_fragmentation * 100.0,
         format_bytes(report.peak_requested)
     ));
     text

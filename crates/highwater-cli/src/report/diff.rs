@@ -57,8 +57,10 @@ pub struct SpanDelta {
     pub in_after: bool,
     /// Highest live bytes while the span was open.
     pub peak_bytes: Delta,
-    /// Bytes allocated inside and still live at exit.
+    /// Bytes allocated inside and still live at exit, all calls added up.
     pub residual_bytes: Delta,
+    /// The residual of one call, averaged over the span's calls (what the text shows).
+    pub residual_per_call: Delta,
     /// Bytes allocated inside.
     pub bytes_allocated: Delta,
 }
@@ -66,11 +68,15 @@ pub struct SpanDelta {
 impl SpanDelta {
     /// The largest absolute change among the span's figures; what [`diff`] sorts by.
     pub fn magnitude(&self) -> u64 {
-        [self.peak_bytes, self.residual_bytes, self.bytes_allocated]
-            .iter()
-            .map(|d| d.delta.unsigned_abs())
-            .max()
-            .unwrap_or(0)
+        [
+            self.peak_bytes,
+            self.residual_per_call,
+            self.bytes_allocated,
+        ]
+        .iter()
+        .map(|d| d.delta.unsigned_abs())
+        .max()
+        .unwrap_or(0)
     }
 }
 
@@ -136,10 +142,14 @@ pub fn diff(before: &Profile, after: &Profile) -> ProfileDiff {
     });
 
     let by_path = |profile: &Profile| {
-        let mut map: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
+        let mut map: BTreeMap<String, (u64, u64, u64, u64)> = BTreeMap::new();
         for (span, path) in profile.spans.iter().zip(profile.span_paths()) {
-            map.entry(path)
-                .or_insert((span.peak_bytes, span.residual_bytes, span.bytes_allocated));
+            map.entry(path).or_insert((
+                span.peak_bytes,
+                span.residual_bytes,
+                span.bytes_allocated,
+                span.residual_per_call(),
+            ));
         }
         map
     };
@@ -151,14 +161,15 @@ pub fn diff(before: &Profile, after: &Profile) -> ProfileDiff {
         .map(|path| {
             let a = old.get(path).copied();
             let b = new.get(path).copied();
-            let (pa, ra, aa) = a.unwrap_or_default();
-            let (pb, rb, ab) = b.unwrap_or_default();
+            let (pa, ra, aa, ca) = a.unwrap_or_default();
+            let (pb, rb, ab, cb) = b.unwrap_or_default();
             SpanDelta {
                 path: path.clone(),
                 in_before: a.is_some(),
                 in_after: b.is_some(),
                 peak_bytes: Delta::new(pa, pb),
                 residual_bytes: Delta::new(ra, rb),
+                residual_per_call: Delta::new(ca, cb),
                 bytes_allocated: Delta::new(aa, ab),
             }
         })

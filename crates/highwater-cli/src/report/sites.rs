@@ -159,7 +159,7 @@ pub fn sites_text(
         return select_sites(profile, name, query).map(|_| out);
     }
     let sites = select_sites(profile, name, query)?;
-    header(&mut out, profile, sampling);
+    header(&mut out, profile, sampling, sites.len());
     let spans = profile.span_paths();
     for site in &sites {
         site_block(&mut out, profile, &spans, site, query);
@@ -175,7 +175,7 @@ pub fn sites_text(
     Ok(out)
 }
 
-fn header(out: &mut String, profile: &Profile, sampling: &SiteSampling) {
+fn header(out: &mut String, profile: &Profile, sampling: &SiteSampling, shown: usize) {
     let program = if profile.meta.program.is_empty() {
         "(unnamed program)"
     } else {
@@ -189,12 +189,27 @@ fn header(out: &mut String, profile: &Profile, sampling: &SiteSampling) {
             format_bytes(sampling.mean_bytes)
         )
     };
+    let listed = profile.sites.len() as u64;
+    let seen = sampling.distinct_sites.max(listed);
+    let showing = if shown as u64 == listed {
+        format!("all {} listed", format_count(listed))
+    } else {
+        format!(
+            "{} shown of {} listed",
+            format_count(shown as u64),
+            format_count(listed)
+        )
+    };
+    let seen = if seen > listed {
+        format!(" ({} seen)", format_count(seen))
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "call sites of {}: {} listed of {} seen, from {} sampled allocations ({every}; {} stacks)",
+        "call sites of {}: {showing}{seen}, estimated from {} sampled allocations ({every}; {} \
+         stacks)",
         clean(program),
-        format_count(profile.sites.len() as u64),
-        format_count(sampling.distinct_sites.max(profile.sites.len() as u64)),
         format_count(sampling.samples),
         clean(if sampling.unwinder.is_empty() {
             "unknown"

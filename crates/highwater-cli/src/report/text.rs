@@ -463,7 +463,8 @@ pub fn top_text(profile: &Profile, limit: usize) -> String {
     table.render(&mut out, "");
     if with_sites {
         out.push_str(
-            "SITES: the call sites behind each row, largest first; \
+            "SITES: the call sites behind each row, largest first (estimated from sampled \
+             stacks; the bytes are exact); \
              `highwater sites PROFILE --site N` shows site #N's stack\n",
         );
     }
@@ -515,7 +516,7 @@ pub fn spans_text(profile: &Profile) -> String {
         ("TIME", true),
         ("ALLOCATED", true),
         ("PEAK", true),
-        ("RESIDUAL", true),
+        ("RESIDUAL/CALL", true),
     ]);
     for row in span_rows(profile) {
         let span = row.span;
@@ -529,7 +530,7 @@ pub fn spans_text(profile: &Profile) -> String {
             format_duration_ns(span.total_ns),
             format_bytes(span.bytes_allocated),
             format_bytes(span.peak_bytes),
-            format_bytes(span.residual_bytes),
+            format_bytes(span.residual_per_call()),
         ]);
     }
     let mut out = String::new();
@@ -593,7 +594,7 @@ pub fn diff_text(diff: &ProfileDiff, limit: usize) -> String {
     );
     let mut table = Table::new(&[
         ("PEAK", true),
-        ("RESIDUAL", true),
+        ("RESIDUAL/CALL", true),
         ("ALLOCATED", true),
         ("SPAN PATH", false),
     ]);
@@ -605,7 +606,7 @@ pub fn diff_text(diff: &ProfileDiff, limit: usize) -> String {
         };
         table.push(vec![
             format_bytes_delta(span.peak_bytes.delta),
-            format_bytes_delta(span.residual_bytes.delta),
+            format_bytes_delta(span.residual_per_call.delta),
             format_bytes_delta(span.bytes_allocated.delta),
             format!("{}{note}", clean(&span.path)),
         ]);
@@ -846,6 +847,20 @@ pub(crate) mod tests {
         let mut p = sample_profile();
         p.spans[0].name = "step\u{202E}drawrof".into();
         assert!(!spans_text(&p).contains('\u{202E}'));
+    }
+
+    /// Issue 34: residual means one thing everywhere, a call's; the spans view showed the
+    /// total over all calls (`backward 791.2 MiB`) while the example showed it per call.
+    #[test]
+    fn spans_show_the_residual_of_one_call() {
+        let mut p = sample_profile();
+        p.spans[0].calls = 200;
+        p.spans[0].residual_bytes = 800 << 20;
+        let text = spans_text(&p);
+        let row = text.lines().nth(1).unwrap();
+        assert!(text.lines().next().unwrap().contains("RESIDUAL/CALL"));
+        assert!(row.trim_end().ends_with("4.0 MiB"), "{row}");
+        assert!(!row.contains("800.0 MiB"), "{row}");
     }
 
     #[test]

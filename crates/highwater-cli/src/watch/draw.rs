@@ -13,6 +13,7 @@ use ratatui::widgets::{Block, Paragraph, Row, Sparkline, Table};
 use ratatui::Frame;
 
 use super::view::{RunState, View};
+use highwater_export::vocabulary as words;
 
 /// What one frame shows besides the view.
 pub(crate) struct Screen<'a> {
@@ -176,7 +177,7 @@ fn draw_spans(frame: &mut Frame, area: Rect, view: &View) {
         Row::new(vec![
             span.path.clone(),
             format_bytes(span.peak_bytes),
-            format_bytes(span.residual_bytes),
+            format_bytes(span.residual_per_call),
             format_count(span.calls),
         ])
     });
@@ -185,19 +186,19 @@ fn draw_spans(frame: &mut Frame, area: Rect, view: &View) {
         [
             Constraint::Min(20),
             Constraint::Length(12),
-            Constraint::Length(12),
+            Constraint::Length(14),
             Constraint::Length(10),
         ],
     )
     .header(
-        Row::new(["span", "peak", "residual", "calls"])
+        Row::new(["span", "peak", words::RESIDUAL_HEAD, "calls"])
             .style(Style::new().add_modifier(Modifier::BOLD)),
     )
     .block(Block::bordered().title(" top spans by peak "));
     frame.render_widget(table, table_area);
     let iteration = match &view.iteration {
         Some(it) => format!(
-            " iteration {} ({}): {} live at its end, residual {}",
+            " iteration {} ({}): {} live at its end, change {}",
             it.index,
             it.span,
             format_bytes(it.live_bytes),

@@ -68,7 +68,8 @@ pub(crate) struct CategoryRow {
 pub(crate) struct SpanRow {
     pub(crate) path: String,
     pub(crate) peak_bytes: u64,
-    pub(crate) residual_bytes: u64,
+    /// [`SpanMetrics::residual_per_call`](highwater_profile::SpanMetrics::residual_per_call).
+    pub(crate) residual_per_call: u64,
     pub(crate) calls: u64,
 }
 
@@ -133,7 +134,7 @@ impl View {
             .map(|(span, path)| SpanRow {
                 path,
                 peak_bytes: span.peak_bytes,
-                residual_bytes: span.residual_bytes,
+                residual_per_call: span.residual_per_call(),
                 calls: span.calls,
             })
             .collect();

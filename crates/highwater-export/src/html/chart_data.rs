@@ -100,19 +100,23 @@ pub(super) struct OomMark {
     pub(super) label: String,
 }
 
-/// Indices of at most `max` items of `values` keeping each bucket's highest and `must`.
+/// Indices of at most `max` items of `values` (and `must`), in order, keeping each bucket's
+/// highest and lowest, so the script can draw the curve's envelope.
 pub(super) fn downsample(values: &[u64], max: usize, must: Option<usize>) -> Vec<usize> {
-    if values.len() <= max || max < 2 {
+    if values.len() <= max || max < 4 {
         return (0..values.len()).collect();
     }
-    let bucket = values.len().div_ceil(max - 1);
+    let bucket = values.len().div_ceil(max / 2 - 1);
     let mut keep: Vec<usize> = (0..values.len())
         .step_by(bucket)
-        .map(|start| {
+        .flat_map(|start| {
             let end = (start + bucket).min(values.len());
-            (start..end).max_by_key(|&i| values[i]).unwrap_or(start)
+            let high = (start..end).max_by_key(|&i| values[i]).unwrap_or(start);
+            let low = (start..end).min_by_key(|&i| values[i]).unwrap_or(start);
+            [high.min(low), high.max(low)]
         })
         .collect();
+    keep.dedup();
     if let Some(i) = must {
         if keep.binary_search(&i).is_err() {
             keep.push(i);
@@ -258,15 +262,43 @@ fn peak_range(profile: &Profile) -> Option<(String, u64, u64)> {
     Some((format!("the {name} span that holds the peak"), t0, t1))
 }
 
-fn peak_step(profile: &Profile, peak_points: &[&TimelinePoint]) -> Option<PeakStep> {
+/// The peak device's curve with the analysis's fine window around the peak in place of the
+/// coarse points it covers.
+fn with_peak_window<'p>(
+    profile: &'p Profile,
+    coarse: &[&'p TimelinePoint],
+) -> Vec<&'p TimelinePoint> {
+    let window: Vec<&TimelinePoint> = profile
+        .peak_window
+        .iter()
+        .filter(|p| p.device == profile.summary.peak_device)
+        .collect();
+    let (Some(first), Some(last)) = (window.first(), window.last()) else {
+        return coarse.to_vec();
+    };
+    let (w0, w1) = (first.timestamp_ns, last.timestamp_ns);
+    let mut points: Vec<&TimelinePoint> = coarse
+        .iter()
+        .copied()
+        .filter(|p| p.timestamp_ns < w0)
+        .collect();
+    points.extend(window);
+    points.extend(coarse.iter().copied().filter(|p| p.timestamp_ns > w1));
+    points
+}
+
+fn peak_step(profile: &Profile, coarse: &[&TimelinePoint]) -> Option<PeakStep> {
     let (label, t0, t1) = peak_range(profile)?;
     if t1 <= t0 {
         return None;
     }
+    let peak_points = with_peak_window(profile, coarse);
     // The points inside the range, plus the one before it (the level the range opens at).
     let first = peak_points.partition_point(|p| p.timestamp_ns < t0);
     let last = peak_points.partition_point(|p| p.timestamp_ns <= t1);
     let inside = &peak_points[first.saturating_sub(1)..last];
+    // The window at full resolution: every point the analysis kept for it.
+    let max = MAX_CHART_POINTS.max(2 * highwater_profile::analysis::PEAK_WINDOW_BUCKETS + 2);
     if inside.is_empty() {
         return None;
     }
@@ -282,7 +314,7 @@ fn peak_step(profile: &Profile, peak_points: &[&TimelinePoint]) -> Option<PeakSt
             profile.summary.peak_bytes,
             profile.summary.peak_timestamp_ns,
         ),
-        MAX_CHART_POINTS,
+        max,
     );
     let mut in_range: Vec<_> = profile
         .span_events
@@ -421,14 +453,35 @@ mod tests {
     use highwater_testkit::sample::sample_profile;
 
     #[test]
-    fn downsample_keeps_each_buckets_highest() {
-        let values = [1, 9, 2, 3, 8, 1, 0, 7];
-        assert_eq!(downsample(&values, 100, None), (0..8).collect::<Vec<_>>());
-        let kept = downsample(&values, 3, Some(6));
+    fn downsample_keeps_each_buckets_highest_and_lowest() {
+        let values = [1, 9, 2, 3, 8, 1, 0, 7, 5, 4];
+        assert_eq!(downsample(&values, 100, None), (0..10).collect::<Vec<_>>());
+        // Two buckets of five: lowest 1 and highest 9 of the first, 0 and 7 of the second.
+        let kept = downsample(&values, 6, Some(9));
+        assert_eq!(kept, vec![0, 1, 6, 7, 9], "{kept:?}");
+    }
+
+    /// Issue 34: the chart of the step that peaked had 8 flat steps; it draws the analysis's
+    /// fine window there.
+    #[test]
+    fn the_peak_step_draws_the_fine_window() {
+        let profile = sample_profile();
+        let step = chart_data(&profile).peak_step.expect("a peak step");
+        let fine = profile
+            .peak_window
+            .iter()
+            .filter(|p| p.timestamp_ns >= step.t0 && p.timestamp_ns <= step.t1)
+            .count();
+        assert!(fine > 100, "{fine}");
         assert!(
-            kept.contains(&1) && kept.contains(&4) && kept.contains(&6),
-            "{kept:?}"
+            step.curve.t.len() >= fine,
+            "{} < {fine}",
+            step.curve.t.len()
         );
+        let mut coarse_only = profile.clone();
+        coarse_only.peak_window.clear();
+        let coarse = chart_data(&coarse_only).peak_step.unwrap();
+        assert!(step.curve.t.len() > 5 * coarse.curve.t.len());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The "will it fit?" section of the HTML report: per device, the lower bound, the offline
-//! packing and each allocator's peak with its fragmentation tax; for a fit search, the curve of
+//! packing and each allocator's peak with its overhead; for a fit search, the curve of
 //! peak against the scale factor with the device's capacity drawn across it.
 //!
 //! The curve is inline SVG (a few dozen points), so the section needs no script.
@@ -37,7 +37,7 @@ pub fn section(devices: &[DeviceFigures<'_>], answer: Option<&FitAnswer>, note: 
         "<section id=\"fit\"><h2>Will it fit?</h2><p class=\"note\">Lower bound: the most \
          bytes live at once. Offline packing: the run planned with every lifetime known in \
          advance. Each allocator: the most memory it holds from the device while serving the \
-         run; its fragmentation tax is that peak minus the lower bound.</p>",
+         run; its overhead is that peak minus the lower bound (rounding, caching and fragmentation).</p>",
     );
     if !note.is_empty() {
         let _ = write!(out, "<p class=\"note\">{}</p>", escape_html(note));
@@ -58,7 +58,7 @@ fn device_table(out: &mut String, d: &DeviceFigures<'_>) {
         out,
         "<h3>{} <span class=\"note\">capacity {}, {} allocations</span></h3>\
          <table class=\"fit-table\"><thead><tr><th>Figure</th><th class=\"num\">Peak</th>\
-         <th class=\"num\">Tax</th><th class=\"num\">Tax %</th><th>On this device</th>\
+         <th class=\"num\">Overhead</th><th class=\"num\">Overhead %</th><th>On this device</th>\
          </tr></thead><tbody>",
         escape_html(d.device),
         format_bytes(f.capacity),

@@ -20,9 +20,10 @@
     if (n.p !== null) kids[n.p].push(i);
   });
   var rows = Math.max.apply(null, depth) + 1;
-  var W = 1000, ROW = 20, H = rows * ROW;
-  // Characters that fit in a frame of width w (11 px text, about 6.2 units a character).
-  var CHAR = 6.2;
+  // Drawn at the width it is shown at, one unit a pixel, so labels keep their 11 px.
+  var W = Math.max(320, Math.round(host.clientWidth || 1000)), ROW = 20, H = rows * ROW;
+  // Characters that fit in a frame of width w (11 px text, about 6.6 px a character).
+  var CHAR = 6.6;
 
   function el(name, attrs, parent) {
     var node = document.createElementNS(SVG, name);
@@ -47,11 +48,15 @@
     var parts = f.split("::");
     return parts.length > 2 ? parts.slice(-2).join("::") : f;
   }
+  // The longest of the full name, `Type::f` and the bare `f` that fits; a cut name only when
+  // most of the bare name still shows (never `cont…`), else nothing (hover names it).
   function label(f, room) {
     if (f.length <= room) return f;
     var short = shortName(f);
     if (short.length <= room) return short;
-    return room >= 4 ? short.slice(0, room - 1) + "…" : "";
+    var bare = short.split("::").pop();
+    if (bare.length <= room) return bare;
+    return room >= 8 && room >= bare.length * 0.6 ? bare.slice(0, room - 1) + "…" : "";
   }
   function describe(n) {
     var lines = [n.f + (n.inl ? " (inlined)" : "")];
@@ -112,6 +117,13 @@
       if (text) {
         var t = el("text", { x: x[i] + 4, y: depth[i] * ROW + 14, "class": "fltext" }, g);
         t.textContent = text;
+        // The estimate is a guess at the font: measure, and shorten until it fits.
+        while (text && t.getComputedTextLength() > w[i] - 6) {
+          room = Math.min(room, text.length) - 1;
+          text = label(n.f, room);
+          t.textContent = text;
+        }
+        if (!text) g.removeChild(t);
       }
     });
     svg.addEventListener("mousemove", function (ev) {

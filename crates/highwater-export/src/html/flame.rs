@@ -5,8 +5,9 @@
 //! interesting frames ([`stacks::interesting`]), is a path from the root (all sites) down to
 //! the frame that allocated; a node's bytes are those of every site through it, its error the
 //! root of the summed variances (sites are sampled independently), its category mix from the
-//! sites' shares. Frames are told apart by function, file and line, so calls from two lines of
-//! one function are two nodes. The script draws it (`flame.js`) with the timeline's category
+//! sites' shares. Frames of one function under one caller are one node, whichever line called
+//! on (the node lists its lines), so a function that allocates in several places is one block
+//! with its callees below it, not one block per line. The script draws it (`flame.js`) with the timeline's category
 //! colours; hovering shows a frame's bytes ± error and file:line, clicking zooms into it.
 //!
 //! The tree is bounded: nodes narrower than [`MIN_NODE_SHARE`] of the total are left out (they
@@ -17,7 +18,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::tables::share;
+use super::tables::{
+    breakable, limited_table_of, row_start_of, share, show_all_of, SHOWN_SITE_ROWS,
+};
 use super::{escape_html, words, MAX_TABLE_ROWS};
 use crate::pprof::UNLISTED_SITES;
 use crate::stacks;
@@ -32,6 +35,8 @@ pub const MAX_FLAME_NODES: usize = 4_000;
 pub const MIN_NODE_SHARE: f64 = 1.0 / 2_000.0;
 /// Most site ids a node lists in its tooltip.
 const NODE_SITES: usize = 8;
+/// Most source lines a node lists.
+const NODE_LINES: usize = 4;
 
 /// One frame of the icicle (a node of the stack tree).
 #[derive(Debug, Serialize)]
@@ -40,7 +45,8 @@ pub(super) struct FlameNode {
     p: Option<u32>,
     /// Function name (or address).
     f: String,
-    /// `file:line`, empty when unknown.
+    /// `file:line` (the lines the node's sites went through, up to [`NODE_LINES`], joined by
+    /// `, `), empty when unknown.
     at: String,
     /// Whether the frame was inlined into its caller.
     inl: bool,
@@ -67,19 +73,26 @@ pub(super) struct Flame {
 /// A node while the tree is built.
 struct Building {
     parent: Option<usize>,
-    frame: Option<(String, String, bool)>,
+    /// Function name, and whether it was inlined in every site through the node.
+    frame: Option<(String, bool)>,
+    /// Source locations of the node's frames, in the order first seen.
+    lines: Vec<String>,
+    /// Sites past the listed lines had more.
+    more_lines: bool,
     bytes: u64,
     variance: u128,
     categories: [u64; Category::COUNT],
     sites: Vec<(u64, u32)>,
-    children: HashMap<(String, String, bool), usize>,
+    children: HashMap<String, usize>,
 }
 
 impl Building {
-    fn new(parent: Option<usize>, frame: Option<(String, String, bool)>) -> Building {
+    fn new(parent: Option<usize>, frame: Option<(String, bool)>) -> Building {
         Building {
             parent,
             frame,
+            lines: Vec::new(),
+            more_lines: false,
             bytes: 0,
             variance: 0,
             categories: [0; Category::COUNT],
@@ -98,12 +111,27 @@ impl Building {
     }
 }
 
-fn key(frame: &Frame) -> (String, String, bool) {
-    (
-        stacks::without_generics(&stacks::function_name(frame)),
-        stacks::source_location(frame).unwrap_or_default(),
-        frame.inlined,
-    )
+/// What a node is told apart by under its parent: the function.
+fn key(frame: &Frame) -> String {
+    stacks::without_generics(&stacks::function_name(frame))
+}
+
+impl Building {
+    /// Notes that `frame` went through this node: its line, and whether it was inlined.
+    fn saw(&mut self, frame: &Frame) {
+        if let Some((_, inlined)) = &mut self.frame {
+            *inlined &= frame.inlined;
+        }
+        if let Some(at) = stacks::source_location(frame) {
+            if !self.lines.contains(&at) {
+                if self.lines.len() < NODE_LINES {
+                    self.lines.push(at);
+                } else {
+                    self.more_lines = true;
+                }
+            }
+        }
+    }
 }
 
 /// A site's bytes at the peak by category, from its shares (what they leave out counts as
@@ -122,6 +150,35 @@ fn site_categories(site: &CallSite) -> [u64; Category::COUNT] {
     parts
 }
 
+/// The category a site's row names: the one holding most of its bytes at the peak, or, for a
+/// site that holds nothing then, the one it allocated most of (a gradient buffer freed before
+/// the peak is still a gradient).
+fn site_category(site: &CallSite) -> Category {
+    let mut parts = [0u64; Category::COUNT];
+    let at_peak = site.peak_bytes > 0;
+    for share in &site.shares {
+        let bytes = if at_peak {
+            share.peak_bytes
+        } else {
+            share.alloc_bytes
+        };
+        let part = &mut parts[share.category.index()];
+        *part = part.saturating_add(bytes);
+    }
+    if at_peak {
+        // What the shares leave out of the site's bytes at the peak counts as `other`.
+        let listed = parts.iter().fold(0u64, |sum, p| sum.saturating_add(*p));
+        let other = &mut parts[Category::Other.index()];
+        *other = other.saturating_add(site.peak_bytes.saturating_sub(listed));
+    }
+    parts
+        .iter()
+        .enumerate()
+        .filter(|(_, &bytes)| bytes > 0)
+        .max_by_key(|&(i, &bytes)| (bytes, std::cmp::Reverse(i)))
+        .map_or(Category::Other, |(i, _)| Category::from_index(i as u8))
+}
+
 /// The icicle of `profile`'s sites, `None` when no site holds bytes at the peak.
 pub(super) fn flame(profile: &Profile) -> Option<Flame> {
     let mut nodes = vec![Building::new(None, None)];
@@ -135,22 +192,20 @@ pub(super) fn flame(profile: &Profile) -> Option<Flame> {
             let next = match nodes[at].children.get(&k) {
                 Some(&child) => child,
                 None => {
-                    nodes.push(Building::new(Some(at), Some(k.clone())));
+                    nodes.push(Building::new(Some(at), Some((k.clone(), frame.inlined))));
                     let child = nodes.len() - 1;
                     nodes[at].children.insert(k, child);
                     child
                 }
             };
+            nodes[next].saw(frame);
             nodes[next].add(site, &categories);
             at = next;
         }
     }
     let unlisted = profile.sampling.unlisted_peak_bytes;
     if unlisted > 0 {
-        let mut node = Building::new(
-            Some(0),
-            Some((UNLISTED_SITES.to_string(), String::new(), false)),
-        );
+        let mut node = Building::new(Some(0), Some((UNLISTED_SITES.to_string(), false)));
         node.bytes = unlisted;
         node.categories[Category::Other.index()] = unlisted;
         nodes[0].bytes = nodes[0].bytes.saturating_add(unlisted);
@@ -214,10 +269,14 @@ fn keep_widest(mut nodes: Vec<Building>) -> Flame {
             let node = &mut nodes[old];
             node.sites
                 .sort_by_key(|&(bytes, id)| (std::cmp::Reverse(bytes), id));
-            let (f, at, inl) = node
+            let (f, inl) = node
                 .frame
                 .take()
-                .unwrap_or_else(|| ("all call sites".to_string(), String::new(), false));
+                .unwrap_or_else(|| ("all call sites".to_string(), false));
+            let mut at = node.lines.join(", ");
+            if node.more_lines {
+                at.push_str(", …");
+            }
             FlameNode {
                 p: node.parent.map(|p| renumbered[p]),
                 f,
@@ -262,6 +321,17 @@ pub(super) fn site_links(out: &mut String, sites: &[u32]) {
     out.push_str("</td>");
 }
 
+/// A cell of an estimate: `2.8 MiB ± 562.5 KiB`, the error on a line of its own when the
+/// column is narrow.
+fn estimate_cell(out: &mut String, bytes: u64, error: u64) {
+    let _ = write!(
+        out,
+        "<td class=\"num est\" data-v=\"{bytes}\">{} <span class=\"err\">± {}</span></td>",
+        format_bytes(bytes),
+        format_bytes(error)
+    );
+}
+
 /// The section: the icicle (drawn by the script) and the sites' table.
 pub(super) fn section(out: &mut String, profile: &Profile) {
     out.push_str("<section id=\"sites\"><h2>Where the peak was allocated</h2>");
@@ -293,53 +363,58 @@ pub(super) fn section(out: &mut String, profile: &Profile) {
 
 fn sites_table(out: &mut String, profile: &Profile) {
     let peak = profile.summary.peak_bytes;
-    out.push_str(
+    let _ = write!(
+        out,
         "<h3>Call sites, largest at the peak first</h3>\
-         <div class=\"scroll\"><table id=\"site-table\" class=\"sortable\"><thead><tr>\
+         <p class=\"note\">Every byte figure here is an estimate from sampled stacks (± its \
+         standard error); the summary and the tables above are exact. Sites that hold nothing at \
+         the peak are folded and named by what they allocated.</p>\
+         <div class=\"scroll\">{}<thead><tr>\
          <th data-type=\"num\" class=\"num\">#</th>\
-         <th data-type=\"num\" class=\"num\" aria-sort=\"descending\">At the peak</th>\
+         <th data-type=\"num\" class=\"num\" aria-sort=\"descending\">At the peak (est.)</th>\
          <th data-type=\"num\" class=\"num\">Share</th>\
-         <th data-type=\"num\" class=\"num\">Allocated</th>\
-         <th data-type=\"num\" class=\"num\">Allocations</th>\
+         <th data-type=\"num\" class=\"num\">Allocated (est.)</th>\
+         <th data-type=\"num\" class=\"num\">Allocations (est.)</th>\
          <th data-type=\"text\">Category</th><th data-type=\"text\">Allocated in</th>\
          </tr></thead><tbody>",
+        limited_table_of("site-table", "sortable", SHOWN_SITE_ROWS)
     );
     let mut sites: Vec<&CallSite> = profile.sites.iter().collect();
     sites.sort_by_key(|s| (std::cmp::Reverse(s.peak_bytes), s.id));
-    for site in sites.iter().take(MAX_TABLE_ROWS) {
+    let zero = sites
+        .iter()
+        .take(MAX_TABLE_ROWS)
+        .filter(|s| s.peak_bytes == 0)
+        .count();
+    for (index, site) in sites.iter().take(MAX_TABLE_ROWS).enumerate() {
+        let anchor = site_anchor(site.id);
+        row_start_of(
+            out,
+            index,
+            SHOWN_SITE_ROWS,
+            site.peak_bytes == 0,
+            Some(&anchor),
+        );
         let _ = write!(
             out,
-            "<tr id=\"{}\"><td class=\"num\" data-v=\"{}\">#{}</td>",
-            site_anchor(site.id),
-            site.id,
-            site.id
+            "<td class=\"num\" data-v=\"{}\">#{}</td>",
+            site.id, site.id
         );
+        estimate_cell(out, site.peak_bytes, site.peak_bytes_error);
+        let pct = share(site.peak_bytes, peak);
+        let _ = write!(out, "<td class=\"num\" data-v=\"{pct:.4}\">{pct:.1}%</td>");
+        estimate_cell(out, site.alloc_bytes, site.alloc_bytes_error);
         let _ = write!(
             out,
             "<td class=\"num\" data-v=\"{}\">{}</td>",
-            site.peak_bytes,
-            escape_html(&stacks::estimate(site.peak_bytes, site.peak_bytes_error))
-        );
-        let pct = share(site.peak_bytes, peak);
-        let _ = write!(
-            out,
-            "<td class=\"num\" data-v=\"{pct:.4}\">{pct:.1}%</td>\
-             <td class=\"num\" data-v=\"{}\">{}</td><td class=\"num\" data-v=\"{}\">{}</td>",
-            site.alloc_bytes,
-            escape_html(&stacks::estimate(site.alloc_bytes, site.alloc_bytes_error)),
             site.alloc_count,
             format_count(site.alloc_count)
         );
-        let categories = site_categories(site);
-        let (top, _) = categories
-            .iter()
-            .enumerate()
-            .max_by_key(|&(i, b)| (*b, std::cmp::Reverse(i)))
-            .unwrap_or((Category::Other.index(), &0));
+        let category = site_category(site);
         let _ = write!(
             out,
-            "<td><i class=\"dot c{top}\"></i>{}</td>",
-            Category::from_index(top as u8)
+            "<td class=\"cat\"><i class=\"dot c{}\"></i>{category}</td>",
+            category.index()
         );
         out.push_str("<td class=\"stack\">");
         // The program's own frames: the standard library's between them are left out here
@@ -351,13 +426,13 @@ fn sites_table(out: &mut String, profile: &Profile) {
             .collect();
         for (k, frame) in own.iter().take(3).enumerate() {
             let at = stacks::source_location(frame)
-                .map(|at| format!(" <span class=\"at\">{}</span>", escape_html(&at)))
+                .map(|at| format!(" <span class=\"at\">{}</span>", breakable(&at)))
                 .unwrap_or_default();
             let _ = write!(
                 out,
                 "<div{}>{}{at}</div>",
                 if k == 0 { " class=\"leaf\"" } else { "" },
-                escape_html(&stacks::without_generics(&stacks::function_name(frame)))
+                breakable(&stacks::without_generics(&stacks::function_name(frame)))
             );
         }
         if own.len() > 3 {
@@ -370,6 +445,7 @@ fn sites_table(out: &mut String, profile: &Profile) {
         out.push_str("</td></tr>");
     }
     out.push_str("</tbody></table></div>");
+    show_all_of(out, "site-table", sites.len(), SHOWN_SITE_ROWS, zero);
     if profile.sites.len() > MAX_TABLE_ROWS {
         let _ = write!(
             out,
@@ -381,7 +457,8 @@ fn sites_table(out: &mut String, profile: &Profile) {
     if unlisted.unlisted_peak_bytes > 0 || unlisted.unlisted_alloc_bytes > 0 {
         let _ = write!(
             out,
-            "<p class=\"note\">Sites past the {} listed hold {} at the peak and allocated {}.</p>",
+            "<p class=\"note\">Sites past the {} listed hold an estimated {} at the peak and \
+             allocated {}.</p>",
             format_count(profile.sites.len() as u64),
             format_bytes(unlisted.unlisted_peak_bytes),
             format_bytes(unlisted.unlisted_alloc_bytes)
@@ -427,10 +504,7 @@ mod tests {
             .find(|n| n.f == "train_gpt::train_step")
             .unwrap();
         assert!(train.n > 1);
-        let leaf = nodes
-            .iter()
-            .find(|n| n.at.ends_with("optim.rs:58"))
-            .unwrap();
+        let leaf = nodes.iter().find(|n| n.at.contains("optim.rs:58")).unwrap();
         assert!(leaf.inl);
         // What is drawn is at least the narrowest width; the sample's tiny embedding site
         // (a few bytes at the peak) is left out.
@@ -473,6 +547,59 @@ mod tests {
         assert!(page.contains("sampling was off"), "{page}");
     }
 
+    /// Issue 34: a site holding 0 B at the peak was labelled "parameter" (the first category
+    /// of an all-zero mix); it is named by what it allocated, and its row starts folded.
+    #[test]
+    fn a_site_with_nothing_at_the_peak_is_named_by_what_it_allocated_and_folded() {
+        let profile = sample_profile();
+        let update = profile
+            .sites
+            .iter()
+            .find(|s| s.peak_bytes == 0 && s.alloc_bytes > 0)
+            .expect("the sample's update temporaries");
+        assert_eq!(site_category(update), Category::Optimizer);
+        let page = super::super::render(&profile);
+        let row = &page[page
+            .find(&format!("<tr id=\"site-{}\"", update.id))
+            .unwrap()..];
+        let row = &row[..row.find("</tr>").unwrap()];
+        assert!(row.contains("class=\"zero more\""), "{row}");
+        assert!(row.contains("</i>optimizer</td>"), "{row}");
+        // The others keep the category holding most of their bytes at the peak.
+        for site in profile.sites.iter().filter(|s| s.peak_bytes > 0) {
+            let top = site
+                .shares
+                .iter()
+                .max_by_key(|share| share.peak_bytes)
+                .unwrap();
+            if top.peak_bytes * 2 > site.peak_bytes {
+                assert_eq!(site_category(site), top.category, "site #{}", site.id);
+            }
+        }
+    }
+
+    /// Frames of one function under one caller are one node whatever line called on.
+    #[test]
+    fn frames_of_one_function_merge_across_lines() {
+        let mut profile = sample_profile();
+        let mut twin = profile.sites[0].clone();
+        twin.id = 9_999;
+        for frame in &mut twin.frames {
+            frame.line = frame.line.map(|line| line + 1);
+        }
+        profile.sites.push(twin);
+        let flame = flame(&profile).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for node in &flame.nodes {
+            assert!(
+                seen.insert((node.p, node.f.clone())),
+                "{} twice under one parent",
+                node.f
+            );
+        }
+        assert!(flame.nodes.iter().any(|n| n.at.contains(", ")));
+    }
+
     #[test]
     fn every_row_link_has_its_anchor() {
         let profile = sample_profile();
@@ -481,7 +608,7 @@ mod tests {
         for row in &profile.peak_breakdown {
             for id in &row.top_sites {
                 assert!(page.contains(&format!("href=\"#site-{id}\"")));
-                assert!(page.contains(&format!("<tr id=\"site-{id}\">")));
+                assert!(page.contains(&format!("<tr id=\"site-{id}\"")));
                 links += 1;
             }
         }

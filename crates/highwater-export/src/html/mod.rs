@@ -20,8 +20,10 @@
 //! # Size and cost
 //!
 //! The page is as bounded as the profile: at most [`MAX_CHART_POINTS`] points per curve (the
-//! highest point of each bucket and the peak are kept), [`MAX_DEVICE_CHARTS`] device and pool
-//! charts, and [`MAX_TABLE_ROWS`] rows per table. Making it is linear in the profile: points are
+//! highest and lowest point of each bucket and the peak are kept), [`MAX_DEVICE_CHARTS`]
+//! device and pool charts, and [`MAX_TABLE_ROWS`] rows per table, of which one screen shows
+//! until "Show all". The chart of the step that peaked draws the profile's fine
+//! [`peak_window`](highwater_profile::Profile::peak_window) there. Making it is linear in the profile: points are
 //! grouped by device in one pass, whatever the number of devices.
 
 #[cfg(not(highwater_loom))]
@@ -190,7 +192,7 @@ mod tests {
         assert!(section.contains("<td>heap allocator</td>"), "{section}");
         assert!(section.contains(">3.0 GiB</td>"), "{section}");
         assert!(
-            section.contains("step/&lt;forward&gt;"),
+            section.contains("step/<wbr>&lt;forward&gt;"),
             "escaped: {section}"
         );
         assert!(section.contains("<summary>Live on"), "{section}");

@@ -200,7 +200,9 @@ pub(super) fn render(profile: &Profile, extra: &str) -> String {
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
          <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; \
          style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">\
-         <title>highwater: {}</title><style>{STYLE}</style></head><body>\
+         <title>highwater: {}</title><style>{STYLE}</style>\
+         <noscript><style>table.limited tr.more {{ display:table-row; }} .more-rows {{ display:none; }}</style></noscript>\
+         </head><body>\
          <header><h1>highwater <span>memory profile of <b>{}</b></span></h1>\
          <p class=\"meta\">highwater {} · {} threads · {} clock · started {}</p></header><main>",
         escape_html(program),

@@ -64,7 +64,12 @@
     return 10 * p;
   }
 
-  var W = 1000, L = 78, R = 16, B = 26;
+  // Charts are drawn at the width they are shown at, one unit a pixel, so their text keeps its
+  // size (11 px) on a narrow screen instead of shrinking with a scaled drawing.
+  var host0 = document.getElementById("timelines");
+  var W = Math.max(320, Math.round((host0 && host0.clientWidth) || 1000)), L = 78, R = 16, B = 26;
+  // Time ticks: about one per 110 px.
+  var TICKS = Math.max(3, Math.floor((W - L - R) / 110));
   var tip = document.getElementById("tip");
   var tEnd = data.duration_ns;
   data.devices.forEach(function (d) { if (d.t.length) tEnd = Math.max(tEnd, d.t[d.t.length - 1]); });
@@ -81,7 +86,7 @@
     }
     // Zoomed far from the origin, ticks read as offsets from the range's start ("+2 ms"),
     // which the first label names; otherwise as times since the run started.
-    var ts = niceStep(span, 8), relative = t0 > 0 && span * 5 < t1;
+    var ts = niceStep(span, TICKS), relative = t0 > 0 && span * 5 < t1;
     var label = timeAxisFormat(relative ? span : t1, ts);
     var first = relative ? t0 : Math.ceil(t0 / ts) * ts;
     for (var t = first; t <= t1 + ts * 1e-9; t += ts) {
@@ -213,6 +218,23 @@
     box.appendChild(svg);
     var state = { sc: null, guide: null, dragging: false };
     var chart = { box: box, svg: svg };
+    // Points i0..i1 in `columns` equal time columns over [t0, t1]: each column's start time and
+    // the points of the highest and the lowest total in it (the level carried into a column
+    // counts as one of its points).
+    function envelope(i0, i1, t0, t1, columns) {
+      var width = (t1 - t0) / columns, t = [], hi = [], lo = [], i = i0;
+      for (var k = 0; k < columns; k++) {
+        var start = t0 + width * k, end = start + width;
+        var h = Math.max(i0, before(d.t, start)), l = h;
+        while (i <= i1 && d.t[i] <= start) i++;
+        for (; i <= i1 && d.t[i] < end; i++) {
+          if (totals[i] > totals[h]) h = i;
+          if (totals[i] < totals[l]) l = i;
+        }
+        t.push(start); hi.push(h); lo.push(l);
+      }
+      return { t: t, hi: hi, lo: lo };
+    }
     chart.draw = function (t0, t1) {
       while (svg.firstChild) svg.removeChild(svg.firstChild);
       var i0 = before(d.t, t0), i1 = Math.max(i0, before(d.t, t1));
@@ -228,16 +250,32 @@
       var sc = frame(svg, H, T, t0, t1, ymax);
       state.sc = sc;
       var until = Math.min(t1, Math.max(tEnd, d.t[n - 1]));
-      var below = new Array(n).fill(0), drawn = 0;
-      present.forEach(function (c) {
-        var s = d.series[c], base = below.slice();
-        for (var i = i0; i <= i1; i++) below[i] += s[i];
-        var p = el("path", { d: stepPath(sc, d.t, i0, i1, until, function (i) { return sc.sy(base[i] + s[i]); },
-          function (i) { return sc.sy(base[i]); }), fill: "var(--c" + c + ")", "fill-opacity": "0.85",
-          stroke: "none", "data-category": cats[c] }, svg);
-        p.setAttribute("data-points", String(i1 - i0 + 1));
-        drawn += i1 - i0 + 1;
-      });
+      var drawn = 0;
+      // Stacked category areas over columns `ts` (a column's value holds until the next):
+      // `at(k)` is the point column k shows.
+      function stacks(ts, k0, k1, at, opacity, cls) {
+        var below = new Array(ts.length).fill(0);
+        present.forEach(function (c) {
+          var s = d.series[c], base = below.slice();
+          for (var k = k0; k <= k1; k++) below[k] += s[at(k)];
+          var p = el("path", { d: stepPath(sc, ts, k0, k1, until, function (k) { return sc.sy(base[k] + s[at(k)]); },
+            function (k) { return sc.sy(base[k]); }), fill: "var(--c" + c + ")", "fill-opacity": opacity,
+            stroke: "none", "data-category": cats[c], "class": cls }, svg);
+          p.setAttribute("data-points", String(k1 - k0 + 1));
+          drawn += k1 - k0 + 1;
+        });
+      }
+      var columns = Math.floor((W - L - R) / 2);
+      var env = options.envelope && i1 - i0 + 1 > columns ? envelope(i0, i1, t0, t1, columns) : null;
+      if (env) {
+        // More points than pixels: each column shows the highest its range reached (pale) over
+        // the lowest (solid), so swings read as a band, not a comb of spikes.
+        stacks(env.t, 0, env.t.length - 1, function (k) { return env.hi[k]; }, "0.4", "env-high");
+        stacks(env.t, 0, env.t.length - 1, function (k) { return env.lo[k]; }, "0.9", "env-low");
+      } else {
+        stacks(d.t, i0, i1, function (i) { return i; }, "0.85", "steps");
+      }
+      svg.setAttribute("data-envelope", env ? "yes" : "no");
       if (d.capacity && d.capacity <= ymax) {
         el("line", { x1: L, x2: W - R, y1: sc.sy(d.capacity), y2: sc.sy(d.capacity), "class": "cap" }, svg);
       }
@@ -289,6 +327,12 @@
       sw.className = "c" + c; li.appendChild(sw); li.appendChild(document.createTextNode(cats[c]));
       legend.appendChild(li);
     });
+    if (options.envelope) {
+      var key = document.createElement("li");
+      key.className = "envelope-key";
+      key.textContent = "zoomed out, pale: the highest each moment reached; solid: the lowest";
+      legend.appendChild(key);
+    }
     if (d.reserved && d.reserved.t.length) {
       var li = document.createElement("li"), sw = document.createElement("i");
       sw.className = "reserved-swatch"; li.appendChild(sw);
@@ -391,7 +435,7 @@
   }
   reset.addEventListener("click", function () { zoomAll(0, tEnd); });
   data.devices.forEach(function (d) {
-    shared.push(stackedChart(timelines, d, { cls: "device-chart", zoom: zoomAll,
+    shared.push(stackedChart(timelines, d, { cls: "device-chart", zoom: zoomAll, envelope: true,
       title: d.device + " — peak " + fmtBytes(d.peak_bytes) + " at " + fmtTime(d.peak_ns) +
         (d.reserved && d.reserved.bytes.length ?
           ", reserved up to " + fmtBytes(Math.max.apply(null, d.reserved.bytes)) : "") +
@@ -432,6 +476,40 @@
   }
   iterationChart(document.getElementById("iteration-chart"));
 
+  // Long tables show their first rows and fold the rest (and rows holding nothing at the peak)
+  // until "Show all"; the rows shown are the first ones in the current order.
+  function limit(table) {
+    var shown = +table.getAttribute("data-shown") || 12, all = table.classList.contains("all"), k = 0;
+    Array.prototype.forEach.call(table.tBodies[0].rows, function (row) {
+      var fold = !all && (row.classList.contains("zero") || k >= shown);
+      if (!row.classList.contains("zero")) k++;
+      row.classList.toggle("more", fold);
+    });
+  }
+  Array.prototype.forEach.call(document.querySelectorAll("button.show-all"), function (button) {
+    var table = document.getElementById(button.getAttribute("data-table")), label = button.textContent;
+    if (!table) return;
+    button.addEventListener("click", function () {
+      var all = table.classList.toggle("all");
+      button.textContent = all ? "Show fewer" : label;
+      limit(table);
+    });
+  });
+  // A link to a folded row (a site of a live-at-peak row) shows the whole table first.
+  window.addEventListener("hashchange", unfoldTarget);
+  function unfoldTarget() {
+    var row = location.hash && document.getElementById(location.hash.slice(1));
+    var table = row && row.closest && row.closest("table.limited");
+    if (table && row.classList.contains("more")) {
+      table.classList.add("all");
+      limit(table);
+      var button = document.querySelector("button.show-all[data-table='" + table.id + "']");
+      if (button) button.textContent = "Show fewer";
+      row.scrollIntoView();
+    }
+  }
+  unfoldTarget();
+
   // Sortable tables: numbers by data-v, text by content; click again to reverse.
   Array.prototype.forEach.call(document.querySelectorAll("table.sortable"), function (table) {
     var heads = table.tHead.rows[0].cells;
@@ -449,6 +527,7 @@
           return desc ? -r : r;
         });
         rows.forEach(function (row) { body.appendChild(row); });
+        if (table.classList.contains("limited")) limit(table);
       });
     });
   });

@@ -1,8 +1,10 @@
 //! The report's tables, written as escaped HTML so they read without a script: live at the
 //! peak, the largest live allocations, the span tree, the iterations and the devices.
 //!
-//! Each table has at most [`MAX_TABLE_ROWS`] rows; a note under it counts the rest. Numeric
-//! cells carry their raw value in `data-v`, which the script sorts by.
+//! Each table has at most [`MAX_TABLE_ROWS`] rows; a note under it counts the rest. A table
+//! shows at most [`SHOWN_ROWS`] of them (one screen) and folds rows that hold nothing at the
+//! peak; a button under it shows them all (without a script every row shows). Numeric cells
+//! carry their raw value in `data-v`, which the script sorts by.
 
 use std::fmt::Write as _;
 
@@ -12,6 +14,102 @@ use highwater_profile::units::{
     format_bytes, format_bytes_delta, format_count, format_duration_ns, format_shape,
 };
 use highwater_profile::Profile;
+
+/// Rows a table shows before its "Show all" button: about one screen.
+pub const SHOWN_ROWS: usize = 12;
+
+/// Rows the call-site table shows before its "Show all" button: its rows are several lines
+/// tall (a stack each).
+pub const SHOWN_SITE_ROWS: usize = 6;
+
+/// Opens row `index` of a limited table: rows past [`SHOWN_ROWS`] and `zero` rows (nothing at
+/// the peak) start folded; `id` is the row's anchor, if any.
+pub(super) fn row_start(out: &mut String, index: usize, zero: bool, id: Option<&str>) {
+    row_start_of(out, index, SHOWN_ROWS, zero, id);
+}
+
+/// [`row_start`] for a table that shows `shown` rows.
+pub(super) fn row_start_of(
+    out: &mut String,
+    index: usize,
+    shown: usize,
+    zero: bool,
+    id: Option<&str>,
+) {
+    let mut classes = Vec::new();
+    if zero {
+        classes.push("zero");
+    }
+    if zero || index >= shown {
+        classes.push("more");
+    }
+    out.push_str("<tr");
+    if let Some(id) = id {
+        let _ = write!(out, " id=\"{id}\"");
+    }
+    if !classes.is_empty() {
+        let _ = write!(out, " class=\"{}\"", classes.join(" "));
+    }
+    out.push('>');
+}
+
+/// The opening tag of a table whose rows [`row_start`] limits.
+pub(super) fn limited_table(id: &str, classes: &str) -> String {
+    limited_table_of(id, classes, SHOWN_ROWS)
+}
+
+/// [`limited_table`] showing `shown` rows.
+pub(super) fn limited_table_of(id: &str, classes: &str, shown: usize) -> String {
+    format!("<table id=\"{id}\" class=\"limited {classes}\" data-shown=\"{shown}\">")
+}
+
+/// The button under a limited table of `rows` rows, `zero` of them holding nothing at the
+/// peak; nothing when every row shows anyway.
+pub(super) fn show_all(out: &mut String, table: &str, rows: usize, zero: usize) {
+    show_all_of(out, table, rows, SHOWN_ROWS, zero);
+}
+
+/// [`show_all`] for a table that shows `shown` rows.
+pub(super) fn show_all_of(out: &mut String, table: &str, rows: usize, shown: usize, zero: usize) {
+    let rows = rows.min(MAX_TABLE_ROWS);
+    let zero = zero.min(rows);
+    let hidden = (rows - zero).saturating_sub(shown) + zero;
+    if hidden == 0 {
+        return;
+    }
+    let why = if zero > 0 {
+        format!(
+            ", {} of them holding nothing at the peak",
+            format_count(zero as u64)
+        )
+    } else {
+        String::new()
+    };
+    let _ = write!(
+        out,
+        "<p class=\"more-rows\"><button type=\"button\" class=\"show-all\" data-table=\"{table}\">\
+         Show all {rows} rows</button> <span class=\"note\">{} folded{why}</span></p>",
+        format_count(hidden as u64),
+        rows = format_count(rows as u64),
+    );
+}
+
+/// `text` escaped, with a break opportunity after each `/` and `::` (span paths and function
+/// paths wrap between their parts, never inside a name).
+pub(super) fn breakable(text: &str) -> String {
+    escape_html(text)
+        .replace('/', "/<wbr>")
+        .replace("::", "::<wbr>")
+        .replace(" as ", " as <wbr>")
+}
+
+/// `text` with its first letter upper-case (`residual/call` as a column head).
+pub(super) fn capitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map_or_else(String::new, |first| {
+        first.to_uppercase().chain(chars).collect()
+    })
+}
 
 /// `part` as a percentage of `whole` (0 when `whole` is 0).
 pub(super) fn share(part: u64, whole: u64) -> f64 {
@@ -47,13 +145,13 @@ fn span_path_cell(out: &mut String, path: &str) {
     } else {
         path
     };
-    let _ = write!(out, "<td class=\"path\">{}</td>", escape_html(path));
+    let _ = write!(out, "<td class=\"path\">{}</td>", breakable(path));
 }
 
 fn category_cell(out: &mut String, category: highwater_profile::model::Category) {
     let _ = write!(
         out,
-        "<td><i class=\"dot c{}\"></i>{category}</td>",
+        "<td class=\"cat\"><i class=\"dot c{}\"></i>{category}</td>",
         category.index()
     );
 }
@@ -79,10 +177,11 @@ pub(super) fn peak_table(out: &mut String, profile: &Profile) {
         "<section id=\"peak\"><h2>Live at the peak</h2>\
          <p class=\"note\">What held memory when it peaked, grouped by span path, op, category \
          and device. {} Click a header to sort.</p>\
-         <div class=\"scroll\"><table id=\"peak-table\" class=\"sortable\"><thead><tr>{}\
+         <div class=\"scroll\">{}<thead><tr>{}\
          <th data-type=\"num\" class=\"num\">Share</th><th data-type=\"num\" class=\"num\">Count</th>{}\
          </tr></thead><tbody>",
         words::OP_OUTPUT_EXPLAINED,
+        limited_table("peak-table", "sortable"),
         live_heads(),
         if with_sites {
             "<th data-type=\"text\" title=\"The call sites behind the row, largest first\">Sites</th>"
@@ -92,8 +191,8 @@ pub(super) fn peak_table(out: &mut String, profile: &Profile) {
     );
     let mut rows: Vec<_> = profile.peak_breakdown.iter().collect();
     rows.sort_by_key(|row| std::cmp::Reverse(row.bytes));
-    for row in rows.iter().take(MAX_TABLE_ROWS) {
-        out.push_str("<tr>");
+    for (index, row) in rows.iter().take(MAX_TABLE_ROWS).enumerate() {
+        row_start(out, index, false, None);
         span_path_cell(out, &row.span_path);
         text_cell(out, row.op.as_deref().unwrap_or("-"));
         let mut shape = format_shape(row.shape.as_deref());
@@ -113,6 +212,7 @@ pub(super) fn peak_table(out: &mut String, profile: &Profile) {
         out.push_str("</tr>");
     }
     out.push_str("</tbody></table></div>");
+    show_all(out, "peak-table", rows.len(), 0);
     more_rows_note(out, rows.len());
     if profile.peak_breakdown.is_empty() {
         out.push_str("<p class=\"note\">No allocations were live at the peak.</p>");
@@ -128,15 +228,16 @@ fn largest_table(out: &mut String, profile: &Profile) {
     let _ = write!(
         out,
         "<h3>Largest single allocations live at the peak</h3>\
-         <div class=\"scroll\"><table id=\"largest-table\" class=\"sortable\"><thead><tr>{}\
+         <div class=\"scroll\">{}<thead><tr>{}\
          <th data-type=\"num\" class=\"num\">Allocated at</th><th data-type=\"num\" class=\"num\">Thread</th>\
          </tr></thead><tbody>",
+        limited_table("largest-table", "sortable"),
         live_heads()
     );
     let mut rows: Vec<_> = profile.largest_at_peak.iter().collect();
     rows.sort_by_key(|row| std::cmp::Reverse(row.bytes));
-    for row in rows.iter().take(MAX_TABLE_ROWS) {
-        out.push_str("<tr>");
+    for (index, row) in rows.iter().take(MAX_TABLE_ROWS).enumerate() {
+        row_start(out, index, false, None);
         span_path_cell(out, &row.span_path);
         text_cell(out, row.op.as_deref().unwrap_or("-"));
         text_cell(out, &format_shape(row.shape.as_deref()));
@@ -148,6 +249,7 @@ fn largest_table(out: &mut String, profile: &Profile) {
         out.push_str("</tr>");
     }
     out.push_str("</tbody></table></div>");
+    show_all(out, "largest-table", rows.len(), 0);
     more_rows_note(out, rows.len());
 }
 
@@ -155,15 +257,17 @@ pub(super) fn span_section(out: &mut String, profile: &Profile) {
     let _ = write!(
         out,
         "<section id=\"spans\"><h2>Spans</h2>\
-         <p class=\"note\">Every path of the span tree, all calls added up. {} {} Click a row \
-         marked ▾ to fold its children.</p>\
-         <div class=\"scroll\"><table id=\"span-table\" class=\"tree\"><thead><tr><th>Span</th><th>Step</th>\
+         <p class=\"note\">Every path of the span tree; time and bytes allocated are all calls \
+         added up. {} {} Click a row marked ▾ to fold its children.</p>\
+         <div class=\"scroll\">{}<thead><tr><th>Span</th><th>Step</th>\
          <th class=\"num\">Calls</th><th class=\"num\">Time</th><th class=\"num\">Allocated</th>\
-         <th class=\"num\" title=\"{}\">Peak</th><th class=\"num\" title=\"{}\">Residual</th></tr></thead><tbody>",
+         <th class=\"num\" title=\"{}\">Peak</th><th class=\"num\" title=\"{}\">{}</th></tr></thead><tbody>",
         words::SPAN_PEAK_EXPLAINED,
         words::RESIDUAL_EXPLAINED,
+        limited_table("span-table", "tree"),
         words::SPAN_PEAK_EXPLAINED,
         words::RESIDUAL_EXPLAINED,
+        capitalised(words::RESIDUAL_HEAD),
     );
     let tree = span_tree(&profile.spans);
     let peak = profile.summary.peak_bytes;
@@ -171,10 +275,21 @@ pub(super) fn span_section(out: &mut String, profile: &Profile) {
         let span = &profile.spans[row.index];
         let has_children = tree.get(k + 1).is_some_and(|next| next.depth > row.depth);
         let depth = row.depth.min(40);
+        let mut classes: Vec<&str> = Vec::new();
+        if has_children {
+            classes.push("parent");
+        }
+        if k >= SHOWN_ROWS {
+            classes.push("more");
+        }
         let _ = write!(
             out,
             "<tr data-depth=\"{depth}\"{}><td class=\"name\" style=\"padding-left:{:.1}em\">{}{}</td>",
-            if has_children { " class=\"parent\"" } else { "" },
+            if classes.is_empty() {
+                String::new()
+            } else {
+                format!(" class=\"{}\"", classes.join(" "))
+            },
             0.4 + depth as f64 * 1.2,
             if has_children { "<span class=\"fold\">▾</span> " } else { "" },
             escape_html(&span.name)
@@ -199,10 +314,12 @@ pub(super) fn span_section(out: &mut String, profile: &Profile) {
             share(span.peak_bytes, peak).min(100.0) * 0.6,
             format_bytes(span.peak_bytes)
         );
-        num_cell(out, span.residual_bytes, &format_bytes(span.residual_bytes));
+        let residual = span.residual_per_call();
+        num_cell(out, residual, &format_bytes(residual));
         out.push_str("</tr>");
     }
     out.push_str("</tbody></table></div>");
+    show_all(out, "span-table", tree.len(), 0);
     more_rows_note(out, tree.len());
     if profile.spans.is_empty() {
         out.push_str("<p class=\"note\">No spans were recorded.</p>");
@@ -214,7 +331,8 @@ pub(super) fn iterations_section(out: &mut String, profile: &Profile) {
     out.push_str(
         "<section id=\"iterations\"><h2>Per iteration</h2>\
          <p class=\"note\">How live bytes changed from one iteration's end to the next \
-         (orange: grew, green: shrank). Growth in every iteration is the signature of a leak.</p>\
+         (orange: grew, green: shrank). Growth in every iteration is the signature of a leak; \
+         the spans' residual/call says which span kept it.</p>\
          <div class=\"chart\" id=\"iteration-chart\"></div>",
     );
     if profile.iterations.is_empty() {
@@ -225,15 +343,16 @@ pub(super) fn iterations_section(out: &mut String, profile: &Profile) {
     let _ = write!(
         out,
         "<details id=\"iteration-details\"><summary>Table of the {} iterations</summary>\
-         <div class=\"scroll\"><table id=\"iteration-table\" class=\"sortable\"><thead><tr>\
+         <div class=\"scroll\">{}<thead><tr>\
          <th data-type=\"num\" class=\"num\">#</th><th data-type=\"text\">Span</th>\
          <th data-type=\"num\" class=\"num\">Ended at</th>\
          <th data-type=\"num\" class=\"num\">Live bytes</th>\
          <th data-type=\"num\" class=\"num\">Change</th></tr></thead><tbody>",
-        format_count(profile.iterations.len() as u64)
+        format_count(profile.iterations.len() as u64),
+        limited_table("iteration-table", "sortable"),
     );
-    for it in profile.iterations.iter().take(MAX_TABLE_ROWS) {
-        out.push_str("<tr>");
+    for (index, it) in profile.iterations.iter().take(MAX_TABLE_ROWS).enumerate() {
+        row_start(out, index, false, None);
         num_cell(out, it.index, &it.index.to_string());
         text_cell(out, &it.span);
         num_cell(
@@ -252,6 +371,7 @@ pub(super) fn iterations_section(out: &mut String, profile: &Profile) {
         out.push_str("</tr>");
     }
     out.push_str("</tbody></table></div>");
+    show_all(out, "iteration-table", profile.iterations.len(), 0);
     more_rows_note(out, profile.iterations.len());
     out.push_str("</details></section>");
 }

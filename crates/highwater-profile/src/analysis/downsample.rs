@@ -79,6 +79,14 @@ impl<P: Sample> Downsampler<P> {
         }
     }
 
+    /// Empties the summary, keeping its bucket storage: it starts afresh at the next sample.
+    pub(crate) fn clear(&mut self) {
+        self.origin = None;
+        self.shift = 0;
+        self.buckets.clear();
+        self.open_until = 0;
+    }
+
     /// The first stamp past the last bucket.
     fn last_bucket_end(&self, origin: u64) -> u64 {
         self.buckets.last().map_or(0, |last| {

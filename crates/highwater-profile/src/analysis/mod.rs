@@ -35,4 +35,4 @@ mod timeline;
 pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq, StackId};
 pub use sites::{trimmed_frames, ResolveFrames};
 pub use timeline::{At, Realloc};
-pub use timeline::{Timeline, TimelineConfig};
+pub use timeline::{Timeline, TimelineConfig, PEAK_WINDOW_BUCKETS};

@@ -561,10 +561,9 @@ impl Timeline {
         if n.parent != NONE {
             return;
         }
+        let name = n.name;
+        self.window_boundary(ts);
         let live = self.total_live();
-        self.top_level_exits
-            .entry(n.name)
-            .or_default()
-            .push(ts, live);
+        self.top_level_exits.entry(name).or_default().push(ts, live);
     }
 }

@@ -85,6 +85,7 @@ impl Timeline {
             meta: Default::default(),
             summary: self.summary(end_ns),
             timeline: self.curve(),
+            peak_window: self.peak_window(),
             peak_breakdown: self.breakdown(&paths, &sites.top_sites),
             largest_at_peak: self.largest(&paths),
             spans: self.span_metrics(end_ns),

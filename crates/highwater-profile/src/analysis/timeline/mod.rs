@@ -33,8 +33,10 @@
 //!   device at that moment (see `oom`). It changes no byte figure.
 //!
 //! After any event that changed a device's counters: that device's peak, the global peak (the
-//! highest live bytes of any one device; ties keep the first time), the curve, and the span
-//! peak measure (highest live bytes over devices) are updated.
+//! highest live bytes of any one device; ties keep the first time), the curve, the peak
+//! window's curve (see `window`: the time from one top-level span exit to the next that holds
+//! the peak, at fine resolution), and the span peak measure (highest live bytes over devices)
+//! are updated.
 //!
 //! # Iterations and the leak signal
 //!
@@ -50,8 +52,10 @@ mod oom;
 mod peaks;
 mod realloc;
 mod split;
+mod window;
 
 pub use apply::{At, Realloc};
+pub use window::PEAK_WINDOW_BUCKETS;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -165,6 +169,8 @@ pub struct Timeline {
     /// Highest live bytes of any one device now (the span peak measure).
     measure: u64,
     peak: GlobalPeak,
+    /// The window that holds the peak, at fine resolution.
+    window: window::PeakWindow,
     /// Which bytes live at the peak were temporary.
     temporaries: Temporaries,
     /// Activation bytes live when the first backward span entered.
@@ -202,6 +208,7 @@ impl Timeline {
             counts: Counts::default(),
             measure: 0,
             peak: GlobalPeak::default(),
+            window: window::PeakWindow::default(),
             temporaries: Temporaries::default(),
             autograd_retained: None,
             top_level_exits: FxHashMap::default(),

@@ -191,6 +191,7 @@ impl Timeline {
             device: Some(device),
             by_category,
         };
+        self.window.peaked(device);
         self.live.mark_peak();
         self.temporaries.mark_peak();
         self.sites.mark_peak(seq);
@@ -226,6 +227,10 @@ impl Timeline {
         );
         if live > self.peak.bytes {
             self.new_peak(device, live, ts, seq);
+        }
+        if self.window.follows(device) {
+            let state = &self.devices[usize::from(device.0)];
+            self.window.offer(ts, live, &state.by_category);
         }
         let measure = if live >= self.measure || self.devices.len() == 1 {
             live
@@ -280,6 +285,33 @@ impl Timeline {
             }));
         }
         out
+    }
+
+    /// The peak window's curve (see `window`), named.
+    pub(super) fn peak_window(&self) -> Vec<TimelinePoint> {
+        let Some((device, points)) = self.window.points() else {
+            return Vec::new();
+        };
+        let name = self.names.device_str(device);
+        points
+            .into_iter()
+            .map(|p| TimelinePoint {
+                timestamp_ns: p.ts,
+                device: name.clone(),
+                live_bytes: p.live,
+                by_category: category_map(&p.by_category),
+            })
+            .collect()
+    }
+
+    /// A top-level span exited at `ts`: the peak window's boundary.
+    pub(super) fn window_boundary(&mut self, ts: u64) {
+        let start = self
+            .peak
+            .device
+            .and_then(|device| self.devices.get(usize::from(device.0)))
+            .map(|state| (state.live, state.by_category));
+        self.window.boundary(ts, start);
     }
 
     pub(super) fn device_stats(&self) -> Vec<DeviceStats> {

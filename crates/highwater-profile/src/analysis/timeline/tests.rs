@@ -928,3 +928,88 @@ fn only_the_first_refusals_are_kept_but_all_are_counted() {
         (0, 0)
     );
 }
+
+/// Issue 34: the curve keeps a few points per bucket, so the iteration that peaked showed 8
+/// flat steps; the peak window keeps every change of that iteration (here 300 of them, far
+/// more than the curve's 16 points), from the exit of the iteration before it to its own exit.
+#[test]
+fn the_iteration_that_peaked_is_kept_change_by_change() {
+    let mut s = Script::with(TimelineConfig {
+        max_points_per_device: 16,
+        ..TimelineConfig::default()
+    });
+    s.alloc(0x1, MIB, Category::Parameter);
+    let mut exits = Vec::new();
+    for step in 0..20u64 {
+        s.enter("step", SpanLabel::Plain);
+        // Iteration 13 rises highest: 150 blocks of 1 KiB more each, then frees them.
+        let size = if step == 13 { 2048 } else { 1024 };
+        for block in 0..150 {
+            s.alloc(0x1000 + block * 0x1000, size, Category::Activation);
+        }
+        for block in 0..150 {
+            s.free(0x1000 + block * 0x1000);
+        }
+        s.exit();
+        exits.push(s.ts);
+    }
+    let profile = s.finish();
+    assert!(
+        profile.timeline.len() <= 17,
+        "the coarse curve stays coarse"
+    );
+    let window = &profile.peak_window;
+    let peak = (
+        profile.summary.peak_timestamp_ns,
+        profile.summary.peak_bytes,
+    );
+    assert_eq!(peak.1, MIB + 150 * 2048);
+    assert!(window
+        .iter()
+        .any(|p| (p.timestamp_ns, p.live_bytes) == peak));
+    // It opens at the exit before the peak's iteration with the level then, and holds every
+    // change up to its own exit: 300, and nothing of another iteration.
+    assert_eq!(window[0].timestamp_ns, exits[12]);
+    assert_eq!(window[0].live_bytes, MIB);
+    assert_eq!(window.len(), 1 + 300);
+    assert!(window.iter().all(|p| p.timestamp_ns <= exits[13]));
+    assert!(window
+        .windows(2)
+        .all(|w| w[0].timestamp_ns < w[1].timestamp_ns));
+    let rises = window
+        .windows(2)
+        .filter(|w| w[1].live_bytes > w[0].live_bytes);
+    assert_eq!(rises.count(), 150, "each allocation is a step of its own");
+    assert!(window.iter().all(|p| p.device == "cpu"));
+}
+
+/// The window that held the peak stays when later ones close, and a longer window keeps each
+/// bucket's extremes within the bound.
+#[test]
+fn the_peak_window_survives_later_iterations_and_stays_bounded() {
+    let mut s = Script::new();
+    let blocks = 3 * PEAK_WINDOW_BUCKETS as u64;
+    s.enter("step", SpanLabel::Plain);
+    for block in 0..blocks {
+        s.alloc(0x1000 + block * 0x1000, 64, Category::Activation);
+    }
+    for block in 0..blocks {
+        s.free(0x1000 + block * 0x1000);
+    }
+    s.exit();
+    for _ in 0..5 {
+        s.enter("step", SpanLabel::Plain);
+        s.alloc(0x10, 4099, Category::Activation);
+        s.free(0x10);
+        s.exit();
+    }
+    let profile = s.finish();
+    let window = &profile.peak_window;
+    assert!(window.len() <= 2 * PEAK_WINDOW_BUCKETS, "{}", window.len());
+    assert!(window.len() > PEAK_WINDOW_BUCKETS, "{}", window.len());
+    assert!(window.iter().any(|p| p.live_bytes == blocks * 64));
+    assert!(
+        window.iter().all(|p| p.live_bytes != 4099),
+        "a later, lower iteration replaced it"
+    );
+}
