@@ -22,8 +22,8 @@ const IMPOSSIBLE: usize = 1 << 62;
 fn a_refused_allocation_and_its_checkpoint_wait_never_allocate_on_the_refused_thread() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.json");
-    // The refused thread waits for its checkpoint however busy the machine is: the counts
-    // below say each refusal was on disk before `alloc` returned.
+    // The refused thread waits for its checkpoint however busy the machine is: the count
+    // below says the first refusal was on disk before `alloc` returned.
     let session = Session::builder()
         .output(&path)
         .oom_wait(Duration::from_secs(600))
@@ -56,9 +56,13 @@ fn a_refused_allocation_and_its_checkpoint_wait_never_allocate_on_the_refused_th
         "the refusal path allocated through the global allocator"
     );
     assert!(checkpoint.meta.partial);
-    assert_eq!(
-        checkpoint.summary.oom_count, refusals,
-        "each refusal waited for its checkpoint"
+    // The first refusal waits for a checkpoint that holds it; the others, within the same
+    // second, are recorded without a wait of their own (a retry loop must not stall on one
+    // checkpoint per attempt).
+    assert!(
+        (1..=refusals).contains(&checkpoint.summary.oom_count),
+        "the first refusal waited for its checkpoint: {} of {refusals} in it",
+        checkpoint.summary.oom_count
     );
     assert_eq!(profile.summary.oom_count, refusals);
     assert!(profile
