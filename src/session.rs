@@ -647,7 +647,7 @@ fn record_pool_refusal(shortfalls: &[crate::device::Shortfall]) {
     if !capture::recording() {
         return;
     }
-    capture::oom::refused(|| {
+    capture::oom::refused(OomSource::Pool, || {
         let mut recorded = false;
         for shortfall in shortfalls {
             let device = capture::names::device(&shortfall.name);

@@ -134,6 +134,41 @@ fn a_refused_realloc_keeps_the_old_block_and_is_recorded() {
     );
 }
 
+/// Hardening, row 10: a program that recovers from refusals (here a hundred `try_reserve`s in a
+/// row) is not stalled on a checkpoint for each. The first refusal waits for one that holds it;
+/// the next ones within a second are only recorded, so the checkpoint on disk holds fewer than
+/// all of them, and the final profile holds every one.
+#[test]
+fn refusals_a_program_recovers_from_do_not_each_wait_for_a_checkpoint() {
+    common::isolated(
+        "refusals_a_program_recovers_from_do_not_each_wait_for_a_checkpoint",
+        || {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("run.json");
+            let session = Session::builder().output(&path).start().unwrap();
+            let mut kept = black_box(vec![0u8; 4096]);
+            const REFUSALS: u64 = 100;
+            for _ in 0..REFUSALS {
+                assert!(kept.try_reserve(REFUSED_FROM).is_err());
+            }
+            let checkpoint = Profile::load(&path).unwrap();
+            let profile = session.finish().unwrap();
+            assert!(checkpoint.meta.partial);
+            assert!(
+                (1..REFUSALS / 2).contains(&checkpoint.summary.oom_count),
+                "the first refusal waited for a checkpoint and most of the others did not: {} of \
+                 {REFUSALS} in it",
+                checkpoint.summary.oom_count
+            );
+            assert_eq!(
+                profile.summary.oom_count, REFUSALS,
+                "every refusal is in the profile"
+            );
+            drop(kept);
+        },
+    );
+}
+
 /// The run a user loses today: an allocation fails, Rust aborts the process, and the profile
 /// the session would have written at exit never is. The checkpoint the refusal wrote is left.
 #[test]

@@ -27,10 +27,12 @@ use super::wake::WaitWord;
 /// that a dying process still dies promptly.
 pub(crate) const OOM_CHECKPOINT_WAIT: Duration = Duration::from_secs(5);
 
-/// After a refused thread started waiting for its checkpoint, refusals within this long are
-/// recorded without a wait (the next checkpoint, or the final profile, holds them): a program
-/// that recovers from refusals (`Vec::try_reserve`, a refused pool admission it handles) is not
-/// stalled on every one, and at most one refusal checkpoint is in flight.
+/// After a refused thread started waiting for its checkpoint, refusals of the same source
+/// (heap, pool, driver) within this long are recorded without a wait (the next checkpoint, or
+/// the final profile, holds them): a program that recovers from refusals (`Vec::try_reserve`, a
+/// refused pool admission it handles) is not stalled on every one, and at most one refusal
+/// checkpoint per source is in flight. Sources are apart so that a refusal of one kind the
+/// program handled does not take the checkpoint from the next kind's, which may end the run.
 pub(crate) const OOM_CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
 
 /// Longest single sleep of a waiter: it looks at the collector again this often.
@@ -203,8 +205,9 @@ mod process {
     /// The process's tickets.
     static TICKETS: Tickets = Tickets::starting_at(0);
 
-    /// When the latest wait for a refusal checkpoint began, monotonic ns (`0`: never).
-    static LAST_WAIT: AtomicU64 = AtomicU64::new(0);
+    /// When the latest wait for a refusal checkpoint began, per [`OomSource`], monotonic ns
+    /// (`0`: never).
+    static LAST_WAIT: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
 
     /// The monotonic clock, ns: allocation- and lock-free (the vDSO).
     fn monotonic_ns() -> u64 {
@@ -245,21 +248,28 @@ mod process {
     /// in the ring, waits for a checkpoint that includes it. Called from the allocator.
     #[cold]
     pub(crate) fn heap_refused(size: usize) {
-        refused(|| crate::capture::record_oom(0, OomSource::Heap, size as u64, None));
+        refused(OomSource::Heap, || {
+            crate::capture::record_oom(0, OomSource::Heap, size as u64, None)
+        });
     }
 
-    /// Records a refusal with `record` (which returns whether it is in this thread's ring) and,
-    /// if it is, waits for a checkpoint that includes it, at most the bound [`set_wait`] set —
-    /// unless another refusal began such a wait less than [`OOM_CHECKPOINT_EVERY`] ago: then it
-    /// is only recorded. Call it outside any push.
+    /// Records a refusal from `source` with `record` (which returns whether it is in this
+    /// thread's ring) and, if it is, waits for a checkpoint that includes it, at most the bound
+    /// [`set_wait`] set — unless another refusal from `source` began such a wait less than
+    /// [`OOM_CHECKPOINT_EVERY`] ago: then it is only recorded. Call it outside any push.
     #[cold]
-    pub(crate) fn refused(record: impl FnOnce() -> bool) {
+    pub(crate) fn refused(source: OomSource, record: impl FnOnce() -> bool) {
+        let last_wait = &LAST_WAIT[match source {
+            OomSource::Heap => 0,
+            OomSource::Pool => 1,
+            OomSource::Driver => 2,
+        }];
         let now = monotonic_ns();
-        let last = LAST_WAIT.load(Ordering::Acquire);
+        let last = last_wait.load(Ordering::Acquire);
         let recent = last != 0 && now.saturating_sub(last) < OOM_CHECKPOINT_EVERY.as_nanos() as u64;
         // One thread per window waits: the others lose the race and only record.
         if recent
-            || LAST_WAIT
+            || last_wait
                 .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Acquire)
                 .is_err()
         {
@@ -272,7 +282,9 @@ mod process {
 
     /// A new session: its first refusal waits for its checkpoint whatever came before.
     pub(crate) fn new_session() {
-        LAST_WAIT.store(0, Ordering::Release);
+        for last_wait in &LAST_WAIT {
+            last_wait.store(0, Ordering::Release);
+        }
     }
 
     /// See [`Tickets::asked`].

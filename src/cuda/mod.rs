@@ -271,7 +271,7 @@ unsafe extern "C" fn on_callback(
         Call::Release { handle } => memory_event(DeviceMemoryKind::Release, context, handle, 0),
         Call::OutOfMemory { space, requested } => {
             if let Some((_, device)) = resolve(space, context) {
-                capture::oom::refused(|| {
+                capture::oom::refused(OomSource::Driver, || {
                     capture::record_oom(device, OomSource::Driver, requested, None)
                 });
             }
