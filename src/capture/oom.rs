@@ -311,6 +311,9 @@ mod tests {
     use super::*;
 
     #[cfg(not(highwater_loom))]
+    use crate::model::OomSource;
+
+    #[cfg(not(highwater_loom))]
     /// Hardening III, row 10: every refusal a program recovered from waited for a checkpoint of
     /// its own. Within a second of a wait, refusals are recorded only: one ticket for many.
     #[test]
@@ -319,16 +322,22 @@ mod tests {
         let before = asked();
         let mut recorded = 0;
         for _ in 0..100 {
-            refused(|| {
+            refused(OomSource::Heap, || {
                 recorded += 1;
                 true
             });
         }
         assert_eq!(recorded, 100, "every refusal is recorded");
         assert_eq!(asked().wrapping_sub(before), 1, "one ticket, one wait");
+        refused(OomSource::Pool, || true);
+        assert_eq!(
+            asked().wrapping_sub(before),
+            2,
+            "a refusal from another source waits for its own checkpoint"
+        );
         new_session();
-        refused(|| true);
-        assert_eq!(asked().wrapping_sub(before), 2, "a new session waits again");
+        refused(OomSource::Heap, || true);
+        assert_eq!(asked().wrapping_sub(before), 3, "a new session waits again");
     }
 
     #[test]
