@@ -184,6 +184,14 @@ impl RawEvent {
         self.span
     }
 
+    /// The heap address whose block the event ends (a free, a realloc's first half), for a
+    /// hint to the live map ahead of it.
+    #[inline(always)]
+    pub(crate) fn ended_heap_address(&self) -> Option<u64> {
+        (self.kind == RawKind::Free as u8 || self.kind == RawKind::ReallocFrom as u8)
+            .then_some(self.a)
+    }
+
     /// A heap block of `size` bytes became live at `addr`.
     #[inline(always)]
     pub(crate) fn alloc(

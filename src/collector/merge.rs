@@ -291,6 +291,13 @@ pub(crate) struct Next<'a, T> {
 }
 
 impl<T: Copy> Next<'_, T> {
+    /// The event `n` places after the next one in this ring's queue, whether or not this
+    /// release hands it out: for hints about what is coming, never to apply.
+    #[inline]
+    pub(crate) fn ahead(&self, n: usize) -> Option<&T> {
+        self.run.get(*self.at + n)
+    }
+
     /// Takes the next event of the merged order if it is this ring's next one and `wanted`
     /// accepts it: nothing from another ring sorts between the two. At most once per event
     /// handed out.
@@ -623,6 +630,30 @@ mod tests {
         });
         assert_eq!(refused, ["a7", "a8"]);
         assert_eq!(m.staged_total(), 0);
+    }
+
+    #[test]
+    fn a_look_ahead_sees_the_rings_queued_events_past_the_release() {
+        let mut m = merge(1);
+        m.push(0, [(1, "a1"), (2, "a2"), (3, "a3"), (9, "a9")], true);
+        let mut seen = Vec::new();
+        // Only up to stamp 3 is released; the hint still sees what is queued after it.
+        m.release_with_next(3, usize::MAX, |_, event, next| {
+            seen.push((
+                event.1,
+                next.ahead(0).map(|e| e.1),
+                next.ahead(1).map(|e| e.1),
+            ));
+        });
+        assert_eq!(
+            seen,
+            [
+                ("a1", Some("a2"), Some("a3")),
+                ("a2", Some("a3"), Some("a9")),
+                ("a3", Some("a9"), None)
+            ]
+        );
+        assert_eq!(m.staged_total(), 1);
     }
 
     #[test]

@@ -14,6 +14,10 @@ use crate::capture::raw::{Decoder, RawEvent, RawKind};
 use crate::capture::registry::{SlotState, REGISTRY};
 use crate::profile::{ThreadCapture, Warning, MAX_THREAD_ROWS};
 
+/// How far ahead in a ring's queue the live map is asked for the block a free will end: far
+/// enough for the line to arrive before it is read, near enough to stay cached until then.
+const PREFETCH_BLOCK: usize = 6;
+
 /// Events every ring may have staged between drain and merge, whatever the others hold: a
 /// drain takes no more than the queue has room for and leaves the rest in the ring (where a
 /// lossless producer waits for room rather than growing a queue). 16 Ki events are 512 KiB,
@@ -308,6 +312,9 @@ impl Merger {
         loop {
             let mut merge = std::mem::replace(&mut self.merge, Merge::new(0, StampTicks));
             let log = self.log.is_some();
+            // Asking ahead costs a little per event; it pays only once the live map has
+            // outgrown the caches.
+            let ask_ahead = self.timeline.outgrows_caches();
             let applied =
                 merge.release_with_next(watermark_ticks, MERGE_CHUNK, |index, raw, next| {
                     // Two events of one ring adjacent in the merged order may take a shortcut
@@ -315,6 +322,15 @@ impl Merger {
                     // alloc and free go to the timeline as one; a realloc's first half needs no
                     // release of its own when nothing can reuse the old address before the
                     // second.
+                    // The block a free a few places on will end is asked for now, so that its
+                    // wait for memory overlaps this event's work: a program that frees in
+                    // another order than it allocated (rayon's sorts) waits on every free.
+                    if ask_ahead {
+                        let ahead = next.ahead(PREFETCH_BLOCK);
+                        if let Some(addr) = ahead.and_then(RawEvent::ended_heap_address) {
+                            self.timeline.prefetch_block(DeviceId::CPU, addr);
+                        }
+                    }
                     let paired = |next: &RawEvent| {
                         !log && (raw.is_freed_by(next) || raw.is_completed_by(next))
                     };

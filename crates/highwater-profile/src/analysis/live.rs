@@ -448,6 +448,9 @@ const WINDOW_SHIFT: u32 = 12;
 /// Bytes per bucket inside a window: the allocator's 16-byte alignment.
 const UNIT_SHIFT: u32 = 4;
 
+/// Blocks from which the heap's table and slab outgrow the caches.
+const PREFETCH_FROM: usize = 1 << 15;
+
 /// Slab blocks whose reads are in flight while [`LiveSet::make_room`] inserts one.
 const GROWTH_AHEAD: usize = 16;
 
@@ -938,6 +941,32 @@ impl LiveSet {
             epoch: self.epoch.wrapping_sub(1),
         };
         self.remember(device, block);
+    }
+
+    /// Whether the heap's table holds more blocks than the caches do, so that asking for a
+    /// block ahead ([`LiveSet::prefetch_block`]) pays for the asking.
+    #[inline]
+    pub(crate) fn outgrows_caches(&self) -> bool {
+        self.index
+            .get(usize::from(DeviceId::CPU.0))
+            .is_some_and(|table| table.len() >= PREFETCH_FROM)
+    }
+
+    /// Asks for the slab block a lookup of `(device, addr)` will compare, a few events before
+    /// the one that looks it up: the table's entries are compared by fingerprint only, so no
+    /// slab line is waited for here, and the block's wait overlaps the events in between.
+    #[inline]
+    pub(crate) fn prefetch_block(&self, device: DeviceId, addr: u64) {
+        if device == DeviceId::CPU && self.unindexed.knows(addr) {
+            return;
+        }
+        let Some(table) = self.index.get(usize::from(device.0)) else {
+            return;
+        };
+        let packing = self.packing;
+        if let Some(&entry) = table.find(hash(addr), |&v| packing.may_be(v, addr)) {
+            prefetch(self.slab.get(packing.slot(entry)));
+        }
     }
 
     /// Whether a block is live at `(device, addr)`.

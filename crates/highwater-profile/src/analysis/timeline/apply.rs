@@ -333,6 +333,21 @@ impl Timeline {
         self.changed(device, at.ts, seq);
     }
 
+    /// Whether the live map holds more blocks than the caches do, so that asking for a block
+    /// ahead ([`Timeline::prefetch_block`]) pays for the asking.
+    #[inline]
+    pub fn outgrows_caches(&self) -> bool {
+        self.live.outgrows_caches()
+    }
+
+    /// Asks for the live block an event ending the block at `addr` on `device` will read:
+    /// called a few events before that one, so that its wait for memory overlaps the events
+    /// in between. A hint; it changes nothing.
+    #[inline]
+    pub fn prefetch_block(&self, device: DeviceId, addr: u64) {
+        self.live.prefetch_block(device, addr);
+    }
+
     /// Applies an [`EventKind::Free`] of the block at `addr` on `device` that happened `at`, as
     /// [`Timeline::apply_alloc`] does an alloc.
     pub fn apply_free(&mut self, at: At, device: DeviceId, addr: u64) {
