@@ -217,6 +217,30 @@ pub struct RunMeta {
     /// When a checkpoint was taken, milliseconds since the Unix epoch; `None` in a final profile.
     #[serde(default)]
     pub checkpoint_unix_ms: Option<u64>,
+    /// The host the process ran on (its host name; empty in profiles written before this
+    /// field existed).
+    #[serde(default)]
+    pub host: String,
+    /// This process's rank in a multi-process run (from a launcher's environment, or the
+    /// `highwater` library's `SessionBuilder::rank`); `None` for a process launched alone.
+    #[serde(default)]
+    pub rank: Option<u32>,
+    /// The rank among the run's processes on this host, when the launcher says.
+    #[serde(default)]
+    pub local_rank: Option<u32>,
+    /// How many processes the run has, when known.
+    #[serde(default)]
+    pub world_size: Option<u32>,
+    /// Where [`RunMeta::rank`] came from: `"torchrun"`, `"openmpi"`, `"pmi"`, `"slurm"` (the
+    /// launchers' environments) or `"builder"` (the program said).
+    #[serde(default)]
+    pub launcher: Option<String>,
+    /// What every process of one run shares and other runs do not: `HIGHWATER_RUN_ID`, else the
+    /// launcher's (torchrun's `TORCHELASTIC_RUN_ID`, PMIx's namespace, Slurm's job and step).
+    /// `None` when nothing says; `highwater ranks` then takes profiles of the same program and
+    /// world size whose sessions overlapped in time as one run.
+    #[serde(default)]
+    pub run_id: Option<String>,
 }
 
 /// The headline figures of a profile.
@@ -953,7 +977,17 @@ mod tests {
     fn a_profile_without_checkpoint_fields_is_a_final_one() {
         let mut value = serde_json::to_value(Profile::empty()).unwrap();
         let meta = value["meta"].as_object_mut().unwrap();
-        for field in ["pid", "partial", "checkpoint_unix_ms"] {
+        for field in [
+            "pid",
+            "partial",
+            "checkpoint_unix_ms",
+            "host",
+            "rank",
+            "local_rank",
+            "world_size",
+            "launcher",
+            "run_id",
+        ] {
             assert!(meta.remove(field).is_some(), "{field} is written");
         }
         value["summary"]
@@ -965,6 +999,9 @@ mod tests {
         assert!(!profile.meta.partial);
         assert_eq!(profile.meta.pid, 0);
         assert_eq!(profile.meta.checkpoint_unix_ms, None);
+        assert_eq!(profile.meta.rank, None, "written before ranks: no rank");
+        assert_eq!(profile.meta.world_size, None);
+        assert!(profile.meta.host.is_empty() && profile.meta.run_id.is_none());
         assert!(profile.summary.final_by_category.is_empty());
     }
 
