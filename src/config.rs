@@ -21,6 +21,11 @@
 //! | `HIGHWATER_CHECKPOINT` | seconds between checkpoints (`10`, `0.5`), 0.001 to 86400; `0` for none | [`checkpoint_every`](crate::SessionBuilder::checkpoint_every) | 10 |
 //! | `HIGHWATER_SAMPLE_BYTES` | bytes: `0` off, `1` every allocation | [`sample_bytes`](crate::SessionBuilder::sample_bytes) | 524288 |
 //! | `HIGHWATER_CUDA` | on/off | [`cuda`](crate::SessionBuilder::cuda) | on (with the `cuda` feature) |
+//! | `HIGHWATER_RUN_ID` | any text | [`run_id`](crate::SessionBuilder::run_id) | the launcher's run id, if any |
+//!
+//! A launcher's rank variables (`RANK`/`WORLD_SIZE`, `OMPI_COMM_WORLD_RANK`, `PMI_RANK`,
+//! `SLURM_PROCID`; see `rank::detect`) are not highwater's: the program's own
+//! [`rank`](crate::SessionBuilder::rank), when it gives one, wins over them.
 //!
 //! Paths are kept as the operating system gave them ([`OsString`]), so a non-UTF-8 name is
 //! written under exactly that name.
@@ -32,6 +37,7 @@ use std::time::Duration;
 use crate::capture::{DEFAULT_RING_EVENTS, DEFAULT_SAMPLE_BYTES};
 use crate::error::Error;
 use crate::profile::CaptureMode;
+use crate::rank::{Launch, RankInfo};
 
 /// Where the profile goes when neither the builder nor `HIGHWATER_OUT` says.
 pub const DEFAULT_OUTPUT: &str = "highwater-profile.json";
@@ -49,6 +55,9 @@ pub(crate) struct Requested {
     pub(crate) checkpoint_every: Option<Duration>,
     pub(crate) sample_bytes: Option<u64>,
     pub(crate) cuda: Option<bool>,
+    /// `(rank, world_size)`, as the program gave them.
+    pub(crate) rank: Option<(u32, u32)>,
+    pub(crate) run_id: Option<String>,
 }
 
 /// What the `HIGHWATER_*` environment variables say; `None` where a variable is unset.
@@ -66,6 +75,8 @@ pub(crate) struct EnvConfig {
     pub(crate) checkpoint: Option<Option<Duration>>,
     pub(crate) sample_bytes: Option<u64>,
     pub(crate) cuda: Option<bool>,
+    /// What a launcher's variables and `HIGHWATER_RUN_ID` say.
+    pub(crate) launch: Launch,
 }
 
 /// The settings a session runs with, after [precedence](self#precedence).
@@ -86,6 +97,11 @@ pub(crate) struct Settings {
     pub(crate) sample_bytes: u64,
     /// Whether CUDA device memory is recorded (with the `cuda` feature).
     pub(crate) cuda: bool,
+    /// This process's rank: the program's, else a launcher's.
+    pub(crate) rank: Option<RankInfo>,
+    /// The run every process of it shares: `HIGHWATER_RUN_ID`, else the program's, else the
+    /// launcher's.
+    pub(crate) run_id: Option<String>,
 }
 
 impl Settings {
@@ -129,6 +145,21 @@ impl Settings {
                 DEFAULT_SAMPLE_BYTES,
             ),
             cuda: pick(&env.cuda, &requested.cuda, true),
+            rank: requested
+                .rank
+                .map(|(rank, world_size)| RankInfo {
+                    rank,
+                    world_size,
+                    local_rank: None,
+                    launcher: "builder",
+                })
+                .or_else(|| env.launch.rank.clone()),
+            run_id: env
+                .launch
+                .explicit_run_id
+                .clone()
+                .or_else(|| requested.run_id.clone())
+                .or_else(|| env.launch.launcher_run_id.clone()),
         }
     }
 }
@@ -232,6 +263,7 @@ impl EnvConfig {
                 .transpose()?
         };
         Ok(EnvConfig {
+            launch: crate::rank::detect(&var)?,
             capture_mode,
             checkpoint,
             sample_bytes,
@@ -315,6 +347,8 @@ mod tests {
             checkpoint_every: Some(Duration::from_secs(3)),
             sample_bytes: Some(4096),
             cuda: Some(true),
+            rank: Some((1, 4)),
+            run_id: Some("code".into()),
         };
         let env = parse(&[
             ("HIGHWATER_OUT", "env.json"),
@@ -326,10 +360,12 @@ mod tests {
             ("HIGHWATER_CHECKPOINT", "7"),
             ("HIGHWATER_SAMPLE_BYTES", "0"),
             ("HIGHWATER_CUDA", "off"),
+            ("HIGHWATER_RUN_ID", "env"),
         ])
         .unwrap();
         let settings = Settings::resolve(&requested, &env);
         assert!(!settings.cuda);
+        assert_eq!(settings.run_id.as_deref(), Some("env"));
         assert_eq!(settings.output, PathBuf::from("env.json"));
         assert_eq!(settings.ring_events, 2048);
         assert!(settings.signals);
@@ -348,6 +384,39 @@ mod tests {
         assert_eq!(settings.alloc_log, Some(PathBuf::from("code.alloc")));
         assert_eq!(settings.checkpoint_every, Some(Duration::from_secs(3)));
         assert_eq!(settings.sample_bytes, 4096);
+    }
+
+    #[test]
+    fn the_programs_rank_wins_over_a_launchers_and_run_ids_fall_back_to_the_launchers() {
+        let env = parse(&[
+            ("RANK", "2"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "0"),
+            ("TORCHELASTIC_RUN_ID", "j1"),
+        ])
+        .unwrap();
+        let launched = Settings::resolve(&Requested::default(), &env);
+        let rank = launched.rank.unwrap();
+        assert_eq!(
+            (rank.rank, rank.world_size, rank.local_rank),
+            (2, 4, Some(0))
+        );
+        assert_eq!(rank.launcher, "torchrun");
+        assert_eq!(launched.run_id.as_deref(), Some("torchrun:j1"));
+        let requested = Requested {
+            rank: Some((5, 6)),
+            run_id: Some("mine".into()),
+            ..Requested::default()
+        };
+        let said = Settings::resolve(&requested, &env);
+        let rank = said.rank.unwrap();
+        assert_eq!(
+            (rank.rank, rank.world_size, rank.launcher),
+            (5, 6, "builder")
+        );
+        assert_eq!(said.run_id.as_deref(), Some("mine"));
+        let alone = Settings::resolve(&Requested::default(), &parse(&[]).unwrap());
+        assert_eq!((alone.rank, alone.run_id), (None, None));
     }
 
     #[test]

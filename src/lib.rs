@@ -93,6 +93,8 @@ mod measure;
 #[cfg(not(loom))]
 pub mod ops;
 #[cfg(not(loom))]
+mod rank;
+#[cfg(not(loom))]
 mod session;
 #[cfg(all(not(loom), target_os = "linux"))]
 mod signal;
