@@ -675,29 +675,7 @@ impl Profile {
     /// another schema.
     pub fn load(path: impl AsRef<Path>) -> Result<Profile, ProfileError> {
         let path = path.as_ref();
-        let read_error = |source| ProfileError::Read {
-            path: path.to_path_buf(),
-            source,
-        };
-        // A regular file says its size: refuse an oversized one before reading it. Anything
-        // else (a FIFO, `/dev/zero`) is bounded by the bytes actually read.
-        let too_large = |size| ProfileError::TooLarge {
-            path: path.to_path_buf(),
-            size,
-            limit: MAX_PROFILE_BYTES,
-        };
-        match fs::metadata(path) {
-            Ok(meta) if meta.is_file() && meta.len() > MAX_PROFILE_BYTES => {
-                return Err(too_large(meta.len()))
-            }
-            Ok(_) => {}
-            Err(source) => return Err(read_error(source)),
-        }
-        let bytes = match fileio::read_bounded(path, MAX_PROFILE_BYTES) {
-            Ok(bytes) => bytes,
-            Err(ReadError::Io(source)) => return Err(read_error(source)),
-            Err(ReadError::TooLarge { read }) => return Err(too_large(read)),
-        };
+        let bytes = read_profile_bytes(path)?;
         Profile::from_json_bytes(&bytes, path)
     }
 
@@ -712,23 +690,7 @@ impl Profile {
                 path: path.to_path_buf(),
             });
         }
-        // Check the schema first so an old or foreign file gets the clearer error.
-        #[derive(Deserialize)]
-        struct SchemaOnly {
-            schema: Option<String>,
-        }
-        if let Ok(SchemaOnly {
-            schema: Some(found),
-        }) = serde_json::from_slice::<SchemaOnly>(bytes)
-        {
-            if found != SCHEMA {
-                return Err(ProfileError::Schema {
-                    path: path.to_path_buf(),
-                    found,
-                    expected: SCHEMA,
-                });
-            }
-        }
+        check_schema(bytes, path)?;
         let profile: Profile =
             serde_json::from_slice(bytes).map_err(|error| ProfileError::Parse {
                 path: path.to_path_buf(),
@@ -905,6 +867,56 @@ impl Profile {
             source,
         })
     }
+}
+
+/// A profile file's bytes, bounded by [`MAX_PROFILE_BYTES`]; errors name the file.
+pub(crate) fn read_profile_bytes(path: &Path) -> Result<Vec<u8>, ProfileError> {
+    let read_error = |source| ProfileError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    // A regular file says its size: refuse an oversized one before reading it. Anything
+    // else (a FIFO, `/dev/zero`) is bounded by the bytes actually read.
+    let too_large = |size| ProfileError::TooLarge {
+        path: path.to_path_buf(),
+        size,
+        limit: MAX_PROFILE_BYTES,
+    };
+    match fs::metadata(path) {
+        Ok(meta) if meta.is_file() && meta.len() > MAX_PROFILE_BYTES => {
+            return Err(too_large(meta.len()))
+        }
+        Ok(_) => {}
+        Err(source) => return Err(read_error(source)),
+    }
+    let bytes = match fileio::read_bounded(path, MAX_PROFILE_BYTES) {
+        Ok(bytes) => bytes,
+        Err(ReadError::Io(source)) => return Err(read_error(source)),
+        Err(ReadError::TooLarge { read }) => return Err(too_large(read)),
+    };
+    Ok(bytes)
+}
+
+/// Refuses a document of another schema, naming both (checked before the whole document is
+/// parsed, so an old or foreign file gets the clearer error).
+pub(crate) fn check_schema(bytes: &[u8], path: &Path) -> Result<(), ProfileError> {
+    #[derive(Deserialize)]
+    struct SchemaOnly {
+        schema: Option<String>,
+    }
+    if let Ok(SchemaOnly {
+        schema: Some(found),
+    }) = serde_json::from_slice::<SchemaOnly>(bytes)
+    {
+        if found != SCHEMA {
+            return Err(ProfileError::Schema {
+                path: path.to_path_buf(),
+                found,
+                expected: SCHEMA,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Every node's path in `spans`, by index, in one pass (see [`Profile::span_paths`]).

@@ -26,6 +26,7 @@
 
 #[cfg(not(loom))]
 pub mod fit;
+pub mod ranks;
 
 use std::path::Path;
 
