@@ -11,7 +11,7 @@
 //! | variable | values | overrides | default |
 //! |---|---|---|---|
 //! | `HIGHWATER` | `on`, `off` (also `1`/`0`, `true`/`false`, `yes`/`no`) | — | `on` |
-//! | `HIGHWATER_OUT` | a path (any bytes, not only UTF-8) | [`output`](crate::SessionBuilder::output) | `highwater-profile.json` |
+//! | `HIGHWATER_OUT` | a path (any bytes, not only UTF-8; placeholders `{rank}`, `{local_rank}`, `{pid}`, `{host}`) | [`output`](crate::SessionBuilder::output) | `highwater-profile.json` |
 //! | `HIGHWATER_ALLOC_LOG` | a path (any bytes) | [`alloc_log`](crate::SessionBuilder::alloc_log) | none |
 //! | `HIGHWATER_HTML` | on/off | [`html`](crate::SessionBuilder::html) | off |
 //! | `HIGHWATER_CAPTURE` | `lossless`, `drop` | [`capture_mode`](crate::SessionBuilder::capture_mode) | `lossless` |

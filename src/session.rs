@@ -87,7 +87,7 @@ struct Running {
 /// | variable | values | overrides | default |
 /// |---|---|---|---|
 /// | `HIGHWATER` | `on`, `off` (also `1`/`0`, `true`/`false`) | — | `on`; `off` disables recording with no code change |
-/// | `HIGHWATER_OUT` | a path (any bytes) | [`SessionBuilder::output`] | `highwater-profile.json` |
+/// | `HIGHWATER_OUT` | a path (any bytes; placeholders `{rank}`, `{local_rank}`, `{pid}`, `{host}`) | [`SessionBuilder::output`] | `highwater-profile.json` (`highwater-profile.rankN.json` with a rank) |
 /// | `HIGHWATER_ALLOC_LOG` | a path (any bytes) | [`SessionBuilder::alloc_log`] | none ([`crate::alloc_log`]) |
 /// | `HIGHWATER_HTML` | `1`/`0` (also `on`/`off`, `true`/`false`) | [`SessionBuilder::html`] | off |
 /// | `HIGHWATER_CAPTURE` | `lossless`, `drop` | [`SessionBuilder::capture_mode`] | `lossless`: a full ring waits for the collector; `drop` drops and counts ([`CaptureMode`]) |
@@ -133,7 +133,10 @@ pub struct SessionBuilder {
 
 impl SessionBuilder {
     /// Writes the profile to `path` (default `./highwater-profile.json`; `$HIGHWATER_OUT`
-    /// overrides). Missing directories are created. A regular file is replaced atomically;
+    /// overrides). `{rank}`, `{local_rank}`, `{pid}` and `{host}` in it are filled in; with a
+    /// rank known and no placeholder, the file name carries the rank (see [Many processes, one
+    /// run](SessionBuilder#many-processes-one-run)). Missing directories are created when
+    /// recording starts. A regular file is replaced atomically;
     /// anything else (`/dev/null`, `/dev/stdout`, a FIFO) is written through, and the target of
     /// a symlink this user or root owns is written, not the link (a symlink another user owns
     /// is refused).

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use highwater_profile::model::{Category, Step};
+use highwater_profile::model::Step;
 use highwater_profile::ranks::{
     compare, CompareOptions, DeviceCheck, PeakWhen, RankFit, RankRow, RanksError,
 };
@@ -50,24 +50,44 @@ fn each_row_is_exactly_what_its_profile_says() {
     }
 }
 
-#[test]
-fn a_row_reads_the_peak_its_step_its_iteration_and_the_leak() {
+/// The sample as rank 0, with the span tree's own peaks set: `peak` on the spans at `paths`, a
+/// byte less on every other.
+fn with_span_peaks(paths: &[&str]) -> Profile {
+    let mut profile = as_rank(sample_profile(), 0, 1, "job", 0);
+    let peak = profile.summary.peak_bytes;
+    let all = profile.span_paths();
+    for (node, path) in profile.spans.iter_mut().zip(all) {
+        node.peak_bytes = if paths.contains(&path.as_str()) {
+            peak
+        } else {
+            peak - 1
+        };
+    }
+    profile
+}
+
+fn row_of(profile: &Profile) -> RankRow {
     let dir = tempfile::tempdir().unwrap();
-    let files = write_run(dir.path(), "job", 1, &[(0, 0)]);
-    // The sample peaks as its forward pass ends; a recorded peak is an allocation inside it.
-    let mut profile = Profile::load(&files[0]).unwrap();
-    profile.summary.peak_timestamp_ns -= 1_000_000;
-    profile.write(&files[0]).unwrap();
-    let row = compare(&files, &CompareOptions::new())
+    let path = dir.path().join("p.json");
+    profile.write(&path).unwrap();
+    let row = compare(std::slice::from_ref(&path), &CompareOptions::new())
         .unwrap()
         .rows
         .remove(0);
+    assert_eq!(Some(&row), RankRow::from_profile(profile, &path).as_ref());
+    row
+}
+
+#[test]
+fn a_row_reads_the_peak_its_step_its_iteration_and_the_leak() {
+    let profile = with_span_peaks(&["step", "step/forward"]);
+    let row = row_of(&profile);
     assert_eq!(row.rank, 0);
     assert_eq!(row.peak_bytes, profile.summary.peak_bytes);
     assert_eq!(row.peak_device, "cuda:0");
     assert_eq!(row.capacity_bytes, Some(24 << 30));
     assert_eq!(row.peak_by_category, profile.summary.peak_by_category);
-    // The sample peaks in a forward pass: iteration `peak / 500 ms`.
+    // The sample peaks in iteration `peak / 500 ms`.
     let iteration = profile.summary.peak_timestamp_ns / 500_000_000;
     assert_eq!(
         row.peak_when,
@@ -77,6 +97,7 @@ fn a_row_reads_the_peak_its_step_its_iteration_and_the_leak() {
             last: iteration
         }
     );
+    assert_eq!(row.peak_span.as_deref(), Some("step/forward"));
     assert_eq!(row.peak_step, Some(Step::Forward));
     assert_eq!(row.iterations, 8);
     // Live bytes at the end of iterations 1..=7 over 6 iterations: the CPU's 4 MiB a step.
@@ -97,6 +118,62 @@ fn a_row_reads_the_peak_its_step_its_iteration_and_the_leak() {
     let top = row.top_span.unwrap();
     assert_eq!(top.bytes, *most);
     assert_eq!(by_path[top.path.as_str()], *most);
+}
+
+#[test]
+fn the_span_at_the_peak_is_the_innermost_that_reached_it_or_their_common_one() {
+    // A layer inside forward: the innermost, and forward's step.
+    let row = row_of(&with_span_peaks(&[
+        "step",
+        "step/forward",
+        "step/forward/layer3",
+    ]));
+    assert_eq!(row.peak_span.as_deref(), Some("step/forward/layer3"));
+    assert_eq!(row.peak_step, Some(Step::Forward));
+    // Reached in forward and in backward (two steps peaking alike): their common span, no step.
+    let row = row_of(&with_span_peaks(&["step", "step/forward", "step/backward"]));
+    assert_eq!(row.peak_span.as_deref(), Some("step"));
+    assert_eq!(row.peak_step, None);
+    // Outside every span.
+    let row = row_of(&with_span_peaks(&[]));
+    assert_eq!((row.peak_span, row.peak_step), (None, None));
+}
+
+#[test]
+fn a_peak_outside_the_iterations_is_said_to_be_before_between_or_after() {
+    // The iteration span never held the peak: it came outside it.
+    let outside = with_span_peaks(&["init"]);
+    let ends: Vec<u64> = outside
+        .iterations
+        .iter()
+        .map(|i| i.end_timestamp_ns)
+        .collect();
+    let at = |ns: u64| {
+        let mut profile = outside.clone();
+        profile.summary.peak_timestamp_ns = ns;
+        row_of(&profile).peak_when
+    };
+    let span = || "step".to_string();
+    assert_eq!(at(ends[0] / 2), PeakWhen::BeforeIterations { span: span() });
+    assert_eq!(
+        at(ends[3] + 1),
+        PeakWhen::BetweenIterations {
+            span: span(),
+            after: 3
+        }
+    );
+    assert_eq!(
+        at(ends[7] + 1),
+        PeakWhen::AfterIterations {
+            span: span(),
+            last: 7
+        }
+    );
+    assert_eq!(
+        row_of(&outside).peak_span.as_deref(),
+        Some("init"),
+        "init held it"
+    );
 }
 
 #[test]
@@ -337,36 +414,5 @@ fn ranks_told_different_world_sizes_are_refused() {
     assert!(
         error.to_string().contains("disagree on the world size"),
         "{error}"
-    );
-}
-
-#[test]
-fn a_peak_before_the_first_iteration_is_said_to_be() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut profile = as_rank(sample_profile(), 0, 1, "job", 0);
-    // Move every iteration a second later: the peak now comes before the first one started.
-    for row in &mut profile.iterations {
-        row.end_timestamp_ns += 10_000_000_000;
-    }
-    for event in &mut profile.span_events {
-        event.start_ns += 10_000_000_000;
-    }
-    profile.summary.duration_ns += 10_000_000_000;
-    let path = dir.path().join("p.json");
-    profile.write(&path).unwrap();
-    let row = compare(&[path], &CompareOptions::new())
-        .unwrap()
-        .rows
-        .remove(0);
-    assert_eq!(
-        row.peak_when,
-        PeakWhen::BeforeIterations {
-            span: "step".into()
-        }
-    );
-    assert!(row.peak_step.is_none() && row.peak_span.is_none());
-    assert_eq!(
-        row.peak_by_category[&Category::Activation],
-        profile.summary.peak_by_category[&Category::Activation]
     );
 }

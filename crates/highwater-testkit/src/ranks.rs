@@ -6,8 +6,9 @@ use highwater_profile::{PeakRow, Profile};
 
 /// `profile` as rank `rank` of `world` in run `run_id` (torchrun's), with `extra` more bytes of
 /// activations on the peak device, spread over its curve in proportion to the activations
-/// already there (so the peak stays where it was, `extra` higher). Every invariant a profile
-/// keeps still holds.
+/// already there (so the peak stays where it was, `extra` higher). The spans whose recorded
+/// instances are open at the peak (enter included, exit excluded) get it as their own peak, as
+/// a recorded profile has it. Every invariant a profile keeps still holds.
 pub fn as_rank(mut profile: Profile, rank: u32, world: u32, run_id: &str, extra: u64) -> Profile {
     let meta = &mut profile.meta;
     meta.rank = Some(rank);
@@ -18,9 +19,6 @@ pub fn as_rank(mut profile: Profile, rank: u32, world: u32, run_id: &str, extra:
     meta.run_id = Some(run_id.into());
     meta.pid = 10_000 + rank;
     meta.started_unix_ms += u64::from(rank);
-    if extra == 0 {
-        return profile;
-    }
     let device = profile.summary.peak_device.clone();
     let activation_at_peak = profile
         .summary
@@ -50,6 +48,21 @@ pub fn as_rank(mut profile: Profile, rank: u32, world: u32, run_id: &str, extra:
         }
     }
     profile.summary.peak_bytes += extra;
+    let (peak, peak_ts) = (
+        profile.summary.peak_bytes,
+        profile.summary.peak_timestamp_ns,
+    );
+    let open: Vec<u32> = profile
+        .span_events
+        .iter()
+        .filter(|e| e.start_ns <= peak_ts && peak_ts < e.start_ns + e.duration_ns)
+        .map(|e| e.span)
+        .collect();
+    for id in open {
+        if let Some(node) = profile.spans.get_mut(id as usize) {
+            node.peak_bytes = node.peak_bytes.max(peak);
+        }
+    }
     *profile
         .summary
         .peak_by_category
@@ -61,6 +74,9 @@ pub fn as_rank(mut profile: Profile, rank: u32, world: u32, run_id: &str, extra:
             .peak_by_category
             .entry(Category::Activation)
             .or_default() += extra;
+    }
+    if extra == 0 {
+        return profile;
     }
     profile.peak_breakdown.insert(
         0,

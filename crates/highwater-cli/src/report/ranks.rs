@@ -13,12 +13,14 @@ use super::clean;
 /// Most ranks a list in a sentence names; the rest are counted.
 const LISTED: usize = 16;
 
-/// When a rank peaked, short: `iter 7`, `iter 5-7`, `setup`, `after 199`, `-`.
+/// When a rank peaked, short: `iter 7`, `iter 5-7`, `setup`, `gap 12` (between iteration 12
+/// and the next, outside the iteration span), `after 199` (after the last), `-`.
 pub(crate) fn when_text(when: &PeakWhen) -> String {
     match when {
         PeakWhen::Iteration { first, last, .. } if first == last => format!("iter {first}"),
         PeakWhen::Iteration { first, last, .. } => format!("iter {first}-{last}"),
         PeakWhen::BeforeIterations { .. } => "setup".to_string(),
+        PeakWhen::BetweenIterations { after, .. } => format!("gap {after}"),
         PeakWhen::AfterIterations { last, .. } => format!("after {last}"),
         _ => "-".to_string(),
     }
@@ -130,6 +132,16 @@ pub(crate) fn ranks_text(run: &RunComparison, device: Option<&DeviceCheck>) -> S
             )
         });
         let _ = writeln!(out, "  {}", clean(&held));
+    }
+    if run
+        .rows
+        .iter()
+        .any(|r| matches!(r.peak_when, PeakWhen::BetweenIterations { .. }))
+    {
+        let _ = writeln!(
+            out,
+            "(gap N: the peak came between iteration N and the next, outside the iteration span)"
+        );
     }
     let i = &run.imbalance;
     let _ = writeln!(

@@ -75,6 +75,36 @@
     return d;
   }
 
+  // Past this many iterations in view, each rank is drawn as the most (and least) bytes it held
+  // in each iteration: the steps inside iterations would only blur into a band.
+  var DETAIL_ITERATIONS = 40;
+  var envelopes = {};
+  function envelope(c) {
+    if (envelopes[c.rank]) return envelopes[c.rank];
+    var x = [], hi = [], lo = [], at = null;
+    for (var i = 0; i < c.x.length; i++) {
+      var k = Math.floor(c.x[i]);
+      if (k !== at) { x.push(k); hi.push(c.y[i]); lo.push(c.y[i]); at = k; continue; }
+      var n = x.length - 1;
+      if (c.y[i] > hi[n]) hi[n] = c.y[i];
+      if (c.y[i] < lo[n]) lo[n] = c.y[i];
+    }
+    if (x.length) { x.push(x[x.length - 1] + 1); hi.push(hi[hi.length - 1]); lo.push(lo[lo.length - 1]); }
+    envelopes[c.rank] = { rank: c.rank, peak: c.peak, partial: c.partial, x: x, y: hi, lo: lo };
+    return envelopes[c.rank];
+  }
+  function coarse(span) { return data.by_iteration && span > DETAIL_ITERATIONS; }
+  // The band between a rank's least and most bytes per iteration.
+  function bandPath(e, sx, sy) {
+    var n = e.x.length;
+    if (n < 2) return "";
+    var d = "M" + sx(e.x[0]).toFixed(1) + "," + sy(e.y[0]).toFixed(1);
+    for (var i = 1; i < n; i++) d += "H" + sx(e.x[i]).toFixed(1) + "V" + sy(e.y[i]).toFixed(1);
+    d += "V" + sy(e.lo[n - 1]).toFixed(1);
+    for (var j = n - 1; j > 0; j--) d += "H" + sx(e.x[j]).toFixed(1) + "V" + sy(e.lo[j - 1]).toFixed(1);
+    return d + "H" + sx(e.x[0]).toFixed(1) + "Z";
+  }
+
   var tip = document.getElementById("tip");
   function showTip(ev, html) {
     tip.innerHTML = "";
@@ -106,6 +136,10 @@
     box.innerHTML = "";
     paths = {};
     var x0 = zoom ? zoom[0] : xMin, x1 = zoom ? zoom[1] : xMax;
+    var shown = coarse(x1 - x0) ? curves.map(envelope) : curves;
+    document.getElementById("overlay-mode").textContent = coarse(x1 - x0)
+      ? "Drawn: each rank's most bytes in each iteration; drag across a few iterations to see the steps inside them."
+      : "Drawn: every step of each rank's live bytes.";
     var reset = document.getElementById("zoom-reset");
     reset.disabled = !zoom;
     document.getElementById("zoom-range").textContent = zoom ? "showing " + xText(x0) + " to " + xText(x1) : "";
@@ -138,14 +172,15 @@
     }
     var group = el("g", { "clip-path": "url(#" + clip + ")" }, svg);
     var heavy = null;
-    curves.forEach(function (c) {
+    shown.forEach(function (c) {
       var cls = "rank" + (c.rank === data.heaviest ? " heavy" : "") + (c.partial ? " partial" : "");
       var p = el("path", { class: cls, d: stepPath(c, sx, sy), "data-rank": c.rank }, group);
       paths[c.rank] = p;
       if (c.rank === data.heaviest) heavy = p;
     });
     if (heavy) group.appendChild(heavy);
-    var hc = byRank[data.heaviest];
+    var hc = null;
+    shown.forEach(function (c) { if (c.rank === data.heaviest) hc = c; });
     if (hc && hc.x.length) {
       var k = -1;
       for (var i = 0; i < hc.y.length; i++) {
@@ -191,7 +226,7 @@
         return;
       }
       var best = null, bestDist = 14;
-      curves.forEach(function (c) {
+      shown.forEach(function (c) {
         var v = valueAt(c, x);
         if (v === null) return;
         var dist = Math.abs(sy(v) - py);
@@ -204,7 +239,7 @@
       group.appendChild(paths[hovered]);
       showTip(ev, [
         { bold: "rank " + best.c.rank + (best.c.rank === data.heaviest ? " (heaviest)" : "") },
-        { text: fmtBytes(best.v) + " at " + xText(x) },
+        { text: fmtBytes(best.v) + (shown === curves ? " at " : " at most in ") + xText(shown === curves ? x : Math.floor(x)) },
         { text: "peak " + fmtBytes(best.c.peak) }
       ]);
     });
@@ -221,9 +256,12 @@
     var note = document.getElementById("multiples-note");
     grid.innerHTML = "";
     var shown = data.small.filter(function (r) { return byRank[r]; });
+    var bands = coarse(xMax - xMin);
     note.textContent = (shown.length < curves.length
       ? shown.length + " of " + curves.length + " ranks, those that peak highest, in rank order; every rank is in the chart above and the table below. "
-      : "") + "One scale for all: the same height is the same bytes. Click one to pick its curve out.";
+      : "") + "One scale for all: the same height is the same bytes" + (bands
+      ? "; the line is each iteration's most bytes, the band down to its least"
+      : "") + ". Click one to pick its curve out.";
     var W = 220, H = 70;
     var sx = function (x) { return (x - xMin) / (xMax - xMin) * W; };
     var sy = function (y) { return 2 + (1 - y / yMax) * (H - 4); };
@@ -242,10 +280,16 @@
       title.appendChild(peak);
       card.appendChild(title);
       var svg = el("svg", { viewBox: "0 0 " + W + " " + H, preserveAspectRatio: "none" }, card);
-      var line = stepPath(c, sx, sy);
-      if (line) {
-        el("path", { class: "area", d: line + "V" + sy(0) + "H" + sx(c.x[0]).toFixed(1) + "Z" }, svg);
-        el("path", { class: "mline", d: line }, svg);
+      if (bands) {
+        var e = envelope(c);
+        el("path", { class: "area", d: bandPath(e, sx, sy) }, svg);
+        el("path", { class: "mline", d: stepPath(e, sx, sy) }, svg);
+      } else {
+        var line = stepPath(c, sx, sy);
+        if (line) {
+          el("path", { class: "area", d: line + "V" + sy(0) + "H" + sx(c.x[0]).toFixed(1) + "Z" }, svg);
+          el("path", { class: "mline", d: line }, svg);
+        }
       }
       if (showCapacity) el("line", { class: "capline", x1: 0, x2: W, y1: sy(data.capacity), y2: sy(data.capacity) }, svg);
       card.addEventListener("click", function () { pick(rank); });

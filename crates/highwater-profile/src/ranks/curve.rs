@@ -61,8 +61,7 @@ impl Axis {
             .collect();
         lengths.sort_unstable();
         let typical = lengths.get(lengths.len() / 2).copied().unwrap_or(0);
-        let recorded_start =
-            super::row::iteration_start(spans, events, &first.span, first.end_timestamp_ns);
+        let recorded_start = iteration_start(spans, events, &first.span, first.end_timestamp_ns);
         let start = recorded_start
             .unwrap_or_else(|| first.end_timestamp_ns.saturating_sub(typical))
             .min(first.end_timestamp_ns);
@@ -98,6 +97,22 @@ impl Axis {
             (None, None) => 0.0,
         }
     }
+}
+
+/// Where the iteration ending at `end` started: the latest top-level instance of `span` that
+/// started by then, when the profile recorded one (for the curves' axis).
+fn iteration_start(
+    spans: &[SpanMetrics],
+    events: &[SpanEvent],
+    span: &str,
+    end: u64,
+) -> Option<u64> {
+    events
+        .iter()
+        .filter(|e| e.depth == 0 && e.start_ns <= end)
+        .filter(|e| spans.get(e.span as usize).is_some_and(|n| n.name == span))
+        .map(|e| e.start_ns)
+        .max()
 }
 
 /// The curve of `(time, bytes)` points, at most `max_points` (each bucket's highest, the

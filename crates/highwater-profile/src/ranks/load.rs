@@ -31,9 +31,10 @@ pub(crate) struct Loaded {
 /// The parts of a profile a row and a curve need. Fields of [`Profile`] left out here are
 /// skipped by the parser without being built (serde ignores unknown fields); the ones a
 /// profile must have are still required (`IgnoredAny`), so a file missing them is refused as
-/// [`Profile::load`] refuses it.
+/// [`Profile::load`] refuses it. A row needs neither the timeline nor the span instances (half
+/// of a long run's profile), so they are skipped too unless a curve is drawn.
 #[derive(Deserialize)]
-struct Digest<Timeline> {
+struct Digest<Timeline, Events: Default> {
     schema: String,
     meta: RunMeta,
     summary: Summary,
@@ -46,7 +47,24 @@ struct Digest<Timeline> {
     iterations: Vec<IterationResidual>,
     devices: Vec<DeviceStats>,
     #[serde(default)]
-    span_events: Vec<SpanEvent>,
+    span_events: Events,
+}
+
+/// The span instances a digest kept: none, or all of them.
+trait Instances {
+    fn into_events(self) -> Vec<SpanEvent>;
+}
+
+impl Instances for IgnoredAny {
+    fn into_events(self) -> Vec<SpanEvent> {
+        Vec::new()
+    }
+}
+
+impl Instances for Vec<SpanEvent> {
+    fn into_events(self) -> Vec<SpanEvent> {
+        self
+    }
 }
 
 /// A curve point without its breakdown by category.
@@ -115,13 +133,13 @@ pub(crate) fn load_one(path: &Path, curve_points: Option<usize>) -> Result<Loade
     let bytes = read_profile_bytes(path).map_err(profile_error)?;
     match curve_points {
         Some(points) => {
-            let (profile, timeline) = parse::<Vec<Point>>(&bytes, path)?;
+            let (profile, timeline) = parse::<Vec<Point>, Vec<SpanEvent>>(&bytes, path)?;
             let curve = rank_curve(&profile, &timeline, points);
             drop(timeline);
             reduce(profile, path, curve)
         }
         None => {
-            let (profile, _) = parse::<IgnoredAny>(&bytes, path)?;
+            let (profile, _) = parse::<IgnoredAny, IgnoredAny>(&bytes, path)?;
             reduce(profile, path, None)
         }
     }
@@ -136,17 +154,18 @@ fn profile_error(source: ProfileError) -> RanksError {
 
 /// The profile's parts (as a [`Profile`] with the rest left empty, checked as a loaded one is)
 /// and its timeline as `T` parses it.
-fn parse<'de, T: Deserialize<'de>>(
-    bytes: &'de [u8],
-    path: &Path,
-) -> Result<(Profile, T), RanksError> {
+fn parse<'de, T, E>(bytes: &'de [u8], path: &Path) -> Result<(Profile, T), RanksError>
+where
+    T: Deserialize<'de>,
+    E: Deserialize<'de> + Default + Instances,
+{
     let fail = |error: ProfileError| Err(profile_error(error));
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return fail(ProfileError::Empty {
             path: path.to_path_buf(),
         });
     }
-    let digest: Digest<T> = match serde_json::from_slice(bytes) {
+    let digest: Digest<T, E> = match serde_json::from_slice(bytes) {
         Ok(digest) => digest,
         Err(error) => {
             // Another schema gets the clearer error, as `Profile::load` gives it.
@@ -172,7 +191,7 @@ fn parse<'de, T: Deserialize<'de>>(
         spans: digest.spans,
         iterations: digest.iterations,
         devices: digest.devices,
-        span_events: digest.span_events,
+        span_events: digest.span_events.into_events(),
         ..Profile::default()
     };
     if let Err(detail) = profile.check_invariants() {

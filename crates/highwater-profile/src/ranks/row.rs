@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Category, Step};
-use crate::{Profile, SpanEvent, SpanMetrics};
+use crate::Profile;
 
 /// Iterations left out at the start of the residual growth: the first one fills caches.
 pub const GROWTH_WARMUPS: u64 = 1;
@@ -31,6 +31,15 @@ pub enum PeakWhen {
     BeforeIterations {
         /// The span that marks iterations.
         span: String,
+    },
+    /// Between two iterations, outside the iteration span (an evaluation pass between training
+    /// steps, say).
+    BetweenIterations {
+        /// The span that marks iterations.
+        span: String,
+        /// The iteration just before, when the profile lists it (else the peak lies after one of
+        /// `after..`, a long run's listed iterations being a sample).
+        after: u64,
     },
     /// After the last iteration ended.
     AfterIterations {
@@ -84,10 +93,10 @@ pub struct RankRow {
     pub peak_timestamp_ns: u64,
     /// The iteration the peak fell in.
     pub peak_when: PeakWhen,
-    /// The training step open at the peak (the innermost recorded span instance covering it
-    /// that has one, or whose ancestor has one), when one is recorded.
+    /// The training step of [`RankRow::peak_span`] (its own, or its nearest ancestor's).
     pub peak_step: Option<Step>,
-    /// The innermost recorded span covering the peak, its path.
+    /// The innermost span open at the peak, its path: the deepest span whose own peak is the
+    /// run's (when several reached it, their closest common span). `None` outside every span.
     pub peak_span: Option<String>,
     /// Live bytes at the peak by category.
     pub peak_by_category: BTreeMap<Category, u64>,
@@ -141,22 +150,8 @@ impl RankRow {
     }
 }
 
-/// Where the iteration ending at `end` started: the latest top-level instance of `span` that
-/// started by then, when the profile recorded one.
-pub(crate) fn iteration_start(
-    spans: &[SpanMetrics],
-    events: &[SpanEvent],
-    span: &str,
-    end: u64,
-) -> Option<u64> {
-    events
-        .iter()
-        .filter(|e| e.depth == 0 && e.start_ns <= end)
-        .filter(|e| spans.get(e.span as usize).is_some_and(|n| n.name == span))
-        .map(|e| e.start_ns)
-        .max()
-}
-
+/// When the peak came, from the listed iterations' ends and whether the iteration span was open
+/// at the peak (its own peak is the run's).
 fn peak_when(profile: &Profile) -> PeakWhen {
     let peak = profile.summary.peak_timestamp_ns;
     let rows = &profile.iterations;
@@ -164,50 +159,87 @@ fn peak_when(profile: &Profile) -> PeakWhen {
         return PeakWhen::NoIterations;
     };
     let span = first.span.clone();
+    let inside = profile.spans.iter().any(|n| {
+        n.parent.is_none() && n.name == span && n.peak_bytes >= profile.summary.peak_bytes
+    });
     let Some(k) = rows.iter().position(|row| row.end_timestamp_ns >= peak) else {
         return PeakWhen::AfterIterations {
             span,
             last: last.index,
         };
     };
-    if k == 0 {
-        let started = iteration_start(
-            &profile.spans,
-            &profile.span_events,
-            &span,
-            first.end_timestamp_ns,
-        );
-        if started.is_some_and(|start| peak < start) {
-            return PeakWhen::BeforeIterations { span };
-        }
-        return PeakWhen::Iteration {
+    match (inside, k) {
+        (false, 0) => PeakWhen::BeforeIterations { span },
+        (false, k) => PeakWhen::BetweenIterations {
+            span,
+            after: rows[k - 1].index,
+        },
+        (true, 0) => PeakWhen::Iteration {
             span,
             first: 0,
             last: first.index,
-        };
-    }
-    PeakWhen::Iteration {
-        span,
-        first: rows[k - 1].index + 1,
-        last: rows[k].index,
+        },
+        (true, k) => PeakWhen::Iteration {
+            span,
+            first: rows[k - 1].index + 1,
+            last: rows[k].index,
+        },
     }
 }
 
-/// The innermost recorded span instance open at the peak (its path), and the step of the
-/// innermost one that has a step (its own or an ancestor's). An instance is open from its
-/// enter until its exit, the exit excluded.
+/// The innermost span open at the peak (its path) and its step (its own or its nearest
+/// ancestor's), from the span tree's metrics alone: a span whose own peak is the run's was open
+/// when the peak was reached. The deepest such span, or when the peak was reached in several
+/// (spans neither of which holds the other: forward of one step and backward of another), their
+/// closest common span.
 fn span_at_peak(profile: &Profile) -> (Option<String>, Option<Step>) {
-    let peak = profile.summary.peak_timestamp_ns;
-    let mut covering: Vec<_> = profile
-        .span_events
+    let spans = &profile.spans;
+    let peak = profile.summary.peak_bytes;
+    let at_peak: Vec<bool> = spans
         .iter()
-        .filter(|e| e.start_ns <= peak && peak < e.start_ns.saturating_add(e.duration_ns))
+        .map(|n| peak > 0 && n.peak_bytes >= peak)
         .collect();
-    // Innermost first; among equals, the latest started (nested spans start later).
-    covering.sort_by_key(|e| (std::cmp::Reverse(e.depth), std::cmp::Reverse(e.start_ns)));
-    let path = covering.first().map(|e| profile.span_path(e.span));
-    let step = covering.iter().find_map(|e| step_of(profile, e.span));
-    (path, step)
+    // A span at the peak with no child at the peak is a place the peak was reached.
+    let mut has_child = vec![false; spans.len()];
+    for node in spans {
+        if let Some(parent) = node.parent.map(|p| p as usize) {
+            if at_peak[node.id as usize] && parent < spans.len() {
+                has_child[parent] = true;
+            }
+        }
+    }
+    let mut places = (0..spans.len()).filter(|&i| at_peak[i] && !has_child[i]);
+    let Some(first) = places.next() else {
+        return (None, None);
+    };
+    let ancestors = |id: usize| -> Vec<usize> {
+        let mut chain = vec![id];
+        let mut at = spans[id].parent;
+        while let Some(parent) = at.map(|p| p as usize).filter(|&p| p < id) {
+            chain.push(parent);
+            at = spans[parent].parent;
+        }
+        chain
+    };
+    // The closest span that holds every place: the longest common tail of their chains.
+    let mut common = ancestors(first);
+    for place in places {
+        let other = ancestors(place);
+        let shared = common
+            .iter()
+            .rev()
+            .zip(other.iter().rev())
+            .take_while(|(a, b)| a == b)
+            .count();
+        common.drain(..common.len() - shared);
+    }
+    match common.first() {
+        Some(&id) => (
+            Some(profile.span_path(id as u32)),
+            step_of(profile, id as u32),
+        ),
+        None => (None, None),
+    }
 }
 
 /// The step of span node `id` or of its nearest ancestor that has one.
