@@ -483,8 +483,9 @@ fn name_outputs(settings: &mut Settings, host: &str) -> Result<(), Error> {
 }
 
 /// Claims `path` for this session ([`rank::claim_output`]), or a name beside it when another
-/// live process holds it, which is said on standard error and in the profile. Special files
-/// (`/dev/stdout`, FIFOs) are written through and need no claim.
+/// live process holds it, which is said on standard error and in the profile. What is written
+/// through needs no claim: devices, FIFOs, and an open file reached through `/dev/stdout` or
+/// `/proc/self/fd` (which processes share on purpose).
 fn claim(
     path: &Path,
     setting: &'static str,
@@ -492,7 +493,9 @@ fn claim(
     claims: &mut Vec<rank::Claim>,
     warnings: &mut Vec<Warning>,
 ) -> Result<PathBuf, Error> {
-    if std::fs::metadata(path).is_ok_and(|meta| !meta.is_file()) {
+    if crate::fileio::leads_to_open_file(path)
+        || std::fs::metadata(path).is_ok_and(|meta| !meta.is_file())
+    {
         return Ok(path.to_path_buf());
     }
     let pid = std::process::id();

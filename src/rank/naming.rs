@@ -7,7 +7,8 @@
 //!   extension: `out/highwater-profile.json` → `out/highwater-profile.rank3.json`,
 //!   `run.alloc` → `run.rank3.alloc`.
 //! - A path that names something other than a regular file (`/dev/null`, `/dev/stdout`, a
-//!   FIFO) is kept as it is, placeholders apart: it is written through, never replaced.
+//!   FIFO, a symbolic link) is kept as it is, placeholders apart: it is written through, or
+//!   names what the user linked it to.
 //!
 //! Paths are bytes (`OsStr`), so a non-UTF-8 name keeps its bytes.
 
@@ -76,9 +77,10 @@ pub(crate) fn with_tag(path: &Path, tag: &str) -> PathBuf {
     path.with_file_name(OsString::from_vec(tagged))
 }
 
-/// Whether `path` is a regular file or names nothing yet (links followed).
+/// Whether `path` is a regular file or names nothing yet (a link is neither: `/dev/stdout`
+/// leads to whatever standard output is, a regular file when it is redirected to one).
 fn is_regular_or_absent(path: &Path) -> bool {
-    std::fs::metadata(path).map_or(true, |meta| meta.is_file())
+    std::fs::symlink_metadata(path).map_or(true, |meta| meta.is_file())
 }
 
 /// `bytes` with the placeholders replaced, and whether there were any.
@@ -192,9 +194,20 @@ mod tests {
     }
 
     #[test]
-    fn special_files_keep_their_names() {
+    fn special_files_and_links_keep_their_names() {
         assert_eq!(name("/dev/null", &RANK3), "/dev/null");
+        // Whatever standard output is (a regular file when redirected, as under `cargo test`).
         assert_eq!(name("/dev/stdout", &RANK3), "/dev/stdout");
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("run.json");
+        std::fs::write(&target, "{}").unwrap();
+        let link = dir.path().join("latest.json");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert_eq!(name_output(&link, &RANK3).unwrap(), link);
+        assert_eq!(
+            name_output(&target, &RANK3).unwrap(),
+            dir.path().join("run.rank3.json")
+        );
     }
 
     #[test]

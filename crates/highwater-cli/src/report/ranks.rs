@@ -217,10 +217,11 @@ fn device_text(out: &mut String, check: &DeviceCheck) {
             first.grow.join(" + "),
             fits.len(),
             check.ranks.len(),
-            check.run_fit_factor.map_or_else(
-                || "not known until every rank's log is replayed".to_string(),
-                |f| format!("×{f:.2} (the smallest rank's)")
-            ),
+            match check.run_fit_factor {
+                None => "not known until every rank's log is replayed".to_string(),
+                Some(0.0) => "none: a rank does not fit at any factor".to_string(),
+                Some(f) => format!("×{f:.2} (the smallest rank's)"),
+            },
         );
     }
     let failing = check.not_fitting();

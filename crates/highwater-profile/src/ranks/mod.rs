@@ -41,6 +41,15 @@ use crate::ProfileError;
 pub use curve::{RankCurve, CURVE_POINTS};
 pub use row::{PeakWhen, RankRow, SpanBytes, GROWTH_WARMUPS};
 
+/// Writes a path as a string, its non-UTF-8 bytes replaced, so a row of a file with such a
+/// name still prints as JSON.
+pub(crate) fn lossy_path<S: serde::Serializer>(
+    path: &std::path::Path,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&path.to_string_lossy())
+}
+
 /// How [`compare`] reads.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
@@ -99,6 +108,7 @@ pub struct RunSummary {
     /// Its profiles read.
     pub profiles: usize,
     /// One of them, to point at.
+    #[serde(serialize_with = "lossy_path")]
     pub example: PathBuf,
 }
 
@@ -174,8 +184,8 @@ pub struct DeviceCheck {
     pub ranks: Vec<RankHeadroom>,
     /// The rank with the least headroom: the first to run out as the run grows.
     pub first_to_run_out: Option<u32>,
-    /// The run's largest factor that fits (the smallest of the ranks'), when every rank's
-    /// allocation log was replayed.
+    /// The run's largest factor that fits (the smallest of the ranks'; 0 when a rank does not
+    /// fit at any factor), when every rank's allocation log was replayed.
     pub run_fit_factor: Option<f64>,
 }
 
@@ -199,6 +209,7 @@ pub struct RankHeadroom {
 #[non_exhaustive]
 pub struct RankFit {
     /// The log replayed.
+    #[serde(serialize_with = "lossy_path")]
     pub log: PathBuf,
     /// The allocator emulated.
     pub allocator: String,

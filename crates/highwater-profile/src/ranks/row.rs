@@ -69,6 +69,7 @@ pub struct SpanBytes {
 #[non_exhaustive]
 pub struct RankRow {
     /// The profile file.
+    #[serde(serialize_with = "super::lossy_path")]
     pub file: PathBuf,
     /// The rank ([`RunMeta::rank`](crate::RunMeta::rank)).
     pub rank: u32,
