@@ -294,7 +294,22 @@ fn bad_input_exits_2_naming_the_problem_and_prints_nothing() {
     assert_eq!(output.status.code(), Some(2), "--limit needs --device");
     let output = highwater(&["export", "--format", "chrome", arg(dir.path())]);
     assert_eq!(output.status.code(), Some(2));
-    assert!(text(&output.stderr).contains("--format chrome exports one profile"));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("is a directory: --format chrome exports one profile"),
+        "{stderr}"
+    );
+    let (a, b) = (
+        dir.path().join("p.rank0.json"),
+        dir.path().join("p.rank1.json"),
+    );
+    let output = highwater(&["export", "--format", "pprof", arg(&a), arg(&b)]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = text(&output.stderr);
+    assert!(
+        stderr.contains("exports one profile, and 2 were given"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -21,11 +21,22 @@ pub(crate) fn run(
     let path = match paths {
         [one] if !one.is_dir() => one.as_path(),
         _ if format == Format::Html => return export_ranks(paths, run, output),
+        [dir] => {
+            return Err(super::replay::InputError(format!(
+                "{} is a directory: --format {} exports one profile (a directory of rank \
+                 profiles makes the ranks page, with --format html)",
+                dir.display(),
+                format.name()
+            ))
+            .into())
+        }
         _ => {
             return Err(super::replay::InputError(format!(
-                "--format {} exports one profile; several profiles (or a directory) make the \
-                 ranks page, with --format html",
-                format.name()
+                "--format {} exports one profile, and {} were given ({}, …): several rank \
+                 profiles make the ranks page, with --format html",
+                format.name(),
+                paths.len(),
+                paths[0].display()
             ))
             .into())
         }
