@@ -30,8 +30,9 @@ static ALLOC: highwater::Alloc = highwater::Alloc::system();
 
 /// The profiles, written once.
 struct Fixture {
-    /// Removed at the end, unless `HIGHWATER_BENCH_DIR` named the directory.
-    _dir: Option<tempfile::TempDir>,
+    /// Removed at the end of `main` (a static is never dropped), unless `HIGHWATER_BENCH_DIR`
+    /// named the directory.
+    temporary: Option<tempfile::TempDir>,
     path: PathBuf,
     ranks: u32,
     profile_bytes: u64,
@@ -122,7 +123,7 @@ fn fixture() -> &'static Fixture {
         );
         Fixture {
             path,
-            _dir: dir,
+            temporary: dir,
             ranks,
             profile_bytes,
         }
@@ -228,4 +229,8 @@ fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     bench(&mut criterion);
     criterion.final_summary();
+    if let Some(dir) = &fixture.temporary {
+        // Gigabytes of profiles: the static holding the directory is never dropped.
+        let _ = std::fs::remove_dir_all(dir.path());
+    }
 }
