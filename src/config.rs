@@ -11,7 +11,7 @@
 //! | variable | values | overrides | default |
 //! |---|---|---|---|
 //! | `HIGHWATER` | `on`, `off` (also `1`/`0`, `true`/`false`, `yes`/`no`) | — | `on` |
-//! | `HIGHWATER_OUT` | a path (any bytes, not only UTF-8) | [`output`](crate::SessionBuilder::output) | `highwater-profile.json` |
+//! | `HIGHWATER_OUT` | a path (any bytes, not only UTF-8; placeholders `{rank}`, `{local_rank}`, `{pid}`, `{host}`) | [`output`](crate::SessionBuilder::output) | `highwater-profile.json` |
 //! | `HIGHWATER_ALLOC_LOG` | a path (any bytes) | [`alloc_log`](crate::SessionBuilder::alloc_log) | none |
 //! | `HIGHWATER_HTML` | on/off | [`html`](crate::SessionBuilder::html) | on (beside a profile written to a file) |
 //! | `HIGHWATER_CAPTURE` | `lossless`, `drop` | [`capture_mode`](crate::SessionBuilder::capture_mode) | `lossless` |
@@ -22,6 +22,11 @@
 //! | `HIGHWATER_SAMPLE_BYTES` | bytes: `0` off, `1` every allocation | [`sample_bytes`](crate::SessionBuilder::sample_bytes) | 524288 |
 //! | `HIGHWATER_CUDA` | on/off | [`cuda`](crate::SessionBuilder::cuda) | on (with the `cuda` feature) |
 //! | `HIGHWATER_MAX_THREADS` | 1 to 4096 | [`max_threads`](crate::SessionBuilder::max_threads) | 1024 |
+//! | `HIGHWATER_RUN_ID` | any text | [`run_id`](crate::SessionBuilder::run_id) | the launcher's run id, if any |
+//!
+//! A launcher's rank variables (`RANK`/`WORLD_SIZE`, `OMPI_COMM_WORLD_RANK`, `PMI_RANK`,
+//! `SLURM_PROCID`; see `rank::detect`) are not highwater's: the program's own
+//! [`rank`](crate::SessionBuilder::rank), when it gives one, wins over them.
 //!
 //! Paths are kept as the operating system gave them ([`OsString`]), so a non-UTF-8 name is
 //! written under exactly that name.
@@ -33,6 +38,7 @@ use std::time::Duration;
 use crate::capture::{DEFAULT_RING_EVENTS, DEFAULT_SAMPLE_BYTES};
 use crate::error::Error;
 use crate::profile::CaptureMode;
+use crate::rank::{Launch, RankInfo};
 
 /// Where the profile goes when neither the builder nor `HIGHWATER_OUT` says.
 pub const DEFAULT_OUTPUT: &str = "highwater-profile.json";
@@ -52,6 +58,9 @@ pub(crate) struct Requested {
     pub(crate) cuda: Option<bool>,
     pub(crate) max_threads: Option<usize>,
     pub(crate) oom_wait: Option<Duration>,
+    /// `(rank, world_size)`, as the program gave them.
+    pub(crate) rank: Option<(u32, u32)>,
+    pub(crate) run_id: Option<String>,
 }
 
 /// What the `HIGHWATER_*` environment variables say; `None` where a variable is unset.
@@ -70,6 +79,8 @@ pub(crate) struct EnvConfig {
     pub(crate) sample_bytes: Option<u64>,
     pub(crate) cuda: Option<bool>,
     pub(crate) max_threads: Option<usize>,
+    /// What a launcher's variables and `HIGHWATER_RUN_ID` say.
+    pub(crate) launch: Launch,
 }
 
 /// The settings a session runs with, after [precedence](self#precedence).
@@ -94,6 +105,11 @@ pub(crate) struct Settings {
     pub(crate) max_threads: usize,
     /// Longest a refused allocation waits for the checkpoint that holds it.
     pub(crate) oom_wait: Duration,
+    /// This process's rank: the program's, else a launcher's.
+    pub(crate) rank: Option<RankInfo>,
+    /// The run every process of it shares: `HIGHWATER_RUN_ID`, else the program's, else the
+    /// launcher's.
+    pub(crate) run_id: Option<String>,
 }
 
 impl Settings {
@@ -145,6 +161,21 @@ impl Settings {
             oom_wait: requested
                 .oom_wait
                 .unwrap_or(crate::capture::oom::OOM_CHECKPOINT_WAIT),
+            rank: requested
+                .rank
+                .map(|(rank, world_size)| RankInfo {
+                    rank,
+                    world_size,
+                    local_rank: None,
+                    launcher: "builder",
+                })
+                .or_else(|| env.launch.rank.clone()),
+            run_id: env
+                .launch
+                .explicit_run_id
+                .clone()
+                .or_else(|| requested.run_id.clone())
+                .or_else(|| env.launch.launcher_run_id.clone()),
         }
     }
 }
@@ -262,6 +293,7 @@ impl EnvConfig {
                 .transpose()?
         };
         Ok(EnvConfig {
+            launch: crate::rank::detect(&var)?,
             capture_mode,
             max_threads,
             checkpoint,
@@ -360,6 +392,8 @@ mod tests {
             cuda: Some(true),
             max_threads: Some(64),
             oom_wait: None,
+            rank: Some((1, 4)),
+            run_id: Some("code".into()),
         };
         let env = parse(&[
             ("HIGHWATER_OUT", "env.json"),
@@ -372,11 +406,13 @@ mod tests {
             ("HIGHWATER_SAMPLE_BYTES", "0"),
             ("HIGHWATER_CUDA", "off"),
             ("HIGHWATER_MAX_THREADS", "2048"),
+            ("HIGHWATER_RUN_ID", "env"),
         ])
         .unwrap();
         let settings = Settings::resolve(&requested, &env);
         assert!(!settings.cuda);
         assert_eq!(settings.max_threads, 2048);
+        assert_eq!(settings.run_id.as_deref(), Some("env"));
         assert_eq!(settings.output, PathBuf::from("env.json"));
         assert_eq!(settings.ring_events, 2048);
         assert!(settings.signals);
@@ -395,6 +431,39 @@ mod tests {
         assert_eq!(settings.alloc_log, Some(PathBuf::from("code.alloc")));
         assert_eq!(settings.checkpoint_every, Some(Duration::from_secs(3)));
         assert_eq!(settings.sample_bytes, 4096);
+    }
+
+    #[test]
+    fn the_programs_rank_wins_over_a_launchers_and_run_ids_fall_back_to_the_launchers() {
+        let env = parse(&[
+            ("RANK", "2"),
+            ("WORLD_SIZE", "4"),
+            ("LOCAL_RANK", "0"),
+            ("TORCHELASTIC_RUN_ID", "j1"),
+        ])
+        .unwrap();
+        let launched = Settings::resolve(&Requested::default(), &env);
+        let rank = launched.rank.unwrap();
+        assert_eq!(
+            (rank.rank, rank.world_size, rank.local_rank),
+            (2, 4, Some(0))
+        );
+        assert_eq!(rank.launcher, "torchrun");
+        assert_eq!(launched.run_id.as_deref(), Some("torchrun:j1"));
+        let requested = Requested {
+            rank: Some((5, 6)),
+            run_id: Some("mine".into()),
+            ..Requested::default()
+        };
+        let said = Settings::resolve(&requested, &env);
+        let rank = said.rank.unwrap();
+        assert_eq!(
+            (rank.rank, rank.world_size, rank.launcher),
+            (5, 6, "builder")
+        );
+        assert_eq!(said.run_id.as_deref(), Some("mine"));
+        let alone = Settings::resolve(&Requested::default(), &parse(&[]).unwrap());
+        assert_eq!((alone.rank, alone.run_id), (None, None));
     }
 
     #[test]

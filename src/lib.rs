@@ -23,7 +23,10 @@
 //! ```
 //!
 //! - [`Alloc`]: the recording `GlobalAlloc` wrapper (lock-free, allocation-free hot path).
-//! - [`Session`] / [`SessionBuilder`]: start and end recording; configuration and `HIGHWATER_*`.
+//! - [`Session`] / [`SessionBuilder`]: start and end recording; configuration and `HIGHWATER_*`;
+//!   under a launcher (torchrun, `mpirun`, `srun`) each rank writes its own profile
+//!   ([many processes, one run](SessionBuilder#many-processes-one-run)), which
+//!   [`profile::ranks`] compares.
 //! - [`profile!`](crate::profile!) / [`SpanGuard`]: spans, optionally a [`Step`] or a
 //!   [`Category`].
 //! - [`ops`]: op and tensor hooks (ops, device tensors, categories).
@@ -98,6 +101,8 @@ mod measure;
 pub mod ops;
 #[cfg(not(highwater_loom))]
 mod outputs;
+#[cfg(not(highwater_loom))]
+mod rank;
 #[cfg(not(highwater_loom))]
 mod session;
 #[cfg(all(not(highwater_loom), target_os = "linux"))]

@@ -30,6 +30,7 @@ use crate::fork_lock::{ForkSafeGuard, ForkSafeMutex};
 use crate::model::OomSource;
 use crate::outputs::{self, Outputs};
 use crate::profile::{CaptureMode, Profile, RunMeta, Warning};
+use crate::rank::{self, NameContext};
 
 pub use crate::config::DEFAULT_OUTPUT;
 
@@ -79,6 +80,8 @@ struct Running {
     folded_devices_before: u64,
     /// [`names::folded_shapes`] when the session started.
     folded_shapes_before: u64,
+    /// The outputs this process holds (profile, allocation log) until they are written.
+    claims: Vec<rank::Claim>,
 }
 
 /// Settings for a [`Session`], from the builder and the environment.
@@ -89,7 +92,7 @@ struct Running {
 /// | variable | values | overrides | default |
 /// |---|---|---|---|
 /// | `HIGHWATER` | `on`, `off` (also `1`/`0`, `true`/`false`) | — | `on`; `off` disables recording with no code change |
-/// | `HIGHWATER_OUT` | a path (any bytes) | [`SessionBuilder::output`] | `highwater-profile.json` |
+/// | `HIGHWATER_OUT` | a path (any bytes; placeholders `{rank}`, `{local_rank}`, `{pid}`, `{host}`) | [`SessionBuilder::output`] | `highwater-profile.json` (`highwater-profile.rankN.json` with a rank) |
 /// | `HIGHWATER_ALLOC_LOG` | a path (any bytes) | [`SessionBuilder::alloc_log`] | none ([`crate::alloc_log`]) |
 /// | `HIGHWATER_HTML` | `1`/`0` (also `on`/`off`, `true`/`false`) | [`SessionBuilder::html`] | on: the report beside a profile written to a file |
 /// | `HIGHWATER_CAPTURE` | `lossless`, `drop` | [`SessionBuilder::capture_mode`] | `lossless`: a full ring waits for the collector; `drop` drops and counts ([`CaptureMode`]) |
@@ -100,6 +103,22 @@ struct Running {
 /// | `HIGHWATER_SAMPLE_BYTES` | bytes: `0` off, `1` every allocation | [`SessionBuilder::sample_bytes`] | 524288 (512 KiB) |
 /// | `HIGHWATER_CUDA` | `on`, `off` (also `1`/`0`, …) | [`SessionBuilder::cuda`] | on (with the `cuda` feature) |
 /// | `HIGHWATER_MAX_THREADS` | 1 to 4096 | [`SessionBuilder::max_threads`] | 1024 |
+/// | `HIGHWATER_RUN_ID` | any text | [`SessionBuilder::run_id`] | the launcher's run id, if any |
+///
+/// # Many processes, one run
+///
+/// Under a launcher (torchrun, `mpirun`, `srun`; see [`SessionBuilder::rank`]) each process
+/// knows its rank, and the profile records it with the world size, the host and the run id.
+/// The output paths (the profile's, and with it the HTML report's and the checkpoints', and
+/// the allocation log's) take placeholders, `{rank}`, `{local_rank}`, `{pid}` and `{host}`;
+/// with a rank known and no placeholder, the file name carries the rank
+/// (`highwater-profile.rank3.json`). [`Session::output`] says where the profile goes.
+///
+/// No two live processes write one file: each output is claimed when recording starts (a lock
+/// the kernel drops when the process ends, however it ends), and a process that finds its name
+/// held by another live one says so on standard error and in the profile
+/// ([`Warning::OutputTaken`](crate::profile::Warning::OutputTaken)) and writes beside it
+/// (`highwater-profile.pid4242.json`).
 ///
 /// # Examples
 ///
@@ -120,7 +139,10 @@ pub struct SessionBuilder {
 
 impl SessionBuilder {
     /// Writes the profile to `path` (default `./highwater-profile.json`; `$HIGHWATER_OUT`
-    /// overrides). Missing directories are created. A regular file is replaced atomically;
+    /// overrides). `{rank}`, `{local_rank}`, `{pid}` and `{host}` in it are filled in; with a
+    /// rank known and no placeholder, the file name carries the rank (see [Many processes, one
+    /// run](SessionBuilder#many-processes-one-run)). Missing directories are created when
+    /// recording starts. A regular file is replaced atomically;
     /// anything else (`/dev/null`, `/dev/stdout`, a FIFO) is written through, and the target of
     /// a symlink this user or root owns is written, not the link (a symlink another user owns
     /// is refused).
@@ -275,6 +297,38 @@ impl SessionBuilder {
         self
     }
 
+    /// This process is rank `rank` of `world_size` processes of one run (default: what a
+    /// launcher's environment says, see below; nothing for a process launched alone). The
+    /// profile's `meta` records it, and the output's name carries it unless the path has a
+    /// placeholder (see [Many processes, one run](SessionBuilder#many-processes-one-run)).
+    ///
+    /// Without it, the rank comes from the first launcher whose variables are set:
+    /// torchrun's `RANK`/`WORLD_SIZE`/`LOCAL_RANK`, Open MPI's
+    /// `OMPI_COMM_WORLD_RANK`/`_SIZE`/`_LOCAL_RANK`, PMI's `PMI_RANK`/`PMI_SIZE` (MPICH, Intel
+    /// MPI), then Slurm's `SLURM_PROCID`/`SLURM_STEP_NUM_TASKS` in a task `srun` started. What
+    /// the program says here wins over them: it knows its rank (a pipeline stage, say).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), highwater::Error> {
+    /// // Stage 2 of a four-stage pipeline: writes highwater-profile.rank2.json.
+    /// let session = highwater::Session::builder().rank(2, 4).start()?;
+    /// # drop(session); Ok(()) }
+    /// ```
+    pub fn rank(mut self, rank: u32, world_size: u32) -> SessionBuilder {
+        self.requested.rank = Some((rank, world_size));
+        self
+    }
+
+    /// What every process of this run shares and other runs do not (default: the launcher's:
+    /// torchrun's `TORCHELASTIC_RUN_ID`, PMIx's namespace, Slurm's job and step;
+    /// `$HIGHWATER_RUN_ID` overrides). `highwater ranks` compares the profiles of one run by it.
+    pub fn run_id(mut self, id: impl Into<String>) -> SessionBuilder {
+        self.requested.run_id = Some(id.into());
+        self
+    }
+
     /// Analysis settings (timeline resolution, table sizes).
     pub fn timeline(mut self, config: TimelineConfig) -> SessionBuilder {
         self.timeline = config;
@@ -298,10 +352,20 @@ impl SessionBuilder {
     }
 
     fn start_paused(self) -> Result<Session, Error> {
-        let settings = Settings::resolve(&self.requested, &EnvConfig::read()?);
+        let mut settings = Settings::resolve(&self.requested, &EnvConfig::read()?);
         if !settings.enabled {
             return Ok(Session::inert());
         }
+        if let Some((rank, world_size)) = self.requested.rank {
+            if rank >= world_size {
+                return Err(Error::Setting {
+                    setting: "rank",
+                    reason: format!("rank {rank} is not below the world size {world_size}"),
+                });
+            }
+        }
+        let host = rank::host_name();
+        name_outputs(&mut settings, &host)?;
         check_ring_events(settings.ring_events).map_err(|reason| Error::Setting {
             setting: "ring_events",
             reason,
@@ -311,9 +375,9 @@ impl SessionBuilder {
             reason,
         })?;
         let Outputs {
-            output,
+            mut output,
             html,
-            alloc_log,
+            mut alloc_log,
             checkpoints,
         } = outputs::resolve(
             settings.write,
@@ -331,6 +395,17 @@ impl SessionBuilder {
         }
         if active.is_some() || capture::recording() {
             return Err(Error::AlreadyRunning);
+        }
+        // Only now, with no session of this process holding them: a second claim of a name this
+        // process holds would succeed (record locks are per process) and its release would
+        // drop the running session's.
+        let mut claims = Vec::new();
+        let mut warnings = Vec::new();
+        if settings.write {
+            output = claim(&output, "output", &host, &mut claims, &mut warnings)?;
+        }
+        if let Some(log) = &alloc_log {
+            alloc_log = Some(claim(log, "alloc_log", &host, &mut claims, &mut warnings)?);
         }
         // Before the signal handlers: they ask `lifecycle` whether this is the owner process.
         capture::install_process_handlers();
@@ -360,8 +435,14 @@ impl SessionBuilder {
             pid: std::process::id(),
             partial: false,
             checkpoint_unix_ms: None,
+            host,
+            rank: settings.rank.as_ref().map(|r| r.rank),
+            local_rank: settings.rank.as_ref().and_then(|r| r.local_rank),
+            world_size: settings.rank.as_ref().map(|r| r.world_size),
+            launcher: settings.rank.as_ref().map(|r| r.launcher.to_string()),
+            run_id: settings.run_id.clone(),
         };
-        let warnings = device_capture(settings.cuda).into_iter().collect();
+        warnings.extend(device_capture(settings.cuda));
         let (collector, control) = collector::spawn(CollectorConfig {
             calibration,
             interval: Duration::from_millis(2),
@@ -385,6 +466,7 @@ impl SessionBuilder {
             Error::Spawn(error)
         })?;
         let generation = LAST_GENERATION.fetch_add(1, Ordering::SeqCst) + 1;
+        let written = settings.write.then(|| output.clone());
         *active = Some(Running {
             generation,
             collector,
@@ -396,6 +478,7 @@ impl SessionBuilder {
             folded_names_before: names::folded(),
             folded_devices_before: names::folded_devices(),
             folded_shapes_before: names::folded_shapes(),
+            claims,
         });
         CURRENT.store(generation, Ordering::SeqCst);
         capture::open_gate();
@@ -404,8 +487,74 @@ impl SessionBuilder {
         Ok(Session {
             generation,
             recording: true,
+            output: written,
         })
     }
+}
+
+/// Fills in the placeholders of the session's output paths and puts its rank in their names
+/// ([`rank::name_output`]).
+fn name_outputs(settings: &mut Settings, host: &str) -> Result<(), Error> {
+    let context = NameContext {
+        rank: settings.rank.as_ref().map(|r| r.rank),
+        local_rank: settings.rank.as_ref().and_then(|r| r.local_rank),
+        pid: std::process::id(),
+        host,
+    };
+    settings.output =
+        rank::name_output(&settings.output, &context).map_err(|reason| Error::Setting {
+            setting: "output",
+            reason,
+        })?;
+    if let Some(log) = &settings.alloc_log {
+        let named = rank::name_output(log, &context).map_err(|reason| Error::Setting {
+            setting: "alloc_log",
+            reason,
+        })?;
+        settings.alloc_log = Some(named);
+    }
+    Ok(())
+}
+
+/// Claims `path` for this session ([`rank::claim_output`]), or a name beside it when another
+/// live process holds it, which is said on standard error and in the profile. What is written
+/// through needs no claim: devices, FIFOs, and an open file reached through `/dev/stdout` or
+/// `/proc/self/fd` (which processes share on purpose).
+fn claim(
+    path: &Path,
+    setting: &'static str,
+    host: &str,
+    claims: &mut Vec<rank::Claim>,
+    warnings: &mut Vec<Warning>,
+) -> Result<PathBuf, Error> {
+    if crate::fileio::leads_to_open_file(path)
+        || std::fs::metadata(path).is_ok_and(|meta| !meta.is_file())
+    {
+        return Ok(path.to_path_buf());
+    }
+    let pid = std::process::id();
+    let who = format!("pid {pid} on {host}");
+    let claimed = rank::claim_output(path, pid, &who).map_err(|error| Error::Setting {
+        setting,
+        reason: format!("cannot claim {}: {error}", path.display()),
+    })?;
+    if let Some(holder) = claimed.taken_by {
+        let warning = Warning::OutputTaken {
+            wanted: path.to_string_lossy().into_owned(),
+            written: claimed.path.to_string_lossy().into_owned(),
+            holder,
+        };
+        eprintln!("highwater: {warning}");
+        warnings.push(warning);
+    }
+    if let Some(why) = claimed.unguarded {
+        eprintln!(
+            "highwater: nothing keeps other processes from writing {} too: {why}",
+            claimed.path.display()
+        );
+    }
+    claims.extend(claimed.claim);
+    Ok(claimed.path)
 }
 
 /// A recording session. Dropping it finishes it (and writes the profile).
@@ -418,6 +567,8 @@ pub struct Session {
     generation: u64,
     /// False once finished, and when `HIGHWATER=off` disabled recording.
     recording: bool,
+    /// Where the profile is written, when it is.
+    output: Option<PathBuf>,
 }
 
 impl Session {
@@ -439,7 +590,17 @@ impl Session {
         Session {
             generation: 0,
             recording: false,
+            output: None,
         }
+    }
+
+    /// Where the profile (and its checkpoints) is written: the output asked for with its
+    /// placeholders filled in and the rank in its name, or the name beside it this process
+    /// took when another live process held that one. `None` when nothing is written
+    /// ([`SessionBuilder::write_profile`] off, `HIGHWATER=off`). The HTML report goes beside
+    /// it.
+    pub fn output(&self) -> Option<&Path> {
+        self.output.as_deref()
     }
 
     /// Whether this session records (false when `HIGHWATER=off`, and in a forked child).
@@ -707,6 +868,9 @@ fn finish_running(running: Running) -> Result<Profile, Error> {
     } else {
         Ok(profile)
     };
+    // The outputs are written (the allocation log closed with the collector): another process
+    // may have the names now.
+    drop(running.claims);
     // After the write, so a signal during it still waits for the profile.
     disarm_signals();
     written

@@ -39,6 +39,7 @@ fn rich_profile() -> Profile {
             pid: 4242,
             partial: true,
             checkpoint_unix_ms: Some(1_700_000_009_000),
+            ..RunMeta::default()
         },
         summary: Summary {
             peak_bytes: 4 << 20,

@@ -134,6 +134,8 @@ fn an_output_directory_that_cannot_be_created_is_an_error() {
             let path = dir.path().join("file/sub/profile.json");
             let session = Session::builder().output(&path).start().unwrap();
             record_a_big_profile();
+            // The session made the output's directories when it claimed the name at start.
+            fs::remove_dir_all(dir.path().join("file")).unwrap();
             fs::write(dir.path().join("file"), "not a directory").unwrap();
             let result = session.finish();
             let message = result.as_ref().unwrap_err().to_string();
@@ -294,11 +296,14 @@ fn a_failed_write_at_drop_or_exit_is_reported_on_stderr() {
         let blocker = Path::new(&path).parent().unwrap().to_path_buf();
         let session = Session::builder().output(&path).start().unwrap();
         record_a_big_profile();
+        // The session made the output's directory when it claimed the name at start.
+        fs::remove_dir_all(&blocker).unwrap();
         fs::write(&blocker, "x").unwrap();
         drop(session);
         fs::remove_file(&blocker).unwrap();
         let session = Session::builder().output(&path).start().unwrap();
         record_a_big_profile();
+        fs::remove_dir_all(&blocker).unwrap();
         fs::write(&blocker, "x").unwrap();
         std::mem::forget(session);
         std::process::exit(5);

@@ -134,8 +134,8 @@ pub fn write_file(path: &Path, contents: &[u8]) -> io::Result<()> {
 }
 
 /// Whether following the links from `path` passes through `/proc/<pid>/fd` or `/dev/fd`: the
-/// path then names a file this process already has open (`/dev/stdout`).
-fn leads_to_open_file(path: &Path) -> bool {
+/// path then names a file this process already has open (`/dev/stdout`), which writes append to.
+pub fn leads_to_open_file(path: &Path) -> bool {
     let mut at = path.to_path_buf();
     // Linux follows at most 40 links; so do we.
     for _ in 0..40 {

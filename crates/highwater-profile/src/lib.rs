@@ -12,6 +12,7 @@
 //!   [`model::SpanLabel`]).
 //! - [`analysis`]: the state machine every figure comes from.
 //! - [`alloc_log`]: the allocation log, every allocation and free of a run, for replays.
+//! - [`ranks`]: the profiles of a multi-process run's ranks, compared.
 //! - [`units`]: how figures are written for people (`1.5 MiB`, `2.3 ms`).
 //! - [`fileio`]: how every highwater file is written and read.
 
@@ -21,6 +22,7 @@ pub mod alloc_log;
 pub mod analysis;
 pub mod fileio;
 pub mod model;
+pub mod ranks;
 pub mod units;
 
 pub use profile::*;

@@ -226,6 +226,30 @@ pub struct RunMeta {
     /// When a checkpoint was taken, milliseconds since the Unix epoch; `None` in a final profile.
     #[serde(default)]
     pub checkpoint_unix_ms: Option<u64>,
+    /// The host the process ran on (its host name; empty in profiles written before this
+    /// field existed).
+    #[serde(default)]
+    pub host: String,
+    /// This process's rank in a multi-process run (from a launcher's environment, or the
+    /// `highwater` library's `SessionBuilder::rank`); `None` for a process launched alone.
+    #[serde(default)]
+    pub rank: Option<u32>,
+    /// The rank among the run's processes on this host, when the launcher says.
+    #[serde(default)]
+    pub local_rank: Option<u32>,
+    /// How many processes the run has, when known.
+    #[serde(default)]
+    pub world_size: Option<u32>,
+    /// Where [`RunMeta::rank`] came from: `"torchrun"`, `"openmpi"`, `"pmi"`, `"slurm"` (the
+    /// launchers' environments) or `"builder"` (the program said).
+    #[serde(default)]
+    pub launcher: Option<String>,
+    /// What every process of one run shares and other runs do not: `HIGHWATER_RUN_ID`, else the
+    /// launcher's (torchrun's `TORCHELASTIC_RUN_ID`, PMIx's namespace, Slurm's job and step).
+    /// `None` when nothing says; `highwater ranks` then takes profiles of the same program and
+    /// world size whose sessions overlapped in time as one run.
+    #[serde(default)]
+    pub run_id: Option<String>,
 }
 
 /// The headline figures of a profile.
@@ -717,29 +741,7 @@ impl Profile {
     /// another schema.
     pub fn load(path: impl AsRef<Path>) -> Result<Profile, ProfileError> {
         let path = path.as_ref();
-        let read_error = |source| ProfileError::Read {
-            path: path.to_path_buf(),
-            source,
-        };
-        // A regular file says its size: refuse an oversized one before reading it. Anything
-        // else (a FIFO, `/dev/zero`) is bounded by the bytes actually read.
-        let too_large = |size| ProfileError::TooLarge {
-            path: path.to_path_buf(),
-            size,
-            limit: MAX_PROFILE_BYTES,
-        };
-        match fs::metadata(path) {
-            Ok(meta) if meta.is_file() && meta.len() > MAX_PROFILE_BYTES => {
-                return Err(too_large(meta.len()))
-            }
-            Ok(_) => {}
-            Err(source) => return Err(read_error(source)),
-        }
-        let bytes = match fileio::read_bounded(path, MAX_PROFILE_BYTES) {
-            Ok(bytes) => bytes,
-            Err(ReadError::Io(source)) => return Err(read_error(source)),
-            Err(ReadError::TooLarge { read }) => return Err(too_large(read)),
-        };
+        let bytes = read_profile_bytes(path)?;
         Profile::from_json_bytes(&bytes, path)
     }
 
@@ -754,23 +756,7 @@ impl Profile {
                 path: path.to_path_buf(),
             });
         }
-        // Check the schema first so an old or foreign file gets the clearer error.
-        #[derive(Deserialize)]
-        struct SchemaOnly {
-            schema: Option<String>,
-        }
-        if let Ok(SchemaOnly {
-            schema: Some(found),
-        }) = serde_json::from_slice::<SchemaOnly>(bytes)
-        {
-            if found != SCHEMA {
-                return Err(ProfileError::Schema {
-                    path: path.to_path_buf(),
-                    found,
-                    expected: SCHEMA,
-                });
-            }
-        }
+        check_schema(bytes, path)?;
         let profile: Profile =
             serde_json::from_slice(bytes).map_err(|error| ProfileError::Parse {
                 path: path.to_path_buf(),
@@ -976,6 +962,56 @@ impl Profile {
     }
 }
 
+/// A profile file's bytes, bounded by [`MAX_PROFILE_BYTES`]; errors name the file.
+pub(crate) fn read_profile_bytes(path: &Path) -> Result<Vec<u8>, ProfileError> {
+    let read_error = |source| ProfileError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    // A regular file says its size: refuse an oversized one before reading it. Anything
+    // else (a FIFO, `/dev/zero`) is bounded by the bytes actually read.
+    let too_large = |size| ProfileError::TooLarge {
+        path: path.to_path_buf(),
+        size,
+        limit: MAX_PROFILE_BYTES,
+    };
+    match fs::metadata(path) {
+        Ok(meta) if meta.is_file() && meta.len() > MAX_PROFILE_BYTES => {
+            return Err(too_large(meta.len()))
+        }
+        Ok(_) => {}
+        Err(source) => return Err(read_error(source)),
+    }
+    let bytes = match fileio::read_bounded(path, MAX_PROFILE_BYTES) {
+        Ok(bytes) => bytes,
+        Err(ReadError::Io(source)) => return Err(read_error(source)),
+        Err(ReadError::TooLarge { read }) => return Err(too_large(read)),
+    };
+    Ok(bytes)
+}
+
+/// Refuses a document of another schema, naming both (checked before the whole document is
+/// parsed, so an old or foreign file gets the clearer error).
+pub(crate) fn check_schema(bytes: &[u8], path: &Path) -> Result<(), ProfileError> {
+    #[derive(Deserialize)]
+    struct SchemaOnly {
+        schema: Option<String>,
+    }
+    if let Ok(SchemaOnly {
+        schema: Some(found),
+    }) = serde_json::from_slice::<SchemaOnly>(bytes)
+    {
+        if found != SCHEMA {
+            return Err(ProfileError::Schema {
+                path: path.to_path_buf(),
+                found,
+                expected: SCHEMA,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Every node's path in `spans`, by index, in one pass (see [`Profile::span_paths`]).
 pub(crate) fn span_paths(spans: &[SpanMetrics]) -> Vec<String> {
     let mut paths: Vec<String> = Vec::with_capacity(spans.len());
@@ -1046,7 +1082,17 @@ mod tests {
     fn a_profile_without_checkpoint_fields_is_a_final_one() {
         let mut value = serde_json::to_value(Profile::empty()).unwrap();
         let meta = value["meta"].as_object_mut().unwrap();
-        for field in ["pid", "partial", "checkpoint_unix_ms"] {
+        for field in [
+            "pid",
+            "partial",
+            "checkpoint_unix_ms",
+            "host",
+            "rank",
+            "local_rank",
+            "world_size",
+            "launcher",
+            "run_id",
+        ] {
             assert!(meta.remove(field).is_some(), "{field} is written");
         }
         value["summary"]
@@ -1058,6 +1104,9 @@ mod tests {
         assert!(!profile.meta.partial);
         assert_eq!(profile.meta.pid, 0);
         assert_eq!(profile.meta.checkpoint_unix_ms, None);
+        assert_eq!(profile.meta.rank, None, "written before ranks: no rank");
+        assert_eq!(profile.meta.world_size, None);
+        assert!(profile.meta.host.is_empty() && profile.meta.run_id.is_none());
         assert!(profile.summary.final_by_category.is_empty());
     }
 

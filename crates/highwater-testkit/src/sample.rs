@@ -329,6 +329,7 @@ pub fn sample_profile() -> Profile {
             pid: 0,
             partial: false,
             checkpoint_unix_ms: None,
+            ..RunMeta::default()
         },
         summary: Summary {
             peak_bytes,

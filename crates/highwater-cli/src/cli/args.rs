@@ -113,15 +113,24 @@ pub(crate) enum Command {
     /// from the run's allocation log (record with HIGHWATER_ALLOC_LOG=path). pprof: a gzipped
     /// profile.proto of the call sites for `go tool pprof`, Perfetto, speedscope or Pyroscope
     /// (bytes and objects live at the peak and allocated; labels category, span and op).
+    ///
+    /// Several rank profiles of one run (or a directory of them) make, with --format html, the
+    /// ranks page: every rank's memory by iteration, side by side and overlaid, the heaviest
+    /// marked, and the table `highwater ranks` prints.
     Export {
-        /// A profile written by highwater.
-        profile: PathBuf,
+        /// A profile written by highwater; for the ranks page, several, or a directory.
+        #[arg(required = true, value_name = "PROFILE")]
+        profiles: Vec<PathBuf>,
+        /// The ranks page only: the run to draw when the profiles hold several.
+        #[arg(long, value_name = "RUN")]
+        run: Option<String>,
         /// The output format.
         #[arg(short, long, value_enum)]
         format: Format,
         /// Where to write; `-` for standard output. Default: next to the profile, with the
         /// extension `.trace.json` (chrome), `.html` (html), `.pickle` (torch) or `.pb.gz`
-        /// (pprof).
+        /// (pprof); the ranks page goes to `highwater-ranks.html` in the directory (or the
+        /// first profile's).
         #[arg(short, long)]
         output: Option<PathBuf>,
         /// torch only: most allocations and frees per device, a window ending at the device's
@@ -247,6 +256,46 @@ pub(crate) enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Compare the ranks of a multi-process run: one row per rank (peak and when, categories
+    /// at the peak, the span that held most, residual growth per iteration, device), then the
+    /// imbalance, the missing and unfinished ranks, and with --device which rank runs out first.
+    ///
+    /// Takes rank profiles (highwater names them PROFILE.rankN.json under torchrun, mpirun,
+    /// srun or SessionBuilder::rank), or directories of them: every *.json there that is not
+    /// hidden and not a .trace.json. Profiles of several runs are refused unless --run picks
+    /// one. With --device, ranks whose profiles name an allocation log are also replayed as
+    /// `fit` does: the largest --grow factor per rank and the run's.
+    ///
+    /// Exit code 3 when a rank does not fit --device; 2 for bad input (a file that is not a
+    /// profile, two profiles of one rank, several runs).
+    Ranks {
+        /// Rank profiles, or directories of them.
+        #[arg(required = true, value_name = "PROFILES_OR_DIR")]
+        inputs: Vec<PathBuf>,
+        /// The run to compare when the profiles hold several (the labels the error lists).
+        #[arg(long, value_name = "RUN")]
+        run: Option<String>,
+        /// Check every rank against this device: tpu-v2, tpu-v3, tpu-v4, tpu-v5e, tpu-v5p,
+        /// a100-40gb, a100-80gb, h100, h200, l4.
+        #[arg(long, value_parser = parse_kind)]
+        device: Option<DeviceKind>,
+        /// Usable bytes instead of the device's nominal size (`30GiB`).
+        #[arg(long, value_parser = parse_size, requires = "device")]
+        limit: Option<u64>,
+        /// With --device and allocation logs: a category to grow (repeatable; default
+        /// activation, a batch factor).
+        #[arg(long, value_parser = parse_category, requires = "device")]
+        grow: Vec<Category>,
+        /// With --device and allocation logs: the allocator of the replay, as for `fit`.
+        #[arg(long, default_value = "pytorch", value_parser = parse_allocator)]
+        allocator: Allocator,
+        /// Print as text (a table) or JSON.
+        #[arg(long, value_enum, default_value_t = RanksFormat::Text)]
+        format: RanksFormat,
+        /// Also write the HTML ranks page (curves by iteration and the table).
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+    },
     /// Follow a running session's profile on the terminal: live and peak bytes by category,
     /// recent memory, the top spans, the current iteration; says whether the run is still
     /// going, finished or died. `q` quits.
@@ -363,6 +412,27 @@ pub(crate) enum Format {
     /// A gzipped pprof profile.proto of the call sites, for `go tool pprof`, Perfetto,
     /// speedscope and Pyroscope.
     Pprof,
+}
+
+/// What `highwater ranks` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum RanksFormat {
+    /// A table, then the run's figures.
+    Text,
+    /// JSON: the run, a row per rank, the figures and the device check.
+    Json,
+}
+
+impl Format {
+    /// The name `--format` takes.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Format::Chrome => "chrome",
+            Format::Html => "html",
+            Format::Torch => "torch",
+            Format::Pprof => "pprof",
+        }
+    }
 }
 
 /// How `highwater sites` ranks.

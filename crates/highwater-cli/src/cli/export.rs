@@ -1,7 +1,7 @@
 //! `highwater export`: an HTML report, a Chrome/Perfetto trace, PyTorch's memory snapshot
 //! (from the run's allocation log) or a pprof profile of the call sites, from a profile.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use highwater_export::{chrome, html, pprof, torch};
 use highwater_profile::alloc_log::AllocLog;
@@ -9,14 +9,44 @@ use highwater_profile::units::format_bytes;
 
 use super::args::Format;
 
-/// Exports the profile at `path` in `format` to `output` (a path, `-` for stdout, or the
-/// default next to the profile).
+/// Exports the profile at `paths[0]` in `format` to `output` (a path, `-` for stdout, or the
+/// default next to the profile); several profiles, or a directory, make the ranks page.
 pub(crate) fn run(
-    path: &Path,
+    paths: &[PathBuf],
+    run: Option<&str>,
     format: Format,
     output: Option<&Path>,
     max_events: usize,
 ) -> anyhow::Result<()> {
+    let path = match paths {
+        [one] if !one.is_dir() => one.as_path(),
+        _ if format == Format::Html => return export_ranks(paths, run, output),
+        [dir] => {
+            return Err(super::replay::InputError(format!(
+                "{} is a directory: --format {} exports one profile (a directory of rank \
+                 profiles makes the ranks page, with --format html)",
+                dir.display(),
+                format.name()
+            ))
+            .into())
+        }
+        _ => {
+            return Err(super::replay::InputError(format!(
+                "--format {} exports one profile, and {} were given ({}, …): several rank \
+                 profiles make the ranks page, with --format html",
+                format.name(),
+                paths.len(),
+                paths[0].display()
+            ))
+            .into())
+        }
+    };
+    if run.is_some() {
+        return Err(super::replay::InputError(
+            "--run picks a run among several rank profiles; one profile was given".to_string(),
+        )
+        .into());
+    }
     if format == Format::Torch {
         return export_torch(path, output, max_events);
     }
@@ -44,6 +74,35 @@ pub(crate) fn run(
         "wrote {} ({})\n",
         target.display(),
         format_bytes(size)
+    ))
+}
+
+/// Writes the ranks page of the rank profiles `paths` (files or directories).
+fn export_ranks(paths: &[PathBuf], run: Option<&str>, output: Option<&Path>) -> anyhow::Result<()> {
+    let comparison = highwater_profile::ranks::compare(paths, &super::ranks::options(run, true))?;
+    if output == Some(Path::new("-")) {
+        return super::emit(&html::ranks::render(&comparison, None));
+    }
+    let target = match output {
+        Some(output) => output.to_path_buf(),
+        None => {
+            let first = &paths[0];
+            let dir = if first.is_dir() {
+                first.as_path()
+            } else {
+                first.parent().unwrap_or(Path::new(""))
+            };
+            dir.join("highwater-ranks.html")
+        }
+    };
+    html::ranks::write(&comparison, None, &target)?;
+    let size = std::fs::metadata(&target).map_or(0, |m| m.len());
+    super::emit(&format!(
+        "wrote {} ({}): {} ranks of run {}\n",
+        target.display(),
+        format_bytes(size),
+        comparison.rows.len(),
+        crate::report::clean(&comparison.run.label)
     ))
 }
 

@@ -6,6 +6,7 @@ mod check;
 mod diff;
 mod export;
 mod fit;
+mod ranks;
 mod replay;
 mod simulate;
 mod sites;
@@ -69,11 +70,37 @@ pub(crate) fn run(cli: Cli) -> anyhow::Result<()> {
             json,
         } => diff::run(&before, &after, limit, json),
         Command::Export {
-            profile,
+            profiles,
+            run,
             format,
             output,
             max_events,
-        } => export::run(&profile, format, output.as_deref(), max_events),
+        } => export::run(
+            &profiles,
+            run.as_deref(),
+            format,
+            output.as_deref(),
+            max_events,
+        ),
+        Command::Ranks {
+            inputs,
+            run,
+            device,
+            limit,
+            grow,
+            allocator,
+            format,
+            html,
+        } => ranks::run(&ranks::Request {
+            inputs: &inputs,
+            run: run.as_deref(),
+            device,
+            limit,
+            grow: &grow,
+            allocator,
+            html: html.as_deref(),
+            json: format == args::RanksFormat::Json,
+        }),
         Command::Check {
             profile,
             budgets,
@@ -160,6 +187,9 @@ pub(crate) fn exit_code(error: &anyhow::Error) -> u8 {
         .is_some()
         || error.downcast_ref::<replay::InputError>().is_some()
         || error.downcast_ref::<check::BadBudget>().is_some()
+        || error
+            .downcast_ref::<highwater_profile::ranks::RanksError>()
+            .is_some()
         || error
             .downcast_ref::<crate::report::SiteQueryError>()
             .is_some()

@@ -6,10 +6,12 @@
 //! same ones the HTML report uses, so every output shows the same numbers in the same units.
 
 mod diff;
+mod ranks;
 mod sites;
 mod text;
 
 pub(crate) use diff::diff;
+pub(crate) use ranks::{rank_list, ranks_json, ranks_text};
 pub(crate) use sites::{sites_json, sites_text, SiteOrder, SiteQuery, SiteQueryError};
 #[cfg(test)]
 pub(crate) use text::tests::with_a_refusal;

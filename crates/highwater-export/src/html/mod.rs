@@ -28,6 +28,7 @@
 
 #[cfg(not(highwater_loom))]
 pub mod fit;
+pub mod ranks;
 
 use std::path::Path;
 

@@ -234,6 +234,18 @@ pub enum Warning {
         #[serde(default)]
         detail: String,
     },
+    /// The output path asked for was being written by another live process (another rank of
+    /// the run with the same name, or a second copy of the program), so this profile went
+    /// beside it, under a name of its own, instead of replacing that process's profile.
+    OutputTaken {
+        /// The path asked for.
+        wanted: String,
+        /// The path this profile was written to.
+        written: String,
+        /// The process holding the path asked for, when it said (its id and host).
+        #[serde(default)]
+        holder: String,
+    },
     /// A warning from a profile written before warnings were typed: its sentence, as written.
     Note {
         /// The sentence.
@@ -262,6 +274,7 @@ impl Warning {
             Warning::LateEvents { .. } => "late_events",
             Warning::DeviceMemoryNotRecorded { .. } => "device_memory_not_recorded",
             Warning::ThreadLimit { .. } => "thread_limit",
+            Warning::OutputTaken { .. } => "output_taken",
             Warning::Note { .. } => "note",
         }
     }
@@ -428,6 +441,20 @@ impl fmt::Display for Warning {
                 }
                 Ok(())
             }
+            Warning::OutputTaken {
+                wanted,
+                written,
+                holder,
+            } => {
+                write!(f, "{wanted} was being written by another live process")?;
+                if !holder.is_empty() {
+                    write!(f, " ({holder})")?;
+                }
+                write!(
+                    f,
+                    ", so this profile was written beside it as {written} rather than replace it"
+                )
+            }
             Warning::Note { text } => f.write_str(text),
         }
     }
@@ -516,6 +543,11 @@ mod tests {
                 shown_as: "(more names)".into(),
             },
             Warning::Checkpoint,
+            Warning::OutputTaken {
+                wanted: "p.rank3.json".into(),
+                written: "p.rank3.pid42.json".into(),
+                holder: "pid 41 on node7".into(),
+            },
             Warning::OutOfMemory {
                 refusals: 2,
                 device: "cuda:0".into(),

@@ -1,0 +1,475 @@
+//! Many processes, one run: the profiles of a run's ranks, compared.
+//!
+//! A multi-process run (data-parallel ranks, pipeline stages, tensor-parallel shards) leaves one
+//! profile per process, each naming its rank, the world size and the run
+//! ([`RunMeta`](crate::RunMeta)). [`compare`] reads them, from files or a directory, and gives
+//! one [`RankRow`] per rank — its peak and when, the categories and the span that held most at
+//! the peak, its residual growth per iteration, its device and capacity — and the run's
+//! figures: which ranks are missing or partial, and the imbalance (the heaviest rank's peak
+//! against the mean). [`DeviceCheck`] says which rank runs out first on a device of a given
+//! size. Optionally each rank's memory curve comes too, on an axis the ranks share
+//! ([`RankCurve`]: iterations).
+//!
+//! # Scale
+//!
+//! Profiles are streamed: each is read, reduced to its row (and its curve, at most a few
+//! hundred points) and dropped before the next, by a few worker threads, so memory is one
+//! profile per worker plus a row per rank, whatever the number of ranks. A profile is parsed
+//! into only the parts a row needs (the call sites and the bulk of the curve are skipped
+//! without being built), and those parts are checked as [`Profile::load`](crate::Profile::load)
+//! checks them. BENCHMARKS.md has the figures for 1,024 ranks.
+//!
+//! # Runs
+//!
+//! Profiles belong to one run when they share a run id; profiles without one (no launcher said)
+//! belong together when they are of the same program and world size and their sessions
+//! overlapped in time. A set of profiles holding several runs is refused, naming them, unless
+//! [`CompareOptions::run`] picks one.
+
+mod curve;
+mod group;
+mod load;
+mod row;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ProfileError;
+
+pub use curve::{RankCurve, CURVE_POINTS};
+pub use row::{PeakWhen, RankRow, SpanBytes, GROWTH_WARMUPS};
+
+/// Writes a path as a string, its non-UTF-8 bytes replaced, so a row of a file with such a
+/// name still prints as JSON.
+pub(crate) fn lossy_path<S: serde::Serializer>(
+    path: &std::path::Path,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&path.to_string_lossy())
+}
+
+/// How [`compare`] reads.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct CompareOptions {
+    /// The run to compare when the profiles hold several (a run id, or the label
+    /// [`RunSummary::label`] gives a run without one).
+    pub run: Option<String>,
+    /// Most points per rank curve; `None`: no curves.
+    pub curve_points: Option<usize>,
+    /// Worker threads; 0 for as many as the machine has cores (at most 8).
+    pub threads: usize,
+}
+
+impl CompareOptions {
+    /// Default options: no run chosen, no curves, a worker per core.
+    pub fn new() -> CompareOptions {
+        CompareOptions::default()
+    }
+
+    /// Compare the run `label` when the profiles hold several.
+    pub fn run(mut self, label: impl Into<String>) -> CompareOptions {
+        self.run = Some(label.into());
+        self
+    }
+
+    /// Also keep each rank's curve, at most `points` points.
+    pub fn curves(mut self, points: usize) -> CompareOptions {
+        self.curve_points = Some(points);
+        self
+    }
+
+    /// Read with `threads` worker threads (0: a worker per core, at most 8).
+    pub fn threads(mut self, threads: usize) -> CompareOptions {
+        self.threads = threads;
+        self
+    }
+}
+
+/// One run found among the profiles.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RunSummary {
+    /// What names the run for [`CompareOptions::run`]: its run id, else
+    /// `PROGRAM@START` (the program and its first rank's start, ms since the Unix epoch).
+    pub label: String,
+    /// The run id, when the profiles have one.
+    pub run_id: Option<String>,
+    /// The program's name.
+    pub program: String,
+    /// How many processes the run had, when the profiles say.
+    pub world_size: Option<u32>,
+    /// Who gave the ranks (`torchrun`, `slurm`, …), as the first profile says.
+    pub launcher: Option<String>,
+    /// When its first rank started, ms since the Unix epoch.
+    pub started_unix_ms: u64,
+    /// Its profiles read.
+    pub profiles: usize,
+    /// One of them, to point at.
+    #[serde(serialize_with = "lossy_path")]
+    pub example: PathBuf,
+}
+
+impl fmt::Display for RunSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}` ({}, {} profile{}",
+            self.label,
+            if self.program.is_empty() {
+                "unnamed program"
+            } else {
+                &self.program
+            },
+            self.profiles,
+            if self.profiles == 1 { "" } else { "s" }
+        )?;
+        if let Some(world) = self.world_size {
+            write!(f, " of a world of {world}")?;
+        }
+        write!(f, ", such as {})", self.example.display())
+    }
+}
+
+/// The heaviest rank against the rest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Imbalance {
+    /// The heaviest rank's peak over the mean peak: 1.0 when balanced.
+    pub max_over_mean: f64,
+    /// The rank with the highest peak (the lowest such rank on a tie).
+    pub heaviest_rank: u32,
+    /// Its peak.
+    pub max_peak_bytes: u64,
+    /// The mean peak over the ranks read.
+    pub mean_peak_bytes: f64,
+    /// The rank with the lowest peak.
+    pub lightest_rank: u32,
+    /// Its peak.
+    pub min_peak_bytes: u64,
+}
+
+/// One run's ranks compared.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RunComparison {
+    /// The run.
+    pub run: RunSummary,
+    /// One row per rank read, by rank.
+    pub rows: Vec<RankRow>,
+    /// Ranks below the world size with no profile (a rank that crashed before writing one,
+    /// or a file left out); empty when the world size is unknown.
+    pub missing_ranks: Vec<u32>,
+    /// Ranks whose profile is a checkpoint: they had not finished (still running, or died).
+    pub partial_ranks: Vec<u32>,
+    /// The heaviest rank against the mean.
+    pub imbalance: Imbalance,
+    /// Other runs among the profiles, left out because [`CompareOptions::run`] chose this one.
+    pub other_runs: Vec<RunSummary>,
+    /// Each rank's memory curve, by rank, when asked for.
+    pub curves: Vec<RankCurve>,
+}
+
+/// Each rank against one device's capacity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct DeviceCheck {
+    /// The device kind (`h100`, `tpu-v5e`).
+    pub device: String,
+    /// Its usable bytes.
+    pub capacity_bytes: u64,
+    /// Per rank, by rank.
+    pub ranks: Vec<RankHeadroom>,
+    /// The rank with the least headroom: the first to run out as the run grows.
+    pub first_to_run_out: Option<u32>,
+    /// The run's largest factor that fits (the smallest of the ranks'; 0 when a rank does not
+    /// fit at any factor), when every rank's allocation log was replayed.
+    pub run_fit_factor: Option<f64>,
+}
+
+/// One rank against a device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RankHeadroom {
+    /// The rank.
+    pub rank: u32,
+    /// Capacity minus the rank's peak (negative: it does not fit).
+    pub headroom_bytes: i64,
+    /// Whether the rank fits: its peak is within the capacity, and with a replayed allocation
+    /// log, the allocator's replay fits as recorded.
+    pub fits: bool,
+    /// The allocation log's replay, when there was one.
+    pub fit: Option<RankFit>,
+}
+
+/// A rank's allocation log replayed through an allocator on the device (the `fit` search).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct RankFit {
+    /// The log replayed.
+    #[serde(serialize_with = "lossy_path")]
+    pub log: PathBuf,
+    /// The allocator emulated.
+    pub allocator: String,
+    /// The categories grown.
+    pub grow: Vec<String>,
+    /// Whether the run as recorded fits under the allocator.
+    pub fits_as_recorded: bool,
+    /// The largest factor on the grown categories that still fits; `None` when none does.
+    pub factor: Option<f64>,
+}
+
+impl RankFit {
+    /// A replay's outcome.
+    pub fn new(
+        log: PathBuf,
+        allocator: String,
+        grow: Vec<String>,
+        fits_as_recorded: bool,
+        factor: Option<f64>,
+    ) -> RankFit {
+        RankFit {
+            log,
+            allocator,
+            grow,
+            fits_as_recorded,
+            factor,
+        }
+    }
+}
+
+impl DeviceCheck {
+    /// Each of `comparison`'s ranks against a device of `capacity_bytes`, by its peak.
+    pub fn new(device: &str, capacity_bytes: u64, comparison: &RunComparison) -> DeviceCheck {
+        let ranks: Vec<RankHeadroom> = comparison
+            .rows
+            .iter()
+            .map(|row| RankHeadroom {
+                rank: row.rank,
+                headroom_bytes: (i128::from(capacity_bytes) - i128::from(row.peak_bytes))
+                    .clamp(i128::from(i64::MIN), i128::from(i64::MAX))
+                    as i64,
+                fits: row.peak_bytes <= capacity_bytes,
+                fit: None,
+            })
+            .collect();
+        let first_to_run_out = ranks
+            .iter()
+            .min_by_key(|r| (r.headroom_bytes, r.rank))
+            .map(|r| r.rank);
+        DeviceCheck {
+            device: device.to_string(),
+            capacity_bytes,
+            ranks,
+            first_to_run_out,
+            run_fit_factor: None,
+        }
+    }
+
+    /// Adds rank `rank`'s replay: it fits only if its replay fits as recorded too. Once every
+    /// rank has one, the run's factor is the smallest.
+    pub fn set_fit(&mut self, rank: u32, fit: RankFit) {
+        if let Some(r) = self.ranks.iter_mut().find(|r| r.rank == rank) {
+            r.fits &= fit.fits_as_recorded;
+            r.fit = Some(fit);
+        }
+        self.run_fit_factor = if self.ranks.iter().all(|r| r.fit.is_some()) {
+            self.ranks
+                .iter()
+                .map(|r| r.fit.as_ref().and_then(|f| f.factor).unwrap_or(0.0))
+                .reduce(f64::min)
+        } else {
+            None
+        };
+    }
+
+    /// The ranks that do not fit.
+    pub fn not_fitting(&self) -> Vec<u32> {
+        self.ranks
+            .iter()
+            .filter(|r| !r.fits)
+            .map(|r| r.rank)
+            .collect()
+    }
+}
+
+/// Why the ranks could not be compared. Every variant names the file or the runs at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RanksError {
+    /// Nothing to compare.
+    #[error("no profiles to compare")]
+    NoInputs,
+    /// A directory holds no profile files.
+    #[error("{} holds no profiles (files named *.json)", .dir.display())]
+    EmptyDirectory {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// A directory cannot be listed.
+    #[error("cannot list {}: {source}", .dir.display())]
+    ReadDirectory {
+        /// The directory.
+        dir: PathBuf,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// A file cannot be read, or is not a valid profile.
+    #[error("{source}{}", directory_hint(.found_in))]
+    Profile {
+        /// What was wrong (it names the file).
+        source: ProfileError,
+        /// The directory it was found in, when it was not named itself.
+        found_in: Option<PathBuf>,
+    },
+    /// A profile says nothing about its rank.
+    #[error(
+        "profile {} records no rank: it was recorded outside a launcher (torchrun, mpirun, \
+         srun) and without SessionBuilder::rank, so it is no rank of a run",
+        .path.display()
+    )]
+    NoRank {
+        /// The profile.
+        path: PathBuf,
+    },
+    /// A profile's rank is not below its world size.
+    #[error("profile {} says rank {rank} of a world of {world_size}", .path.display())]
+    RankOutsideWorld {
+        /// The profile.
+        path: PathBuf,
+        /// Its rank.
+        rank: u32,
+        /// Its world size.
+        world_size: u32,
+    },
+    /// Two profiles of one run say the same rank.
+    #[error(
+        "rank {rank} appears twice in run `{run}`: {} and {}",
+        .first.display(),
+        .second.display()
+    )]
+    DuplicateRank {
+        /// The rank.
+        rank: u32,
+        /// The run's label.
+        run: String,
+        /// One profile.
+        first: PathBuf,
+        /// The other.
+        second: PathBuf,
+    },
+    /// Two profiles of one run disagree on the world size.
+    #[error(
+        "profiles of run `{run}` disagree on the world size: {} says {first_world}, {} says \
+         {second_world}",
+        .first.display(),
+        .second.display()
+    )]
+    WorldSizeDisagrees {
+        /// The run's label.
+        run: String,
+        /// One profile.
+        first: PathBuf,
+        /// Its world size.
+        first_world: u32,
+        /// Another.
+        second: PathBuf,
+        /// Its world size.
+        second_world: u32,
+    },
+    /// The profiles hold more than one run.
+    #[error(
+        "the profiles are of {} different runs: {}; compare one with --run LABEL",
+        .runs.len(),
+        list(.runs)
+    )]
+    DifferentRuns {
+        /// The runs, largest first.
+        runs: Vec<RunSummary>,
+    },
+    /// The run asked for is not among the profiles.
+    #[error("no run `{wanted}` among the profiles; they hold {}", list(.runs))]
+    RunNotFound {
+        /// The label asked for.
+        wanted: String,
+        /// The runs there are.
+        runs: Vec<RunSummary>,
+    },
+}
+
+fn directory_hint(found_in: &Option<PathBuf>) -> String {
+    match found_in {
+        Some(dir) => format!(
+            " (read because it is in {}, where every *.json is taken for a profile: name \
+             the profiles instead to leave it out)",
+            dir.display()
+        ),
+        None => String::new(),
+    }
+}
+
+fn list(runs: &[RunSummary]) -> String {
+    runs.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Compares the ranks of one run, from profile files and directories of them (every `*.json`
+/// file in a directory that is not hidden and not a Chrome trace, `*.trace.json`).
+///
+/// # Errors
+///
+/// [`RanksError`], naming the file or the runs: an unreadable file or one that is not a valid
+/// profile, a profile without a rank, two profiles of one rank, profiles of several runs (unless
+/// [`CompareOptions::run`] picks one), an empty directory.
+pub fn compare(inputs: &[PathBuf], options: &CompareOptions) -> Result<RunComparison, RanksError> {
+    let files = expand(inputs)?;
+    let loaded = load::load_all(&files, options)?;
+    group::compare_runs(loaded, options)
+}
+
+/// The profile files `inputs` name, each with the directory it was found in (if any), in
+/// order, each once.
+fn expand(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, Option<PathBuf>)>, RanksError> {
+    let mut files: Vec<(PathBuf, Option<PathBuf>)> = Vec::new();
+    for input in inputs {
+        if !input.is_dir() {
+            files.push((input.clone(), None));
+            continue;
+        }
+        let entries = std::fs::read_dir(input).map_err(|source| RanksError::ReadDirectory {
+            dir: input.clone(),
+            source,
+        })?;
+        let mut found: Vec<PathBuf> = Vec::new();
+        for entry in entries {
+            let entry = entry.map_err(|source| RanksError::ReadDirectory {
+                dir: input.clone(),
+                source,
+            })?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            let lower = name.to_ascii_lowercase();
+            let wanted = lower.ends_with(".json")
+                && !lower.ends_with(".trace.json")
+                && !name.starts_with('.');
+            if wanted && !entry.path().is_dir() {
+                found.push(entry.path());
+            }
+        }
+        if found.is_empty() {
+            return Err(RanksError::EmptyDirectory { dir: input.clone() });
+        }
+        found.sort();
+        files.extend(found.into_iter().map(|f| (f, Some(input.clone()))));
+    }
+    if files.is_empty() {
+        return Err(RanksError::NoInputs);
+    }
+    let mut seen = std::collections::HashSet::new();
+    files.retain(|(path, _)| seen.insert(path.clone()));
+    Ok(files)
+}
