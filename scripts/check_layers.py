@@ -20,6 +20,7 @@ LAYERS = {
         "fork_lock",
         "capture",
         "error",
+        "rank",
         "symbolize",
         "checkpoint",
         "outputs",
@@ -63,6 +64,7 @@ LAYERS = {
         "alloc_log",
         "profile",
         "analysis",
+        "ranks",
         "lib",
     ],
 }
