@@ -7,7 +7,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use highwater_device::{Allocator, DeviceKind, Factor, ParseNameError, Strategy};
 use highwater_profile::model::Category;
 
-use super::check::{parse_budget_bytes, parse_category_budget, parse_percent};
+use super::parse::{
+    parse_budget_bytes, parse_category, parse_category_budget, parse_percent, parse_size,
+};
 
 /// Read highwater memory profiles: where did the memory go?
 #[derive(Debug, Parser)]
@@ -323,17 +325,6 @@ fn parse_refresh(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(seconds))
 }
 
-fn parse_category(text: &str) -> Result<Category, String> {
-    let wanted = text.trim();
-    Category::ALL
-        .into_iter()
-        .find(|c| c.as_str().eq_ignore_ascii_case(wanted))
-        .ok_or_else(|| {
-            let names: Vec<&str> = Category::ALL.iter().map(|c| c.as_str()).collect();
-            format!("unknown category {text:?}; valid: {}", names.join(", "))
-        })
-}
-
 fn parse_allocator(text: &str) -> Result<Allocator, String> {
     text.parse()
         .map_err(|error: ParseNameError| error.to_string())
@@ -372,31 +363,6 @@ fn parse_kind(text: &str) -> Result<DeviceKind, String> {
 fn parse_strategy(text: &str) -> Result<Strategy, String> {
     text.parse()
         .map_err(|error: ParseNameError| error.to_string())
-}
-
-/// Parses a byte count: a whole number with an optional binary unit (KiB, MiB, GiB, TiB;
-/// K, M, G, T mean the same).
-pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
-    let trimmed = text.trim();
-    let split = trimmed
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(trimmed.len());
-    let (digits, unit) = trimmed.split_at(split);
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        "t" | "tib" => 40,
-        other => return Err(format!("unknown unit {other:?} (use KiB, MiB, GiB or TiB)")),
-    };
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a byte count like 30GiB or 1073741824"))?;
-    value
-        .checked_mul(1u64 << shift)
-        .filter(|bytes| *bytes > 0)
-        .ok_or_else(|| format!("{text:?} is zero or does not fit in 64 bits"))
 }
 
 /// Export formats.

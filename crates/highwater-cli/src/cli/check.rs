@@ -28,7 +28,7 @@ use highwater_profile::units::{format_bytes, format_bytes_per_iteration};
 use highwater_profile::Profile;
 use serde::Deserialize;
 
-use super::args::parse_size;
+use super::parse::{parse_budget_bytes, parse_category, parse_percent};
 
 /// The input cannot be checked: exit 2. The message names what was wrong and where.
 #[derive(Debug, thiserror::Error)]
@@ -254,38 +254,6 @@ fn bytes(n: u64) -> String {
     }
 }
 
-/// Parses a `--max-regression` value: a percentage, `5%` or `5` or `2.5%`.
-pub(crate) fn parse_percent(text: &str) -> Result<f64, String> {
-    let number = text.trim().trim_end_matches('%').trim();
-    match number.parse::<f64>() {
-        Ok(value) if value.is_finite() && value >= 0.0 => Ok(value),
-        _ => Err(format!(
-            "{text:?} is not a percentage like 5% (a number of at least 0)"
-        )),
-    }
-}
-
-/// Parses a budget in bytes, where 0 is a budget too: `0`, `512`, `30MiB`, `2 GiB`.
-pub(crate) fn parse_budget_bytes(text: &str) -> Result<u64, String> {
-    if text.trim() == "0" {
-        return Ok(0);
-    }
-    parse_size(text)
-}
-
-/// Parses `CATEGORY=SIZE` for `--max-peak-category`.
-pub(crate) fn parse_category_budget(text: &str) -> Result<(Category, u64), String> {
-    let (name, size) = text
-        .split_once('=')
-        .ok_or_else(|| format!("{text:?} is not CATEGORY=SIZE, e.g. optimizer=512MiB"))?;
-    Ok((parse_category(name.trim())?, parse_budget_bytes(size)?))
-}
-
-fn parse_category(name: &str) -> Result<Category, String> {
-    name.parse()
-        .map_err(|error: highwater_profile::model::ParseLabelError| error.to_string())
-}
-
 /// A byte budget in the file: a number of bytes or a string with a unit.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -503,24 +471,5 @@ mod tests {
         assert_eq!(merged.max_peak, Some(10));
         assert_eq!(merged.max_dropped, Some(2));
         assert_eq!(merged.max_peak_category.len(), 2);
-    }
-
-    #[test]
-    fn values_parse_with_units_and_percent_signs() {
-        assert_eq!(parse_budget_bytes("0"), Ok(0));
-        assert_eq!(parse_budget_bytes("2GiB"), Ok(2 << 30));
-        assert!(parse_budget_bytes("lots").is_err());
-        assert_eq!(parse_percent("5%"), Ok(5.0));
-        assert_eq!(parse_percent("2.5"), Ok(2.5));
-        assert!(parse_percent("-1%").is_err());
-        assert!(parse_percent("NaN").is_err());
-        assert_eq!(
-            parse_category_budget("optimizer=512MiB"),
-            Ok((Category::Optimizer, 512 * MIB))
-        );
-        assert!(parse_category_budget("optimiser=1")
-            .unwrap_err()
-            .contains("unknown category \"optimiser\": expected parameter, activation"));
-        assert!(parse_category_budget("optimizer").is_err());
     }
 }

@@ -19,7 +19,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::tables::{
-    breakable, limited_table_of, row_start_of, share, show_all_of, SHOWN_SITE_ROWS,
+    breakable, limited_table_of, row_start_of, share, show_all_of, site_anchor, SHOWN_SITE_ROWS,
 };
 use super::{escape_html, words, MAX_TABLE_ROWS};
 use crate::pprof::UNLISTED_SITES;
@@ -299,26 +299,6 @@ fn keep_widest(mut nodes: Vec<Building>) -> Flame {
         nodes: out,
         nodes_left_out: nodes.len() - walk.len(),
     }
-}
-
-/// The anchor of site `id` in the report (`#site-3`), which the live-at-peak rows link to.
-pub(super) fn site_anchor(id: u32) -> String {
-    format!("site-{id}")
-}
-
-/// Links to a row's sites, `-` when it has none.
-pub(super) fn site_links(out: &mut String, sites: &[u32]) {
-    out.push_str("<td class=\"sites\">");
-    if sites.is_empty() {
-        out.push('-');
-    }
-    for (k, id) in sites.iter().enumerate() {
-        if k > 0 {
-            out.push(' ');
-        }
-        let _ = write!(out, "<a href=\"#{}\">#{id}</a>", site_anchor(*id));
-    }
-    out.push_str("</td>");
 }
 
 /// A cell of an estimate: `2.8 MiB ± 562.5 KiB`, the error on a line of its own when the

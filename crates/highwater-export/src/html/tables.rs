@@ -207,7 +207,7 @@ pub(super) fn peak_table(out: &mut String, profile: &Profile) {
         num_cell(out, format!("{pct:.4}"), &format!("{pct:.1}%"));
         num_cell(out, row.count, &format_count(row.count));
         if with_sites {
-            super::flame::site_links(out, &row.top_sites);
+            site_links(out, &row.top_sites);
         }
         out.push_str("</tr>");
     }
@@ -511,4 +511,24 @@ pub(super) fn oom_section(out: &mut String, profile: &Profile) {
         out.push_str("</tbody></table></div></details>");
     }
     out.push_str("</section>");
+}
+
+/// The anchor of site `id` in the report (`#site-3`), which the live-at-peak rows link to.
+pub(super) fn site_anchor(id: u32) -> String {
+    format!("site-{id}")
+}
+
+/// Links to a row's sites, `-` when it has none.
+pub(super) fn site_links(out: &mut String, sites: &[u32]) {
+    out.push_str("<td class=\"sites\">");
+    if sites.is_empty() {
+        out.push('-');
+    }
+    for (k, id) in sites.iter().enumerate() {
+        if k > 0 {
+            out.push(' ');
+        }
+        let _ = write!(out, "<a href=\"#{}\">#{id}</a>", site_anchor(*id));
+    }
+    out.push_str("</td>");
 }
