@@ -5,20 +5,21 @@
 //! aggregated.
 
 use std::collections::BTreeMap;
-use std::fs;
-use std::io;
-use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::fileio::{self, ReadError};
-
 use crate::model::{Category, OomSource, Step};
 
+mod file;
+mod invariants;
 mod sites;
+#[cfg(test)]
+mod tests;
 mod tree;
 mod warning;
 
+pub use file::ProfileError;
+pub(crate) use file::{check_schema, read_profile_bytes};
 pub use sites::{CallSite, Frame, SiteSampling, SiteShare, MAX_CALL_SITES, MAX_SITE_SHARES};
 pub use tree::{span_tree, TreeRow};
 pub use warning::{NotRecordedReason, Warning};
@@ -657,72 +658,6 @@ fn one() -> u64 {
     1
 }
 
-/// Why a profile could not be read or written.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ProfileError {
-    /// The file could not be opened or read.
-    #[error("cannot read profile {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// What the OS said.
-        source: io::Error,
-    },
-    /// The file is empty.
-    #[error("profile {path} is empty")]
-    Empty {
-        /// The file.
-        path: PathBuf,
-    },
-    /// The file is larger than any profile highwater writes.
-    #[error("profile {path} is {size} bytes or more, over the {limit}-byte limit for a profile")]
-    TooLarge {
-        /// The file.
-        path: PathBuf,
-        /// Its size.
-        size: u64,
-        /// [`MAX_PROFILE_BYTES`].
-        limit: u64,
-    },
-    /// The file is not a JSON profile of this schema.
-    #[error("profile {path} is not a valid highwater profile: {detail}")]
-    Parse {
-        /// The file.
-        path: PathBuf,
-        /// What was wrong, with line and column.
-        detail: String,
-    },
-    /// The file parses, but breaks a rule every profile satisfies
-    /// ([`Profile::check_invariants`]).
-    #[error("profile {path} is inconsistent: {detail}")]
-    Inconsistent {
-        /// The file.
-        path: PathBuf,
-        /// The broken rule.
-        detail: String,
-    },
-    /// The file is a profile of another schema (see [`SCHEMA`] for the compatibility rule).
-    #[error("profile {path} has schema {found:?}; this highwater reads {expected:?} (the schema changes only when readers break: convert or re-record the profile with a matching highwater)")]
-    Schema {
-        /// The file.
-        path: PathBuf,
-        /// What the file says.
-        found: String,
-        /// [`SCHEMA`].
-        expected: &'static str,
-    },
-    /// Writing the profile failed; no partial file was left behind. (The other outputs fail
-    /// with `highwater_export::ExportError`.)
-    #[error("cannot write profile {path}: {source}")]
-    Write {
-        /// The destination.
-        path: PathBuf,
-        /// What the OS said.
-        source: io::Error,
-    },
-}
-
 impl Profile {
     /// An empty profile of the current schema.
     pub fn empty() -> Profile {
@@ -730,45 +665,6 @@ impl Profile {
             schema: SCHEMA.to_string(),
             ..Profile::default()
         }
-    }
-
-    /// Reads a profile written by [`Profile::write`].
-    ///
-    /// # Errors
-    ///
-    /// [`ProfileError`] naming the file when it cannot be read, is empty, too large, not JSON,
-    /// malformed (wrong types, missing fields, nesting deeper than serde_json's limit) or of
-    /// another schema.
-    pub fn load(path: impl AsRef<Path>) -> Result<Profile, ProfileError> {
-        let path = path.as_ref();
-        let bytes = read_profile_bytes(path)?;
-        Profile::from_json_bytes(&bytes, path)
-    }
-
-    /// Parses a profile from JSON bytes; `path` only names the source in errors.
-    ///
-    /// # Errors
-    ///
-    /// As [`Profile::load`], except for the I/O cases.
-    pub fn from_json_bytes(bytes: &[u8], path: &Path) -> Result<Profile, ProfileError> {
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Err(ProfileError::Empty {
-                path: path.to_path_buf(),
-            });
-        }
-        check_schema(bytes, path)?;
-        let profile: Profile =
-            serde_json::from_slice(bytes).map_err(|error| ProfileError::Parse {
-                path: path.to_path_buf(),
-                detail: error.to_string(),
-            })?;
-        profile
-            .check_invariants()
-            .map_err(|detail| ProfileError::Inconsistent {
-                path: path.to_path_buf(),
-                detail,
-            })?;
-        Ok(profile)
     }
 
     /// The path of span node `id`: names from the outermost span, joined with `/`. Empty for
@@ -794,222 +690,6 @@ impl Profile {
     pub fn span_paths(&self) -> Vec<String> {
         span_paths(&self.spans)
     }
-
-    /// Checks what every profile highwater writes satisfies, so a damaged or hand-edited one is
-    /// refused instead of shown (a category at 300 % of the peak).
-    ///
-    /// # Errors
-    ///
-    /// A sentence naming the first broken rule.
-    pub fn check_invariants(&self) -> Result<(), String> {
-        let peak = self.summary.peak_bytes;
-        let sum = |map: &BTreeMap<Category, u64>| {
-            map.values()
-                .fold(0u128, |total, bytes| total + u128::from(*bytes))
-        };
-        if sum(&self.summary.peak_by_category) > u128::from(peak) {
-            return Err(format!(
-                "summary.peak_by_category adds up to {} bytes, more than peak_bytes {peak}",
-                sum(&self.summary.peak_by_category)
-            ));
-        }
-        for (category, temporary) in &self.summary.peak_temporary_by_category {
-            let at_peak = self.summary.peak_by_category.get(category).copied();
-            if at_peak.unwrap_or(0) < *temporary {
-                return Err(format!(
-                    "summary.peak_temporary_by_category has {temporary} bytes of {category}, \
-                     more than its {} bytes at the peak",
-                    at_peak.unwrap_or(0)
-                ));
-            }
-        }
-        for (index, point) in self.timeline.iter().enumerate() {
-            if sum(&point.by_category) > u128::from(point.live_bytes) {
-                return Err(format!(
-                    "timeline[{index}].by_category adds up to more than its live_bytes {}",
-                    point.live_bytes
-                ));
-            }
-        }
-        for (index, point) in self.peak_window.iter().enumerate() {
-            if sum(&point.by_category) > u128::from(point.live_bytes) || point.live_bytes > peak {
-                return Err(format!(
-                    "peak_window[{index}] holds {} bytes, more than its categories allow or \
-                     above summary.peak_bytes {peak}",
-                    point.live_bytes
-                ));
-            }
-        }
-        for (index, device) in self.devices.iter().enumerate() {
-            if device.peak_bytes > peak {
-                return Err(format!(
-                    "devices[{index}] ({}) peaks at {} bytes, above summary.peak_bytes {peak}",
-                    device.device, device.peak_bytes
-                ));
-            }
-            if sum(&device.peak_by_category) > u128::from(device.peak_bytes) {
-                return Err(format!(
-                    "devices[{index}].peak_by_category adds up to more than its peak_bytes {}",
-                    device.peak_bytes
-                ));
-            }
-        }
-        if let Some((index, live)) = self
-            .largest_at_peak
-            .iter()
-            .enumerate()
-            .find(|(_, live)| live.bytes > peak)
-        {
-            return Err(format!(
-                "largest_at_peak[{index}] is {} bytes, above summary.peak_bytes {peak}",
-                live.bytes
-            ));
-        }
-        if self.oom_events.len() as u64 > self.summary.oom_count {
-            return Err(format!(
-                "oom_events lists {} refusals, more than summary.oom_count {}",
-                self.oom_events.len(),
-                self.summary.oom_count
-            ));
-        }
-        for (index, oom) in self.oom_events.iter().enumerate() {
-            if sum(&oom.live_by_category) > u128::from(oom.live_bytes) {
-                return Err(format!(
-                    "oom_events[{index}].live_by_category adds up to more than its live_bytes {}",
-                    oom.live_bytes
-                ));
-            }
-            if oom.live_bytes > peak {
-                return Err(format!(
-                    "oom_events[{index}] has {} bytes live, above summary.peak_bytes {peak}",
-                    oom.live_bytes
-                ));
-            }
-        }
-        // Folding keeps the tree within these bounds; a deeper or wider one was not written by
-        // highwater, and every view that spells paths would pay for its depth on each node.
-        let max_nodes = 2 * MAX_SPAN_NODES + 1;
-        if self.spans.len() > max_nodes {
-            return Err(format!(
-                "spans has {} nodes; a profile holds at most {max_nodes}",
-                self.spans.len()
-            ));
-        }
-        let mut depths: Vec<u32> = Vec::with_capacity(self.spans.len());
-        for (index, span) in self.spans.iter().enumerate() {
-            if span.id as usize != index {
-                return Err(format!("spans[{index}] has id {}", span.id));
-            }
-            if span.parent.is_some_and(|parent| parent >= span.id) {
-                return Err(format!(
-                    "spans[{index}] names parent {:?}: parents come before their children",
-                    span.parent
-                ));
-            }
-            let depth = span.parent.map_or(0, |parent| depths[parent as usize] + 1);
-            if depth > MAX_SPAN_DEPTH {
-                return Err(format!(
-                    "spans[{index}] is nested {depth} deep; a profile keeps at most \
-                     {MAX_SPAN_DEPTH} levels below the top"
-                ));
-            }
-            depths.push(depth);
-        }
-        if let Some((index, event)) = self
-            .span_events
-            .iter()
-            .enumerate()
-            .find(|(_, event)| event.span as usize >= self.spans.len())
-        {
-            return Err(format!(
-                "span_events[{index}] names span {}, but there are {} spans",
-                event.span,
-                self.spans.len()
-            ));
-        }
-        if let Some(pair) = self
-            .iterations
-            .windows(2)
-            .find(|pair| pair[1].index <= pair[0].index)
-        {
-            return Err(format!(
-                "iterations are out of order ({} then {})",
-                pair[0].index, pair[1].index
-            ));
-        }
-        Ok(())
-    }
-
-    /// Serialises the profile as pretty JSON.
-    pub fn to_json(&self) -> String {
-        // Serialising plain data with string keys cannot fail.
-        serde_json::to_string_pretty(self).unwrap_or_default()
-    }
-
-    /// Writes the profile as JSON to `path`, atomically: a temporary file in the same directory
-    /// is written, synced and renamed over `path`. Missing parent directories are created.
-    ///
-    /// # Errors
-    ///
-    /// [`ProfileError::Write`] when any step fails; the temporary file is removed and `path`
-    /// keeps whatever it held before.
-    pub fn write(&self, path: impl AsRef<Path>) -> Result<(), ProfileError> {
-        let path = path.as_ref();
-        fileio::write_file(path, self.to_json().as_bytes()).map_err(|source| ProfileError::Write {
-            path: path.to_path_buf(),
-            source,
-        })
-    }
-}
-
-/// A profile file's bytes, bounded by [`MAX_PROFILE_BYTES`]; errors name the file.
-pub(crate) fn read_profile_bytes(path: &Path) -> Result<Vec<u8>, ProfileError> {
-    let read_error = |source| ProfileError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
-    // A regular file says its size: refuse an oversized one before reading it. Anything
-    // else (a FIFO, `/dev/zero`) is bounded by the bytes actually read.
-    let too_large = |size| ProfileError::TooLarge {
-        path: path.to_path_buf(),
-        size,
-        limit: MAX_PROFILE_BYTES,
-    };
-    match fs::metadata(path) {
-        Ok(meta) if meta.is_file() && meta.len() > MAX_PROFILE_BYTES => {
-            return Err(too_large(meta.len()))
-        }
-        Ok(_) => {}
-        Err(source) => return Err(read_error(source)),
-    }
-    let bytes = match fileio::read_bounded(path, MAX_PROFILE_BYTES) {
-        Ok(bytes) => bytes,
-        Err(ReadError::Io(source)) => return Err(read_error(source)),
-        Err(ReadError::TooLarge { read }) => return Err(too_large(read)),
-    };
-    Ok(bytes)
-}
-
-/// Refuses a document of another schema, naming both (checked before the whole document is
-/// parsed, so an old or foreign file gets the clearer error).
-pub(crate) fn check_schema(bytes: &[u8], path: &Path) -> Result<(), ProfileError> {
-    #[derive(Deserialize)]
-    struct SchemaOnly {
-        schema: Option<String>,
-    }
-    if let Ok(SchemaOnly {
-        schema: Some(found),
-    }) = serde_json::from_slice::<SchemaOnly>(bytes)
-    {
-        if found != SCHEMA {
-            return Err(ProfileError::Schema {
-                path: path.to_path_buf(),
-                found,
-                expected: SCHEMA,
-            });
-        }
-    }
-    Ok(())
 }
 
 /// Every node's path in `spans`, by index, in one pass (see [`Profile::span_paths`]).
@@ -1023,105 +703,4 @@ pub(crate) fn span_paths(spans: &[SpanMetrics]) -> Vec<String> {
         paths.push(path);
     }
     paths
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn write_then_load_round_trips() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("nested/p.json");
-        let mut profile = Profile::empty();
-        profile.summary.peak_bytes = 12 << 20;
-        profile
-            .summary
-            .peak_by_category
-            .insert(Category::Activation, 8 << 20);
-        profile.write(&path).unwrap();
-        assert_eq!(Profile::load(&path).unwrap(), profile);
-        let leftovers: Vec<_> = fs::read_dir(path.parent().unwrap())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(
-            leftovers.len(),
-            1,
-            "temporary file left behind: {leftovers:?}"
-        );
-    }
-
-    #[test]
-    fn load_names_the_problem() {
-        let dir = tempfile::tempdir().unwrap();
-        let cases: [(&str, &str); 4] = [
-            ("empty.json", ""),
-            ("truncated.json", "{\"schema\": \"highwater/2\", \"summ"),
-            ("other.json", "{\"schema\": \"highwater/99\"}"),
-            ("types.json", "{\"schema\": \"highwater/2\", \"meta\": 3}"),
-        ];
-        let expected = [
-            "is empty",
-            "not a valid",
-            "schema \"highwater/99\"",
-            "not a valid",
-        ];
-        for ((name, text), want) in cases.iter().zip(expected) {
-            let path = dir.path().join(name);
-            fs::write(&path, text).unwrap();
-            let message = Profile::load(&path).unwrap_err().to_string();
-            assert!(message.contains(want), "{name}: {message}");
-            assert!(message.contains(name), "{name}: {message}");
-        }
-        let missing = Profile::load(dir.path().join("missing.json")).unwrap_err();
-        assert!(matches!(missing, ProfileError::Read { .. }));
-    }
-
-    #[test]
-    fn a_profile_without_checkpoint_fields_is_a_final_one() {
-        let mut value = serde_json::to_value(Profile::empty()).unwrap();
-        let meta = value["meta"].as_object_mut().unwrap();
-        for field in [
-            "pid",
-            "partial",
-            "checkpoint_unix_ms",
-            "host",
-            "rank",
-            "local_rank",
-            "world_size",
-            "launcher",
-            "run_id",
-        ] {
-            assert!(meta.remove(field).is_some(), "{field} is written");
-        }
-        value["summary"]
-            .as_object_mut()
-            .unwrap()
-            .remove("final_by_category");
-        let text = serde_json::to_vec(&value).unwrap();
-        let profile = Profile::from_json_bytes(&text, Path::new("old.json")).unwrap();
-        assert!(!profile.meta.partial);
-        assert_eq!(profile.meta.pid, 0);
-        assert_eq!(profile.meta.checkpoint_unix_ms, None);
-        assert_eq!(profile.meta.rank, None, "written before ranks: no rank");
-        assert_eq!(profile.meta.world_size, None);
-        assert!(profile.meta.host.is_empty() && profile.meta.run_id.is_none());
-        assert!(profile.summary.final_by_category.is_empty());
-    }
-
-    #[test]
-    fn failed_write_leaves_no_file() {
-        let dir = tempfile::tempdir().unwrap();
-        // A directory where the file should go makes the final rename fail.
-        let path = dir.path().join("taken");
-        fs::create_dir(&path).unwrap();
-        fs::write(path.join("keep"), "x").unwrap();
-        assert!(Profile::empty().write(&path).is_err());
-        let names: Vec<_> = fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("taken")]);
-    }
 }
