@@ -17,6 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 LAYERS = {
     # The library a training binary links.
     ("src", "crate::"): [
+        "sys",
         "fork_lock",
         "capture",
         "error",

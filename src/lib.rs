@@ -67,6 +67,8 @@ extern crate self as highwater;
 mod capture;
 #[cfg(not(highwater_loom))]
 pub mod device;
+#[cfg(unix)]
+mod sys;
 
 /// The profile document, its vocabulary and the analysis that builds it (the
 /// `highwater-profile` crate): the types a [`Profile`] is made of.

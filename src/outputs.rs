@@ -49,7 +49,7 @@ pub(crate) fn check(path: &Path) -> Result<Output, String> {
     }
     // The writer's own answer: a device, FIFO or open file is written through.
     if crate::fileio::writes_through(&path).map_err(|error| format!("{shown}: {error}"))? {
-        return if writable(&path) {
+        return if crate::sys::file::writable(&path) {
             Ok(Output {
                 path,
                 kind: Kind::WrittenThrough,
@@ -81,7 +81,7 @@ fn check_directory_of(file: &Path) -> Result<(), String> {
         };
         match fs::metadata(dir) {
             Ok(meta) if meta.is_dir() => {
-                return if writable(dir) {
+                return if crate::sys::file::writable(dir) {
                     Ok(())
                 } else {
                     Err(format!("{} is not writable", dir.display()))
@@ -92,17 +92,6 @@ fn check_directory_of(file: &Path) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// Whether this process may write `path` (a directory: create files in it), as
-/// `access(W_OK)` says (which also says "no" on a read-only file system).
-fn writable(path: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(name) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `name` is a valid NUL-terminated string.
-    unsafe { libc::access(name.as_ptr(), libc::W_OK) == 0 }
 }
 
 /// A session's outputs, checked and resolved.

@@ -31,6 +31,7 @@ use crate::model::OomSource;
 use crate::outputs::{self, Outputs};
 use crate::profile::{CaptureMode, Profile, RunMeta, Warning};
 use crate::rank::{self, NameContext};
+use crate::sys;
 
 pub use crate::config::DEFAULT_OUTPUT;
 pub use builder::SessionBuilder;
@@ -214,9 +215,8 @@ impl Drop for Session {
 }
 
 /// This process's id.
-fn this_pid() -> libc::pid_t {
-    // SAFETY: getpid has no preconditions.
-    unsafe { libc::getpid() }
+fn this_pid() -> u32 {
+    crate::sys::process::pid()
 }
 
 /// A snapshot of session `generation`. The session lock is not held while the collector works,
@@ -485,21 +485,17 @@ static EXIT_HANDLER_RAN: AtomicBool = AtomicBool::new(false);
 fn install_process_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     if EXIT_HANDLER_RAN.swap(false, Ordering::SeqCst) {
-        // SAFETY: as below.
-        unsafe { libc::atexit(finish_at_exit) };
+        sys::process::on_exit(finish_at_exit);
     }
     ONCE.call_once(|| {
-        // SAFETY: `finish_at_exit` is an `extern "C" fn()` that does not unwind; the fork
-        // handlers only lock and unlock the session's two mutexes and the names table's (and
-        // cannot unwind).
-        unsafe {
-            libc::atexit(finish_at_exit);
-            libc::pthread_atfork(
-                Some(before_fork),
-                Some(after_fork_unlock),
-                Some(after_fork_unlock),
-            );
-        }
+        // `finish_at_exit` does not unwind; the fork handlers only lock and unlock the
+        // session's two mutexes and the names table's (and cannot unwind).
+        sys::process::on_exit(finish_at_exit);
+        sys::process::on_fork(
+            Some(before_fork),
+            Some(after_fork_unlock),
+            Some(after_fork_unlock),
+        );
     });
 }
 

@@ -51,9 +51,11 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use parking_lot::Mutex;
 
 use crate::capture::{self, lifecycle};
+use crate::sys::signal::{Context, Disposition, Info, Signal, WakePipe, SIGINT, SIGTERM};
+use crate::sys::{self, process};
 
 /// The signals handled, in the order of [`PREVIOUS`]'s entries.
-const SIGNALS: [libc::c_int; 2] = [libc::SIGINT, libc::SIGTERM];
+const SIGNALS: [Signal; 2] = [SIGINT, SIGTERM];
 
 /// The signal being handled (`0`: none). Set by the handler, cleared by the watcher once it
 /// re-raised the signal and the process survived (the program had its own handler).
@@ -65,7 +67,7 @@ static INSTALLED: [AtomicBool; 2] = [const { AtomicBool::new(false) }; 2];
 
 /// Serialises [`arm`] and [`disarm`]; holds the process whose pipe and watcher exist (`0`:
 /// none yet; a forked child sees its parent's and makes its own).
-static STATE: Mutex<libc::pid_t> = Mutex::new(0);
+static STATE: Mutex<u32> = Mutex::new(0);
 /// What the watcher calls when a signal comes: the functions [`arm`] was given.
 static ON_SIGNAL: Mutex<Option<Handlers>> = Mutex::new(None);
 
@@ -84,7 +86,7 @@ pub(crate) struct Handlers {
 }
 
 /// The dispositions [`SIGNALS`] had before highwater's handler, to put back.
-struct Previous(UnsafeCell<[libc::sigaction; 2]>);
+struct Previous(UnsafeCell<[Disposition; 2]>);
 
 // SAFETY: entry `i` is written only by `arm`, under `STATE`, while highwater's handler is not
 // installed for signal `i`; it is read by `disarm` (under `STATE`) and by the handler, which runs
@@ -92,10 +94,7 @@ struct Previous(UnsafeCell<[libc::sigaction; 2]>);
 // installs the handler orders it).
 unsafe impl Sync for Previous {}
 
-static PREVIOUS: Previous = Previous(UnsafeCell::new(
-    // SAFETY: `sigaction` is plain data; all zeroes is SIG_DFL with no flags.
-    unsafe { std::mem::zeroed() },
-));
+static PREVIOUS: Previous = Previous(UnsafeCell::new([Disposition::DEFAULT; 2]));
 
 /// Installs the SIGINT and SIGTERM handlers (and, the first time, the pipe and the watcher
 /// thread). When one of the signals comes, the watcher thread calls one of `handlers` (see
@@ -103,8 +102,7 @@ static PREVIOUS: Previous = Previous(UnsafeCell::new(
 pub(crate) fn arm(handlers: Handlers) -> io::Result<()> {
     let mut watcher_pid = STATE.lock();
     *ON_SIGNAL.lock() = Some(handlers);
-    // SAFETY: getpid has no preconditions.
-    let pid = unsafe { libc::getpid() };
+    let pid = process::pid();
     if *watcher_pid != pid {
         start_watcher()?;
         *watcher_pid = pid;
@@ -113,32 +111,15 @@ pub(crate) fn arm(handlers: Handlers) -> io::Result<()> {
         if INSTALLED[index].load(Ordering::SeqCst) {
             continue;
         }
-        // SAFETY: all-zero is a valid `sigaction`; querying with a null new action changes
-        // nothing.
-        let mut previous: libc::sigaction = unsafe { std::mem::zeroed() };
-        // SAFETY: `previous` is writable.
-        if unsafe { libc::sigaction(signal, std::ptr::null(), &mut previous) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if previous.sa_sigaction == libc::SIG_IGN {
+        let previous = Disposition::of(signal)?;
+        if previous.ignores() {
             continue;
         }
         // SAFETY: our handler is not installed for `signal` (INSTALLED is false), so nothing
         // reads this entry now; `STATE` keeps other writers out.
         unsafe { (*PREVIOUS.0.get())[index] = previous };
-        // SAFETY: all-zero is a valid `sigaction`.
-        let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-        action.sa_sigaction = our_handler();
-        action.sa_flags = libc::SA_RESTART | libc::SA_SIGINFO;
-        // SAFETY: `action.sa_mask` is writable; `action` is fully initialised and its handler
-        // is async-signal-safe (see `on_signal`).
-        let installed = unsafe {
-            libc::sigemptyset(&mut action.sa_mask);
-            libc::sigaction(signal, &action, std::ptr::null_mut())
-        };
-        if installed != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        // The handler is async-signal-safe (see `on_signal`).
+        sys::signal::install(signal, on_signal)?;
         INSTALLED[index].store(true, Ordering::SeqCst);
     }
     Ok(())
@@ -150,37 +131,21 @@ pub(crate) fn disarm() {
     let _state = STATE.lock();
     for (index, signal) in SIGNALS.into_iter().enumerate() {
         if INSTALLED[index].swap(false, Ordering::SeqCst) {
-            // SAFETY: all-zero is a valid `sigaction`; a null new action only queries.
-            let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
-            // SAFETY: `current` is writable.
-            unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) };
-            if current.sa_sigaction != our_handler() {
+            if !Disposition::of(signal).is_ok_and(|current| current.runs(on_signal)) {
                 continue;
             }
             // SAFETY: the entry was written by `arm` before the handler was installed, and
             // `STATE` keeps `arm` from rewriting it now.
-            unsafe { libc::sigaction(signal, &(*PREVIOUS.0.get())[index], std::ptr::null_mut()) };
+            let previous = unsafe { &(*PREVIOUS.0.get())[index] };
+            let _ = previous.set_for(signal);
         }
     }
 }
 
-/// highwater's handler as a `sigaction` value.
-fn our_handler() -> libc::sighandler_t {
-    on_signal as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
-        as libc::sighandler_t
-}
-
 /// Creates the pipe and the watcher thread.
 fn start_watcher() -> io::Result<()> {
-    let mut fds = [-1; 2];
-    // SAFETY: `fds` has room for the two descriptors.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let [read_end, write_end] = fds;
-    // The handler must never block: a full pipe already holds a wake-up.
-    // SAFETY: `write_end` is an open descriptor we own.
-    unsafe { libc::fcntl(write_end, libc::F_SETFL, libc::O_NONBLOCK) };
+    let pipe = WakePipe::new()?;
+    let read_end = pipe.read_end;
     // Wait until the thread is marked internal, so nothing it allocates while starting is
     // recorded (the gate may be open by the time it runs).
     let (ready, internal) = crossbeam_channel::bounded(1);
@@ -198,29 +163,17 @@ fn start_watcher() -> io::Result<()> {
                 .map_err(|_| io::Error::other("the signal watcher thread ended as it started"))
         });
     if let Err(error) = spawned {
-        // SAFETY: both descriptors are open and owned here.
-        unsafe {
-            libc::close(read_end);
-            libc::close(write_end);
-        }
+        pipe.close();
         return Err(error);
     }
-    PIPE_WRITE.store(write_end, Ordering::SeqCst);
+    PIPE_WRITE.store(pipe.write_end, Ordering::SeqCst);
     Ok(())
 }
 
 /// The watcher: waits for a signal's byte, finishes the session, steps aside and re-raises.
-fn watch(read_end: libc::c_int) {
-    loop {
-        let mut byte = 0u8;
-        // SAFETY: `byte` is a writable one-byte buffer; `read_end` stays open for the process.
-        let read = unsafe { libc::read(read_end, (&mut byte as *mut u8).cast(), 1) };
-        if read < 0 && io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-            continue;
-        }
-        if read <= 0 {
-            return;
-        }
+fn watch(read_end: i32) {
+    // The read end stays open for the life of the process.
+    while let Some(byte) = sys::signal::read_byte(read_end) {
         let signal = PENDING.load(Ordering::SeqCst);
         if signal == 0 {
             continue;
@@ -239,28 +192,21 @@ fn watch(read_end: libc::c_int) {
             (handlers.finish)();
         }
         disarm();
-        // SAFETY: kill with our own pid and a valid signal number has no preconditions. With
-        // the previous disposition back, the process now ends (or runs its own handler) as it
-        // would have without highwater.
-        unsafe { libc::kill(libc::getpid(), signal) };
+        // With the previous disposition back, the process now ends (or runs its own handler)
+        // as it would have without highwater.
+        sys::signal::send_to_self(signal);
         PENDING.store(0, Ordering::SeqCst);
     }
 }
 
 /// The handler: async-signal-safe only (atomics, `getpid`, `write`, `sigaction`, `raise`, and
 /// the program's own handler, which was written to run here).
-extern "C" fn on_signal(
-    signal: libc::c_int,
-    info: *mut libc::siginfo_t,
-    context: *mut libc::c_void,
-) {
-    // SAFETY: `__errno_location` returns this thread's errno, always valid.
-    let errno = unsafe { *libc::__errno_location() };
+extern "C" fn on_signal(signal: Signal, info: *mut Info, context: *mut Context) {
+    let errno = sys::signal::errno();
     let index = SIGNALS.iter().position(|&s| s == signal).unwrap_or(0);
     // SAFETY: the entry was written before this handler was installed (see `Previous`).
     let previous = unsafe { &(*PREVIOUS.0.get())[index] };
-    let programs_own =
-        previous.sa_sigaction != libc::SIG_DFL && previous.sa_sigaction != libc::SIG_IGN;
+    let programs_own = previous.has_handler();
     // The session's owner process, as capture knows it (a forked child is not); asking it is
     // async-signal-safe.
     let owner = lifecycle::is_owner_process();
@@ -270,38 +216,21 @@ extern "C" fn on_signal(
             .is_ok();
     let woke = first && {
         let byte = signal as u8 | if programs_own { CHAINED } else { 0 };
-        let pipe = PIPE_WRITE.load(Ordering::SeqCst);
-        // SAFETY: write is async-signal-safe; the buffer is one valid byte.
-        let written = unsafe { libc::write(pipe, (&byte as *const u8).cast(), 1) };
-        written == 1
+        sys::signal::write_byte(PIPE_WRITE.load(Ordering::SeqCst), byte)
     };
     if first && !woke {
         PENDING.store(0, Ordering::SeqCst);
     }
     if programs_own {
-        // SAFETY: the program installed this handler for `signal` with these flags; it is
-        // called with the arguments the kernel gave us, as the kernel would have called it.
-        unsafe {
-            if previous.sa_flags & libc::SA_SIGINFO != 0 {
-                let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
-                    std::mem::transmute(previous.sa_sigaction);
-                handler(signal, info, context);
-            } else {
-                let handler: extern "C" fn(libc::c_int) =
-                    std::mem::transmute(previous.sa_sigaction);
-                handler(signal);
-            }
-        }
+        // SAFETY: this is the handler running for `signal`, with the kernel's arguments, and
+        // the program installed a handler of its own.
+        unsafe { previous.call(signal, info, context) };
     } else if !woke {
         // Step aside: a forked child, a second signal, or no watcher to wake.
-        // SAFETY: sigaction and raise are async-signal-safe; the entry was written before this
-        // handler was installed (see `Previous`). The signal is blocked while its handler runs,
-        // so the re-raised one is delivered, with the old disposition, when we return.
-        unsafe {
-            libc::sigaction(signal, previous, std::ptr::null_mut());
-            libc::raise(signal);
-        }
+        // The signal is blocked while its handler runs, so the re-raised one is delivered,
+        // with the old disposition, when we return.
+        let _ = previous.set_for(signal);
+        sys::signal::raise(signal);
     }
-    // SAFETY: as above.
-    unsafe { *libc::__errno_location() = errno };
+    sys::signal::set_errno(errno);
 }

@@ -27,16 +27,7 @@ pub(crate) fn ticks() -> u64 {
 fn monotonic_ns() -> u64 {
     #[cfg(unix)]
     {
-        let mut now = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `now` is a valid, writable timespec; CLOCK_MONOTONIC always exists on the
-        // unix targets std supports, so the call cannot fail.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-        (now.tv_sec as u64)
-            .wrapping_mul(1_000_000_000)
-            .wrapping_add(now.tv_nsec as u64)
+        crate::sys::clock::monotonic_ns()
     }
     #[cfg(not(unix))]
     {

@@ -14,6 +14,8 @@ use std::sync::OnceLock;
 
 use super::raw::RawEvent;
 use super::sync::SlotCell;
+#[cfg(unix)]
+use crate::sys::{self, process::ThreadExitKey};
 
 /// Maps zeroed storage for `capacity` slots outside the global allocator; `None` if the system
 /// refuses. Kept while the ring keeps its size (rings are reused by later threads and
@@ -24,23 +26,8 @@ pub(crate) fn alloc_ring_storage(capacity: u64) -> Option<*mut SlotCell<RawEvent
         .checked_mul(std::mem::size_of::<SlotCell<RawEvent>>())?;
     #[cfg(unix)]
     {
-        // SAFETY: an anonymous private mapping with no address hint has no preconditions; the
-        // result is checked against MAP_FAILED before use.
-        let pointer = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if pointer == libc::MAP_FAILED {
-            return None;
-        }
         // Zeroed pages are valid `RawEvent`s (plain integers) inside transparent cells.
-        Some(pointer.cast())
+        sys::memory::map_zeroed(bytes).map(|start| start.as_ptr().cast())
     }
     #[cfg(not(unix))]
     {
@@ -62,9 +49,11 @@ pub(crate) unsafe fn free_ring_storage(slots: *mut SlotCell<RawEvent>, capacity:
     let bytes = capacity as usize * std::mem::size_of::<SlotCell<RawEvent>>();
     #[cfg(unix)]
     {
-        // SAFETY: `slots` is the start of a mapping of `bytes` bytes (the caller's contract),
-        // which nobody uses any more. A failure leaves the mapping in place: harmless.
-        unsafe { libc::munmap(slots.cast(), bytes) };
+        if let Some(start) = std::ptr::NonNull::new(slots.cast()) {
+            // SAFETY: `slots` is the start of a mapping of `bytes` bytes (the caller's
+            // contract), which nobody uses any more.
+            unsafe { sys::memory::unmap(start, bytes) };
+        }
     }
     #[cfg(not(unix))]
     {
@@ -100,21 +89,18 @@ static FORKED_CHILD: AtomicBool = AtomicBool::new(false);
 pub(crate) fn install(callbacks: Callbacks) {
     #[cfg(unix)]
     {
-        // SAFETY: getpid has no preconditions.
-        OWNER_PID.store(unsafe { libc::getpid() } as u64, Ordering::SeqCst);
+        OWNER_PID.store(u64::from(sys::process::pid()), Ordering::SeqCst);
         // A forked child that starts its own session owns the rings from now on.
         FORKED_CHILD.store(false, Ordering::SeqCst);
         static ONCE: std::sync::Once = std::sync::Once::new();
         ONCE.call_once(|| {
             let _ = CALLBACKS.set(callbacks);
-            let mut key: libc::pthread_key_t = 0;
-            // SAFETY: `key` is writable; `on_thread_exit` has the destructor signature.
-            if unsafe { libc::pthread_key_create(&mut key, Some(on_thread_exit)) } == 0 {
-                EXIT_KEY.store(u64::from(key), Ordering::Release);
+            if let Some(key) = ThreadExitKey::create(on_thread_exit) {
+                EXIT_KEY.store(key.to_bits(), Ordering::Release);
             }
-            // SAFETY: `in_forked_child` stores to an atomic and runs the fork callback, which
+            // `in_forked_child` stores to an atomic and runs the fork callback, which
             // `Callbacks` requires to be async-signal-safe.
-            unsafe { libc::pthread_atfork(None, None, Some(in_forked_child)) };
+            sys::process::on_fork(None, None, Some(in_forked_child));
         });
     }
 }
@@ -124,8 +110,7 @@ pub(crate) fn install(callbacks: Callbacks) {
 pub(crate) fn is_owner_process() -> bool {
     #[cfg(unix)]
     {
-        // SAFETY: getpid has no preconditions.
-        let pid = unsafe { libc::getpid() } as u64;
+        let pid = u64::from(sys::process::pid());
         !FORKED_CHILD.load(Ordering::SeqCst) && OWNER_PID.load(Ordering::SeqCst) == pid
     }
     #[cfg(not(unix))]
@@ -134,12 +119,9 @@ pub(crate) fn is_owner_process() -> bool {
 
 /// The calling thread's OS id (`gettid` on Linux), for naming threads in a profile.
 pub(crate) fn os_thread_id() -> u64 {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: gettid has no preconditions and cannot fail.
-        unsafe { libc::gettid() as u64 }
-    }
-    #[cfg(not(target_os = "linux"))]
+    #[cfg(unix)]
+    return sys::process::thread_id();
+    #[cfg(not(unix))]
     0
 }
 
@@ -151,10 +133,7 @@ pub(crate) fn watch_thread_exit(index: usize) {
         let key = EXIT_KEY.load(Ordering::Acquire);
         if key != u64::MAX {
             // The value is `index + 1` (the destructor runs only for non-null values).
-            // SAFETY: `key` came from pthread_key_create; the value is never dereferenced.
-            unsafe {
-                libc::pthread_setspecific(key as libc::pthread_key_t, (index + 1) as *const _)
-            };
+            ThreadExitKey::from_bits(key).set(index + 1);
         }
     }
     #[cfg(not(unix))]

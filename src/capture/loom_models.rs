@@ -14,8 +14,8 @@ use super::oom::{Collector, SoundTicket, TicketProtocol, Tickets, Waited, OOM_CH
 use super::raw::{RawEvent, RawKind};
 use super::registry::{Registry, Slot, SlotState};
 use super::ring::{ParkProtocol, Pushed, Ring, SoundPark, WhenFull};
+use super::sync::WaitWord;
 use super::sync::{fence, AtomicBool, AtomicU32, AtomicU64, Ordering, SlotCell};
-use super::wake::WaitWord;
 use loom::sync::atomic::AtomicUsize;
 
 /// The session's answers to a producer with a full ring, as a model sets them, and the

@@ -13,6 +13,7 @@ pub(crate) mod raw;
 pub(crate) mod registry;
 pub(crate) mod ring;
 pub(crate) mod sync;
+#[cfg(not(highwater_loom))]
 pub(crate) mod wake;
 
 #[cfg(not(highwater_loom))]

@@ -19,8 +19,8 @@
 
 use std::time::{Duration, Instant};
 
+use super::sync::WaitWord;
 use super::sync::{fence, AtomicU32, Ordering};
-use super::wake::WaitWord;
 
 /// Longest a refused thread waits for its checkpoint unless the session says otherwise
 /// (`SessionBuilder::oom_wait`): long enough to write a profile on a busy machine, short enough
@@ -209,19 +209,6 @@ mod process {
     /// (`0`: never).
     static LAST_WAIT: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
 
-    /// The monotonic clock, ns: allocation- and lock-free (the vDSO).
-    fn monotonic_ns() -> u64 {
-        let mut now = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: `now` is a valid timespec to write; CLOCK_MONOTONIC always exists on Linux.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-        (now.tv_sec as u64)
-            .saturating_mul(1_000_000_000)
-            .saturating_add(now.tv_nsec as u64)
-    }
-
     /// Longest a refused thread waits, in milliseconds: the running session's bound.
     static WAIT_MS: AtomicU64 = AtomicU64::new(OOM_CHECKPOINT_WAIT.as_millis() as u64);
 
@@ -264,7 +251,7 @@ mod process {
             OomSource::Pool => 1,
             OomSource::Driver => 2,
         }];
-        let now = monotonic_ns();
+        let now = crate::sys::clock::monotonic_ns();
         let last = last_wait.load(Ordering::Acquire);
         let recent = last != 0 && now.saturating_sub(last) < OOM_CHECKPOINT_EVERY.as_nanos() as u64;
         // One thread per window waits: the others lose the race and only record.

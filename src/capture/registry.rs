@@ -8,8 +8,8 @@
 //! only after the collector has seen everything the previous owner wrote.
 
 use super::ring::Ring;
+use super::sync::WaitWord;
 use super::sync::{AtomicU32, AtomicU64, Ordering};
-use super::wake::WaitWord;
 
 /// The table's size: the most threads a session can be set to record at the same time
 /// (`HIGHWATER_MAX_THREADS`). Slots past a session's limit are never touched.

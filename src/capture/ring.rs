@@ -31,8 +31,10 @@ use std::time::Duration;
 
 use super::gate::{GateProtocol, Sound};
 use super::raw::{RawEvent, RawKind};
-use super::sync::{fence, AtomicBool, AtomicPtr, AtomicU64, Ordering, SlotCell};
-use super::wake::WaitWord;
+use super::sync::WaitWord;
+use super::sync::{
+    fence, read_mark, AtomicBool, AtomicPtr, AtomicU64, Ordering, SlotCell, SPIN_READS,
+};
 
 /// What became of a push.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,10 +78,7 @@ pub(crate) trait ParkProtocol {
 pub(crate) const PARK_TIMEOUT: Duration = Duration::from_millis(1);
 
 /// Reads of `tail` a producer spins through before it parks.
-#[cfg(not(highwater_loom))]
-const SPINS: u32 = 128;
-#[cfg(highwater_loom)]
-const SPINS: u32 = 1;
+const SPINS: u32 = SPIN_READS;
 
 /// Registers as parked, then checks room (and whether the collector still serves), then
 /// sleeps: the store-buffering pair with the collector's "publish `tail` (or stop serving),
@@ -505,10 +504,7 @@ impl Ring {
     /// included). After [`close_gate`](super::gate::close_gate), a `false` means every event recorded under the open
     /// gate is published.
     pub(crate) fn is_busy(&self) -> bool {
-        #[cfg(not(highwater_loom))]
-        return self.producer.busy.load(Ordering::SeqCst) != 0;
-        #[cfg(highwater_loom)]
-        return self.producer.busy.load(Ordering::Acquire) != 0;
+        read_mark(&self.producer.busy)
     }
 }
 

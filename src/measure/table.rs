@@ -8,6 +8,7 @@
 //!
 //! One thread owns a table (the measuring thread), so nothing here is atomic.
 
+use crate::sys;
 use std::ptr::NonNull;
 
 /// One slot: a block's address (`0`: empty) and its value (the meter packs the span node it
@@ -214,7 +215,7 @@ impl Drop for AddressTable {
         if let Some(slots) = self.slots {
             // SAFETY: `slots` is the start of a mapping of exactly `capacity` slots made by
             // `map_slots` and not unmapped before; nothing refers to it after this.
-            unsafe { libc::munmap(slots.as_ptr().cast(), self.capacity * size_of::<Slot>()) };
+            unsafe { sys::memory::unmap(slots.cast(), self.capacity * size_of::<Slot>()) };
         }
     }
 }
@@ -230,21 +231,7 @@ fn home(addr: usize, mask: usize) -> usize {
 /// Maps `capacity` zeroed slots (zero is [`EMPTY`]) straight from the kernel.
 fn map_slots(capacity: usize) -> Option<NonNull<Slot>> {
     let bytes = capacity.checked_mul(size_of::<Slot>())?;
-    // SAFETY: an anonymous private mapping with no address hint; the result is checked.
-    let mapped = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            bytes,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if mapped == libc::MAP_FAILED {
-        return None;
-    }
-    NonNull::new(mapped.cast())
+    sys::memory::map_zeroed(bytes).map(NonNull::cast)
 }
 
 #[cfg(test)]

@@ -14,7 +14,6 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use super::naming::with_tag;
@@ -174,7 +173,7 @@ fn try_claim(path: &Path, who: &str) -> Attempt {
             Ok(meta) if meta.is_file() => {}
             _ => return Attempt::Held(format!("{} is not a regular file", lock.display())),
         }
-        match lock_whole(&file) {
+        match crate::sys::file::lock_whole(&file) {
             Ok(true) => {}
             Ok(false) => return Attempt::Held(holder(&mut file)),
             // No locks on this file system (ENOLCK), or none for this file: write as before.
@@ -206,28 +205,6 @@ fn try_claim(path: &Path, who: &str) -> Attempt {
         "its lock file {} was replaced again and again",
         lock.display()
     ))
-}
-
-/// Takes a write lock on all of `file` without waiting: `Ok(false)` when another process holds
-/// a lock on it.
-fn lock_whole(file: &File) -> io::Result<bool> {
-    // SAFETY: an all-zero `flock` is a valid value of the plain C struct; the fields that
-    // matter are set below.
-    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
-    lock.l_type = libc::F_WRLCK as libc::c_short;
-    lock.l_whence = libc::SEEK_SET as libc::c_short;
-    lock.l_start = 0;
-    lock.l_len = 0; // to the end, however long the file grows
-                    // SAFETY: the descriptor is open for the call's duration and `lock` is a valid `flock`.
-    let result = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &lock) };
-    if result == 0 {
-        return Ok(true);
-    }
-    let error = io::Error::last_os_error();
-    match error.raw_os_error() {
-        Some(libc::EACCES | libc::EAGAIN) => Ok(false),
-        _ => Err(error),
-    }
 }
 
 /// What the holder wrote into its lock file (at most a line), or a plain description.

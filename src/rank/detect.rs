@@ -159,16 +159,9 @@ pub(crate) fn detect(var: impl Fn(&str) -> Option<OsString>) -> Result<Launch, E
     })
 }
 
-/// This host's name (`gethostname`), or an empty string if it cannot be read.
+/// This host's name, or an empty string if it cannot be read.
 pub(crate) fn host_name() -> String {
-    let mut buffer = [0u8; 256];
-    // SAFETY: `buffer` is writable for its whole length, which is what we pass.
-    let ok = unsafe { libc::gethostname(buffer.as_mut_ptr().cast(), buffer.len()) } == 0;
-    if !ok {
-        return String::new();
-    }
-    let end = buffer.iter().position(|&b| b == 0).unwrap_or(buffer.len());
-    String::from_utf8_lossy(&buffer[..end]).into_owned()
+    crate::sys::process::host_name()
 }
 
 #[cfg(test)]
