@@ -5,9 +5,7 @@
 //!
 //! Needs `chromium` (see `tests/support/browser.rs`).
 
-#[path = "support/browser.rs"]
-mod browser;
-use browser::{browser, run_browser};
+use highwater_testkit::browser::{browser, run_browser};
 
 use highwater::profile::ranks::{compare, CompareOptions, DeviceCheck, CURVE_POINTS};
 use highwater::profile::units::format_bytes;

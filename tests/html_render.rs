@@ -6,9 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-#[path = "support/browser.rs"]
-mod browser;
-use browser::{browser, run_browser};
+use highwater_testkit::browser::{browser, run_browser};
 
 use highwater::profile::units::format_bytes;
 use highwater::Profile;

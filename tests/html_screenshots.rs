@@ -17,9 +17,7 @@ use std::sync::OnceLock;
 use highwater::{Alloc, Category, Profile, Session, Step};
 use highwater_export::html;
 
-#[path = "support/browser.rs"]
-mod browser;
-use browser::{browser, run_browser};
+use highwater_testkit::browser::{browser, run_browser};
 
 #[global_allocator]
 static ALLOC: Alloc = Alloc::system();

@@ -21,8 +21,6 @@ use highwater::profile::alloc_log::AllocLog;
 use highwater::{Alloc, Category, Profile, Session};
 use highwater_export::torch;
 
-#[path = "support/browser.rs"]
-mod browser;
 
 #[global_allocator]
 static ALLOC: Alloc = Alloc::system();
@@ -212,7 +210,7 @@ fn pytorchs_own_viewer_renders_the_export_and_draws_the_real_peak() {
         );
         return;
     };
-    let Some(chromium) = browser::browser() else {
+    let Some(chromium) = highwater_testkit::browser::browser() else {
         return;
     };
     let viewer = Path::new(&dir);
@@ -245,7 +243,7 @@ fn pytorchs_own_viewer_renders_the_export_and_draws_the_real_peak() {
         );
         let path = work.path().join(format!("viewer-{window}.html"));
         std::fs::write(&path, page).unwrap();
-        let dom = browser::run_browser(
+        let dom = highwater_testkit::browser::run_browser(
             &chromium,
             &work.path().join("chromium-profile"),
             &path,
@@ -279,7 +277,7 @@ fn pytorchs_own_viewer_renders_the_export_and_draws_the_real_peak() {
         );
         if let Some(keep) = std::env::var_os("HIGHWATER_SCREENSHOT_DIR") {
             let shot = Path::new(&keep).join(format!("torch-viewer-{window}.png"));
-            browser::run_browser(
+            highwater_testkit::browser::run_browser(
                 &chromium,
                 &work.path().join("chromium-profile"),
                 &path,

@@ -7,7 +7,9 @@
 //! - [`workloads`]: allocation-heavy programs of other crates' code, run by the workload tests,
 //!   the `workload` example and `scripts/compare_profilers.py`.
 //! - [`cpu`]: CPU time of a thread, the process and the collector thread.
+//! - [`browser`]: headless Chromium, for the tests that look at a page as a person would.
 
+pub mod browser;
 pub mod cpu;
 pub mod ranks;
 pub mod sample;

@@ -1,7 +1,5 @@
 //! Headless Chromium for the tests that look at a page as a person would: find the browser,
-//! run it on a file, read what it printed. Included by the browser tests with `#[path]`.
-
-#![allow(dead_code)]
+//! run it on a file, read what it printed.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
