@@ -1,17 +1,28 @@
 #!/usr/bin/env python3
-"""Run every highwater benchmark in one go and print the tables of BENCHMARKS.md.
+"""Run highwater's benchmarks and write BENCHMARKS.md from what they measured.
 
-    scripts/bench.py                 # everything, about 10-15 minutes on 2 cores
-    scripts/bench.py --quick         # a smaller stream and baseline prefix, for a smoke test
-    scripts/bench.py --out FILE      # also write the Markdown there
-    scripts/bench.py --report-only   # re-print the tables from the last run's results
+    scripts/bench.py --out BENCHMARKS.md     # measure everything (about an hour on 2 cores)
+    scripts/bench.py --quick                 # smaller inputs, for a smoke test
+    scripts/bench.py --only hot,analysis     # measure some parts, keep the others' last results
+    scripts/bench.py --report-only --out BENCHMARKS.md   # re-render from the last results
 
-Each table compares contenders measured in this same run, as ratios; absolute figures are
-labelled with the machine they came from (printed at the top). Results land in
-$CARGO_TARGET_DIR (or ./target): criterion's estimates under criterion/, the analysis bench's
-JSON under highwater-bench/.
+Every figure lands in one JSON file, $CARGO_TARGET_DIR/highwater-bench/bench.json (or
+./target/...), and BENCHMARKS.md is rendered from it alone: the document is never edited by
+hand. Parts:
 
-Needs: cargo, python3 (standard library only), lscpu (optional, for the machine label).
+- `hot`: the 64-byte alloc + free pair under each allocator (`cargo bench --bench hot_path`);
+- `workloads`: real programs against heaptrack and massif (`scripts/compare_profilers.py`);
+- `candle`: the candle MLP's step time, recorded and not, in alternating blocks
+  (`train_mlp --ab`);
+- `analysis`: replaying a recorded stream, and the profile's size and write/read time
+  (`cargo bench --bench analysis`);
+- `pools`: the device pool manager (`cargo bench --bench pools`);
+- `cuda`: what building with the `cuda` feature costs a CPU-only run
+  (`scripts/cuda_feature_cost.py`).
+
+Ratios compare contenders measured in the same run, alternating, so they share the machine's
+load; absolute figures carry the machine line. Do not run it while anything else builds.
+Needs: cargo, python3 (standard library only); heaptrack, valgrind and zstd for `workloads`.
 """
 
 import argparse
@@ -20,6 +31,7 @@ import json
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -27,33 +39,37 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+OUT_DIR = TARGET / "highwater-bench"
+RESULTS = OUT_DIR / "bench.json"
 CRITERION = TARGET / "criterion"
+PARTS = ["hot", "workloads", "candle", "analysis", "pools", "cuda"]
 
 HOT_PATH_ROWS = [
     ("system", "system allocator"),
-    ("highwater_passthrough", "highwater, no session (passthrough)"),
+    ("highwater_passthrough", "highwater, no session"),
     ("highwater_recording", "highwater, recording"),
-    ("stats_alloc", "stats_alloc"),
-    ("tracking_allocator", "tracking-allocator (counting tracker)"),
-    ("dhat", "dhat (heap mode)"),
+    ("stats_alloc", "stats_alloc (counts only)"),
+    ("tracking_allocator", "tracking-allocator (counts only)"),
+    ("dhat", "dhat (heap profiler)"),
 ]
+
+# The added CPU per event the workloads are held to (issue 36).
+CPU_PER_EVENT_TARGET_NS = 60
 
 
 def log(message):
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-REPORT_ONLY = False
-
-
 def run(args, env=None, capture=True):
-    """Runs a command from the repository root; returns its stdout (stderr goes through)."""
-    if REPORT_ONLY:
-        return ""
+    """Runs a command from the repository root; returns its stdout."""
     log(" ".join(args))
-    merged = dict(os.environ, **(env or {}))
     done = subprocess.run(
-        args, cwd=ROOT, env=merged, text=True, stdout=subprocess.PIPE if capture else None
+        args,
+        cwd=ROOT,
+        env=dict(os.environ, **(env or {})),
+        text=True,
+        stdout=subprocess.PIPE if capture else None,
     )
     if done.returncode != 0:
         sys.exit(f"command failed ({done.returncode}): {' '.join(args)}")
@@ -67,9 +83,6 @@ def machine():
         found = re.search(r"^Model name:\s*(.+)$", lscpu, re.M)
         if found:
             model = found.group(1).strip()
-        hypervisor = re.search(r"^Hypervisor vendor:\s*(.+)$", lscpu, re.M)
-        if hypervisor:
-            model += f" ({hypervisor.group(1).strip()} guest)"
     except OSError:
         pass
     rustc = subprocess.run(["rustc", "-V"], text=True, capture_output=True).stdout.strip()
@@ -77,11 +90,93 @@ def machine():
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True, capture_output=True
     ).stdout.strip()
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (
-        f"Machine: {model}, {cores} cores, {platform.system()} {platform.release()}; "
-        f"{rustc}; commit {commit}; {when}; load average at start {load:.2f}."
+    return {
+        "line": f"{model}, {cores} cores, {platform.system()} {platform.release()}; {rustc}",
+        "commit": commit,
+        "when": when,
+        "load": os.getloadavg()[0],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring: each part returns plain data for bench.json.
+
+
+def measure_hot():
+    path = OUT_DIR / "hot_path.json"
+    run(
+        ["cargo", "bench", "--bench", "hot_path", "--", "alloc_free_64B"],
+        env={"HIGHWATER_BENCH_HOT_OUT": str(path)},
     )
+    return json.loads(path.read_text())
+
+
+def measure_workloads(quick):
+    command = [sys.executable, str(ROOT / "scripts" / "compare_profilers.py"), "--skip"]
+    # massif runs the programs under valgrind: only where its exact peak is the check.
+    command.append("massif:rayon,massif:tight1,massif:tight2,massif:realloc")
+    if quick:
+        command.append("--quick")
+    run(command, capture=False)
+    return json.loads((OUT_DIR / "compare_profilers.json").read_text())
+
+
+def measure_candle(steps):
+    run(["cargo", "build", "--release", "--features", "candle", "--example", "train_mlp"])
+    binary = TARGET / "release" / "examples" / "train_mlp"
+    out = OUT_DIR / "train_mlp_ab.json"
+    text = run([str(binary), "--ab", "--steps", str(steps), "--out", str(out)])
+    result = {"steps": steps}
+    for what in ("wall", "cpu"):
+        found = re.search(
+            rf"^ab {what}\s*: recorded ([\d.]+) ms/step, unrecorded ([\d.]+) ms/step; ratio of "
+            rf"means ([\d.]+), median pair ratio ([\d.]+) \((\d+) pairs\)",
+            text,
+            re.M,
+        )
+        if found:
+            on, off, _, median, pairs = found.groups()
+            result[what] = {
+                "recorded_ms": float(on),
+                "unrecorded_ms": float(off),
+                "median_pair_ratio": float(median),
+                "pairs": int(pairs),
+            }
+    return result
+
+
+def measure_analysis(quick):
+    path = OUT_DIR / "analysis.json"
+    env = {"HIGHWATER_BENCH_OUT": str(path)}
+    if quick:
+        env.update(HIGHWATER_BENCH_EVENTS="1000000", HIGHWATER_BENCH_PREFIX="5000")
+    run(["cargo", "bench", "--bench", "analysis"], env=env, capture=False)
+    return json.loads(path.read_text())
+
+
+def measure_pools():
+    started = time.time()
+    run(["cargo", "bench", "--bench", "pools"])
+    rows = {}
+    for path in CRITERION.glob("**/new/estimates.json"):
+        if path.stat().st_mtime < started:
+            continue
+        bench = path.parent.parent
+        estimate = json.loads(path.read_text())["mean"]["point_estimate"]
+        rows[str(bench.relative_to(CRITERION))] = estimate
+    return rows
+
+
+def measure_cuda(quick):
+    command = [sys.executable, str(ROOT / "scripts" / "cuda_feature_cost.py"), "--json"]
+    if quick:
+        command += ["--runs", "2", "--steps", "60"]
+    lines = [line for line in run(command).splitlines() if line.startswith("{")]
+    return json.loads(lines[-1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering: BENCHMARKS.md from bench.json alone.
 
 
 def ns(value):
@@ -101,92 +196,35 @@ def seconds(value):
 
 
 def size(value):
+    sign = "−" if value < 0 else ""
+    value = abs(value)
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if value >= scale:
-            return f"{value / scale:,.1f} {unit}"
-    return f"{value:,} B"
+            return f"{sign}{value / scale:,.1f} {unit}"
+    return f"{sign}{value:,} B"
 
 
 def ratio(value, base):
-    if not base:
+    if not value or not base:
         return "–"
-    r = value / base
-    if r >= 100:
-        return f"{r:,.0f}×"
-    return f"{r:,.2f}×" if r >= 0.1 else f"1/{1 / r:,.0f}"
+    return f"{value / base:,.2f}×"
 
 
-def per_iteration(directory):
-    """Criterion's samples of one benchmark, as ns per iteration, sorted."""
-    data = json.loads((directory / "new" / "sample.json").read_text())
-    return sorted(t / i for t, i in zip(data["times"], data["iters"]))
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
 
-def estimate(directory):
-    """Criterion's mean estimate of one benchmark, in ns per iteration."""
-    data = json.loads((directory / "new" / "estimates.json").read_text())
-    return data["mean"]["point_estimate"]
-
-
-def hot_path():
-    results = TARGET / "highwater-bench" / "hot_path.json"
-    stdout = TARGET / "highwater-bench" / "hot_path.stdout"
-    if REPORT_ONLY:
-        out = stdout.read_text() if stdout.exists() else ""
-    else:
-        out = run(
-            ["cargo", "bench", "--bench", "hot_path", "--", "alloc_free_64B"],
-            env={"HIGHWATER_BENCH_HOT_OUT": str(results)},
-        )
-        stdout.write_text(out)
-    drops = dict(re.findall(r"^highwater_recording/(\d+): .*\(([\d.]+)% dropped\)", out, re.M))
-    group = CRITERION / "alloc_free_64B"
-    threads = sorted({int(p.name) for p in (group / "system").iterdir() if p.name.isdigit()})
-    samples = {
-        (name, t): per_iteration(group / name / str(t))
-        for name, _ in HOT_PATH_ROWS
-        for t in threads
-        if (group / name / str(t) / "new" / "sample.json").exists()
-    }
-
-    def table(pick, what):
-        lines = [
-            "| allocator | "
-            + " | ".join(
-                f"{t} thread{'s' if t > 1 else ''}: {what}, ×system, ×stats_alloc" for t in threads
-            )
-            + " |",
-            "|---|" + "---|" * len(threads),
-        ]
-        for name, label in HOT_PATH_ROWS:
-            cells = []
-            for t in threads:
-                if (name, t) not in samples:
-                    cells.append("–")
-                    continue
-                value = pick(samples[(name, t)])
-                system = pick(samples[("system", t)]) if ("system", t) in samples else None
-                stats = pick(samples[("stats_alloc", t)]) if ("stats_alloc", t) in samples else None
-                cells.append(f"{ns(value)}, {ratio(value, system)}, {ratio(value, stats)}")
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        return lines
-
-    turns = json.loads(results.read_text())
-    by_key = {(r["name"], r["threads"]): r for r in turns if "fastest_ns" in r}
-    turn_drops = {r["threads"]: r for r in turns if r["name"] == "highwater_recording_drops"}
-    any_row = next(iter(by_key.values()))
+def render_hot(rows, losses):
+    by_key = {(r["name"], r["threads"]): r for r in rows if "fastest_ns" in r}
+    threads = sorted({t for _, t in by_key})
     lines = [
-        f"**Interleaved batches** (the headline): {any_row['batches']} rounds; in each, every "
-        "contender runs one batch of about 2 ms (the order rotating), so all see the same mix of "
-        "quiet and busy moments on a shared machine. Time per 64-byte `alloc` + `dealloc` pair "
-        "per thread, all threads running at once; fastest batch, then median batch; ratios are "
-        "to the system allocator and to stats_alloc in the same column, fastest to fastest.",
+        "Time per 64-byte `alloc` + `dealloc` pair per thread, all threads at once, in "
+        "interleaved batches of about 2 ms (every allocator runs one batch per round, the order "
+        "rotating); fastest batch, median batch in brackets. Ratios are fastest to fastest.",
         "",
         "| allocator | "
-        + " | ".join(
-            f"{t} thread{'s' if t > 1 else ''}: fastest (median) ns/pair, ×system, ×stats_alloc"
-            for t in threads
-        )
+        + " | ".join(f"{t} thread{'s' if t > 1 else ''}: ns/pair, ×system, ×stats_alloc" for t in threads)
         + " |",
         "|---|" + "---|" * len(threads),
     ]
@@ -204,237 +242,256 @@ def hot_path():
                 f"{ratio(row['fastest_ns'], system)}, {ratio(row['fastest_ns'], stats)}"
             )
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    if turn_drops:
-        lines += [
-            "",
-            "Events highwater dropped in these batches: "
-            + ", ".join(
-                f"{t} thread{'s' if t > 1 else ''}: "
-                f"{100 * r['dropped'] / max(1, r['recorded'] + r['dropped']):.1f}%"
-                for t, r in sorted(turn_drops.items())
+    for t in threads:
+        ours = by_key.get(("highwater_recording", t), {}).get("fastest_ns")
+        stats = by_key.get(("stats_alloc", t), {}).get("fastest_ns")
+        if ours and stats and ours > stats:
+            losses.append(
+                f"The recording pair costs {ours / stats:.1f}× a counting allocator's on "
+                f"{t} thread{'s' if t > 1 else ''} ({ns(ours)} against {ns(stats)}): it reads the "
+                "clock and writes a 32-byte event where stats_alloc adds to two counters."
             )
-            + " (a 2 ms burst fits in a thread's ring; the collector drains it between bursts).",
-        ]
+    return lines
+
+
+def events_made(runs):
+    return median(
+        [r["result"]["events"] + r["result"]["dropped_events"] for r in runs.get("highwater lossless", [])]
+    )
+
+
+def added_cpu(runs, label, events):
+    rows, base = runs.get(label), runs.get("unprofiled")
+    if not rows or not base or not events:
+        return None
+    if label == "heaptrack":
+        pick = lambda row: row.get("cpu_s")  # noqa: E731
+    else:
+        pick = lambda row: row["result"].get("work_cpu_s")  # noqa: E731
+    if any(pick(r) is None for r in rows + base):
+        return None
+    return 1e9 * (median([pick(r) for r in rows]) - median([pick(r) for r in base])) / events
+
+
+def render_workloads(data, losses):
+    labels = ["highwater lossless", "highwater drop mode", "heaptrack"]
+    lines = [
+        "Each program is one release binary (`examples/workload.rs`), run unprofiled "
+        "(`HIGHWATER=off`), under highwater lossless (the default) and in drop mode, under "
+        "heaptrack and under `valgrind --tool=massif`, alternating; medians of three. *Work* is "
+        "the time the program measures around its work; *added CPU per event* is (CPU profiled "
+        "− CPU unprofiled) / the allocations, frees and reallocs it made, which is what "
+        "recording costs a program that keeps every core busy.",
+        "",
+        "| workload | events | lossless: work ×, added CPU/event | drop mode: work ×, added "
+        "CPU/event | heaptrack: work ×, added CPU/event | peak: highwater − massif |",
+        "|---|---|---|---|---|---|",
+    ]
+    for kind, entry in data["workloads"].items():
+        runs = dict(entry["runs"])
+        if any(r.get("failed") for r in runs.get("heaptrack", [])):
+            runs["heaptrack"] = []
+        events = events_made(runs)
+        base = median([r["result"]["work_s"] for r in runs.get("unprofiled", [])])
+        cells = []
+        for label in labels:
+            rows = runs.get(label)
+            if not rows:
+                cells.append("–")
+                continue
+            work = median([r["result"]["work_s"] for r in rows])
+            cpu = added_cpu(runs, label, events)
+            cells.append(f"{ratio(work, base)}, {f'{cpu:.0f} ns' if cpu is not None else '–'}")
+            if label == "highwater lossless" and cpu is not None and cpu > CPU_PER_EVENT_TARGET_NS:
+                losses.append(
+                    f"{kind}: recording adds {cpu:.0f} ns of CPU per event (target "
+                    f"{CPU_PER_EVENT_TARGET_NS} ns); the work takes {ratio(work, base)} its "
+                    "unprofiled time."
+                )
+        peak = median([r["result"]["peak_bytes"] for r in runs.get("highwater lossless", [])])
+        massif = median([r["peak"] for r in runs.get("massif", [])])
+        diff = f"{peak - massif:+,} B" if peak is not None and massif else "–"
+        lines.append(f"| {kind} | {events:,.0f} | " + " | ".join(cells) + f" | {diff} |")
+    lines += ["", "Programs:", ""]
+    for kind, entry in data["workloads"].items():
+        lines.append(f"- **{kind}**: {entry['description']}.")
     lines += [
         "",
-        "**Criterion** (`alloc_free_64B`): each contender for 2 s after a 0.5 s warm-up, one "
-        "after another, so a sustained tight loop, and whatever else the machine was doing "
-        "during those seconds lands on that contender alone. Median sample, then fastest sample.",
-        "",
+        "massif counts requested bytes from the first allocation of the process; highwater from "
+        "the session's start, so the few hundred bytes a program allocates before `main` are "
+        "the usual difference. heaptrack's figure includes a block its own preload library "
+        "brings in.",
     ]
-    lines += table(lambda v: v[len(v) // 2], "median ns/pair")
-    lines += [""]
-    lines += table(lambda v: v[0], "fastest ns/pair")
-    if drops:
+    return lines
+
+
+def render_memory(data, losses):
+    lines = [
+        "The most resident memory each run reached (`wait4`'s max RSS) less the unprofiled "
+        "run's, and the most blocks the program held at once (from heaptrack's records).",
+        "",
+        "| workload | blocks live at most | highwater lossless | highwater drop mode | heaptrack |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, entry in data["workloads"].items():
+        runs = entry["runs"]
+        base = median([r["max_rss"] for r in runs.get("unprofiled", [])])
+        blocks = median([r.get("most_blocks") for r in runs.get("heaptrack", [])])
+        cells = []
+        for label in ("highwater lossless", "highwater drop mode", "heaptrack"):
+            rss = median([r["max_rss"] for r in runs.get(label, [])])
+            cells.append(size(rss - base) if rss and base else "–")
+        lines.append(f"| {kind} | {f'{blocks:,.0f}' if blocks else '–'} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_candle(data, cuda, losses):
+    lines = [
+        "`examples/train_mlp.rs` trains a three-layer MLP with candle on the CPU. `--ab` "
+        f"alternates blocks of steps with recording on and off in one process "
+        f"({data['steps']} steps); the median of the pairs' ratios resists bursts of load.",
+        "",
+        "| clock | recorded ms/step | unrecorded ms/step | median pair ratio | pairs |",
+        "|---|---|---|---|---|",
+    ]
+    for what in ("wall", "cpu"):
+        row = data.get(what)
+        if row:
+            lines.append(
+                f"| {what} | {row['recorded_ms']:.2f} | {row['unrecorded_ms']:.2f} | "
+                f"{row['median_pair_ratio']:.3f} | {row['pairs']} |"
+            )
+    if cuda:
         lines += [
             "",
-            "Events highwater dropped during criterion's sustained loops (its rings were full): "
-            + ", ".join(
-                f"{t} thread{'s' if int(t) > 1 else ''}: {p}%" for t, p in sorted(drops.items())
-            )
-            + ".",
+            f"Built with the `cuda` feature on a machine without a GPU, the same example's median "
+            f"step takes {cuda['ratio']:.3f}× the time of the build without it ({cuda['runs']} "
+            f"alternating runs of {cuda['steps']} steps each): the feature only looks for a "
+            "driver when a session starts.",
         ]
-    return "\n".join(lines)
+    return lines
 
 
-def analysis(quick):
-    path = TARGET / "highwater-bench" / "analysis.json"
-    env = {"HIGHWATER_BENCH_OUT": str(path)}
-    if quick:
-        env.update(HIGHWATER_BENCH_EVENTS="1000000", HIGHWATER_BENCH_PREFIX="5000")
-    run(["cargo", "bench", "--bench", "analysis"], env=env, capture=False)
-    data = json.loads(path.read_text())
+def render_analysis(data):
     stream = data["stream"]
     ours_prefix, ours_full, base = data["replay"]
+    out_prefix, out_full, out_base = data["output"]
     lines = [
-        f"Stream: {stream['events']:,} events from seed {stream['seed']:#x} "
-        f"({stream['threads']} threads, {stream['training_steps']:,} training steps, "
-        f"at most {stream['most_live_blocks']:,} blocks live at once, "
-        f"{stream['end_live_blocks']:,} at the end). The baseline runs on the first "
+        f"A synthetic, seeded stream of {stream['events']:,} events ({stream['threads']} threads, "
+        f"{stream['training_steps']:,} training steps, at most {stream['most_live_blocks']:,} "
+        "blocks live at once) replayed through highwater's `Timeline`, against the candle "
+        "profiler's `analyze_memory` (the seed this project grew from) on the first "
         f"{stream['prefix']:,} events.",
         "",
-        "| analysis | events | time | events/s | × baseline (whole prefix) | × baseline (after its first steps) | heap held after replay | most heap held |",
-        "|---|---|---|---|---|---|---|---|",
+        "| analysis | events | events/s | × baseline | heap held after |",
+        "|---|---|---|---|---|",
+        f"| candle-graph `analyze_memory` (baseline) | {base['events']:,} | "
+        f"{base['events_per_s']:,.0f} | 1× | {size(base['retained_heap_bytes'])} |",
     ]
-    steady = base.get("second_half_events_per_s")
-    points = base.get("checkpoints") or []
-    lines.append(
-        f"| candle-graph `analyze_memory` + node metrics (baseline) | {base['events']:,} | "
-        f"{seconds(base['seconds'])} | {base['events_per_s']:,.0f} | 1× | – | "
-        f"{size(base['retained_heap_bytes'])} | {size(base['peak_heap_bytes'])} |"
-    )
-    if steady:
-        lines.append(
-            f"| the same baseline run, second half of its walk only | {base['events'] // 2:,} | – | "
-            f"{steady:,.0f} | – | 1× | – | – |"
-        )
     for row in (ours_prefix, ours_full):
         lines.append(
-            f"| highwater `Timeline` (apply + finish) | {row['events']:,} | "
-            f"{seconds(row['seconds'])} | {row['events_per_s']:,.0f} | "
+            f"| highwater `Timeline` | {row['events']:,} | {row['events_per_s']:,.0f} | "
             f"{ratio(row['events_per_s'], base['events_per_s'])} | "
-            f"{ratio(row['events_per_s'], steady)} | "
-            f"{size(row['retained_heap_bytes'])} | {size(row['peak_heap_bytes'])} |"
+            f"{size(row['retained_heap_bytes'])} |"
         )
-    if len(points) > 2:
-        first = points[1]
-        lines += [
-            "",
-            f"Where the baseline's time goes: its first {first[0]:,} memory records (the model "
-            f"loading and the first training step, where live memory grows and nearly every "
-            f"allocation is a new peak, so the whole live set is copied and sorted each time) "
-            f"took {seconds(first[1])} of its {seconds(base['seconds'])}. After that it runs at "
-            f"the steady rate in the second row, still well below highwater's: it clones a "
-            f"string-keyed category map into a timeline point for every event.",
-        ]
     lines += [
         "",
-        f"highwater's heap after replay is its live map and tables: "
-        f"{size(ours_prefix['retained_heap_bytes'])} after {ours_prefix['events']:,} events "
-        f"({ours_prefix['end_live_blocks']:,} blocks live) and "
-        f"{size(ours_full['retained_heap_bytes'])} after {ours_full['events']:,} events "
-        f"({ours_full['end_live_blocks']:,} blocks live): it follows the live set, not the "
-        f"event count. The baseline keeps a timeline point per memory event "
-        f"({base['timeline_points']:,} points).",
-    ]
-    out_prefix, out_full, out_base = data["output"]
-    replay = "\n".join(lines)
-    lines = [
-        f"The profiles of the replays above, and the baseline's document for its "
-        f"{out_base['events']:,}-event prefix.",
-        "",
-        "| document | events | JSON size | × baseline size | write | × baseline write | read | × baseline read | HTML report | Chrome trace |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        f"| candle-graph memory profile, pretty JSON (baseline) | {out_base['events']:,} | "
-        f"{size(out_base['json_bytes'])} | 1× | {seconds(out_base['write_s'])} | 1× | "
-        f"{seconds(out_base['load_s'])} | 1× | – | – |",
+        "| profile of | JSON | write | read | HTML report | Chrome trace |",
+        "|---|---|---|---|---|---|",
+        f"| the baseline's {out_base['events']:,} events (its own document) | "
+        f"{size(out_base['json_bytes'])} | {seconds(out_base['write_s'])} | "
+        f"{seconds(out_base['load_s'])} | – | – |",
     ]
     for row in (out_prefix, out_full):
-        # Ratios only between documents of the same events.
-        same = row["events"] == out_base["events"]
-        versus = lambda key: ratio(row[key], out_base[key]) if same else "–"  # noqa: E731
         lines.append(
-            f"| highwater `Profile` | {row['events']:,} | {size(row['json_bytes'])} | "
-            f"{versus('json_bytes')} | {seconds(row['write_s'])} | "
-            f"{versus('write_s')} | {seconds(row['load_s'])} | "
-            f"{versus('load_s')} | "
-            f"{size(row['html_bytes'])} in {seconds(row['html_s'])} | "
-            f"{size(row['chrome_bytes'])} in {seconds(row['chrome_s'])} |"
+            f"| {row['events']:,} events | {size(row['json_bytes'])} | {seconds(row['write_s'])} | "
+            f"{seconds(row['load_s'])} | {size(row['html_bytes'])} | {size(row['chrome_bytes'])} |"
         )
-    lines += [
-        "",
-        "Write is `Profile::write` (pretty JSON, temporary file, fsync, rename); read is "
-        "`Profile::load`; HTML and Chrome are `export::html::render` and "
-        "`export::chrome::render` (in memory). Medians of 5; the baseline once.",
-    ]
-    return replay, "\n".join(lines)
+    return lines
 
 
-def candle_workload():
-    example = ROOT / "examples" / "train_mlp.rs"
-    manifest = (ROOT / "Cargo.toml").read_text()
-    if not example.exists() or not re.search(r"^candle\s*=", manifest, re.M):
-        return (
-            "Not measured yet: `examples/train_mlp.rs` (with a `candle` feature) is not in this "
-            "tree. When it is, this script runs it with and without `HIGHWATER=off`."
-        )
-    if REPORT_ONLY:
-        return "Skipped (`--report-only`): run the script to measure the example."
-    timings = {}
-    outputs = {}
-    try:
-        run(["cargo", "build", "--release", "--features", "candle", "--example", "train_mlp"])
-        # The built binary, not `cargo run`, so cargo's own start-up is not in the times.
-        cmd = [str(TARGET / "release" / "examples" / "train_mlp")]
-        for label, env in (("unprofiled (HIGHWATER=off)", {"HIGHWATER": "off"}), ("highwater", {})):
-            began = time.perf_counter()
-            outputs[label] = run(cmd, env=env)
-            timings[label] = time.perf_counter() - began
-    except SystemExit as failure:
-        return f"Not measured: the example failed ({failure})."
-    base = timings["unprofiled (HIGHWATER=off)"]
-    lines = [
-        "Whole-run wall time of the example (its own step-time output follows each row).",
-        "",
-        "| run | wall time | × unprofiled |",
-        "|---|---|---|",
-    ]
-    for label, value in timings.items():
-        lines.append(f"| {label} | {seconds(value)} | {ratio(value, base)} |")
-    for label, text in outputs.items():
-        tail = "\n".join(text.strip().splitlines()[-5:])
-        lines += ["", f"`{label}` output (last lines):", "", "```text", tail, "```"]
-    lines += ["", "dhat column: not wired yet (the example needs a dhat mode)."]
-    return "\n".join(lines)
-
-
-def pools():
-    manifest = (ROOT / "Cargo.toml").read_text()
-    if not (ROOT / "benches" / "pools.rs").exists() or not re.search(
-        r'name\s*=\s*"pools"', manifest
-    ):
-        return "Not measured yet: `benches/pools.rs` is not in this tree."
-    if REPORT_ONLY:
-        return "Skipped (`--report-only`): run the script to measure the pools."
-    started = time.time()
-    out = run(["cargo", "bench", "--bench", "pools"])
-    table = [line for line in out.splitlines() if line.startswith("|")]
-    if table:
-        return "\n".join(table)
-    # No table printed: list the criterion estimates this run wrote, with ratios to the
-    # original design's row of the same group (an id naming `vec`, `original` or `baseline`).
-    rows = {}
-    for path in CRITERION.glob("**/new/estimates.json"):
-        if path.stat().st_mtime < started or "alloc_free_64B" in path.parts:
-            continue
-        bench = path.parent.parent
-        rows[str(bench.relative_to(CRITERION))] = estimate(bench)
-    lines = ["| benchmark | mean | × original design |", "|---|---|---|"]
+def render_pools(rows):
+    lines = ["| benchmark | mean |", "|---|---|"]
     for name, value in sorted(rows.items()):
-        group = name.split("/")[0]
-        base = next(
-            (
-                v
-                for n, v in rows.items()
-                if n.split("/")[0] == group and re.search(r"vec|original|baseline", n)
-                and n.split("/")[2:] == name.split("/")[2:]
-            ),
-            None,
-        )
-        lines.append(f"| {name} | {ns(value)} | {ratio(value, base)} |")
-    return "\n".join(lines)
+        lines.append(f"| {name} | {ns(value)} |")
+    return lines
+
+
+def render(bundle):
+    m = bundle["machine"]
+    losses = []
+    sections = []
+    if "hot" in bundle:
+        sections.append(("What one allocation costs", render_hot(bundle["hot"], losses)))
+    if "workloads" in bundle:
+        sections.append(("What recording costs real programs", render_workloads(bundle["workloads"], losses)))
+        sections.append(("How much memory recording adds", render_memory(bundle["workloads"], losses)))
+    if "candle" in bundle:
+        sections.append(("A training step", render_candle(bundle["candle"], bundle.get("cuda"), losses)))
+    if "analysis" in bundle:
+        sections.append(("Analysis and profile size", render_analysis(bundle["analysis"])))
+    if "pools" in bundle:
+        sections.append(("Device pools", render_pools(bundle["pools"])))
+    head = [
+        "# highwater benchmarks",
+        "",
+        "<!-- Generated by scripts/bench.py from target/highwater-bench/bench.json; do not edit. -->",
+        "",
+        f"Machine: {m['line']}. Commit {m['commit']}, {m['when']}, load average {m['load']:.2f} "
+        "at the start.",
+        "",
+        "**Method.** Every ratio compares contenders measured in the same run, alternating, so "
+        "they share the machine's load; nothing else ran. Timings are medians unless a table "
+        "says otherwise. Exactness is not measured here: the tests hold it (README, "
+        "Guarantees).",
+        "",
+        "**Commands.** `scripts/bench.py --out BENCHMARKS.md` measures everything and writes "
+        "this file; `--only hot,workloads,candle,analysis,pools,cuda` measures some parts and "
+        "keeps the others' last results; `scripts/compare_profilers.py` alone gives each "
+        "program's full table; `cargo bench --bench NAME` runs one benchmark.",
+    ]
+    body = []
+    for title, lines in sections:
+        body += ["", f"## {title}", ""] + lines
+    tail = ["", "## Where we lose", ""]
+    tail += [f"- {line}" for line in losses] or ["- Nowhere in this run."]
+    return "\n".join(head + body + tail) + "\n"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller stream, for a smoke test")
-    parser.add_argument("--out", type=Path, help="also write the Markdown to this file")
-    parser.add_argument(
-        "--report-only", action="store_true", help="print the last run's tables, run nothing"
-    )
+    parser.add_argument("--quick", action="store_true", help="smaller inputs, for a smoke test")
+    parser.add_argument("--only", default=",".join(PARTS), help="parts to measure")
+    parser.add_argument("--out", type=Path, help="write the Markdown there")
+    parser.add_argument("--report-only", action="store_true", help="render the last results")
+    parser.add_argument("--candle-steps", type=int, default=240)
     args = parser.parse_args()
-    global REPORT_ONLY
-    REPORT_ONLY = args.report_only
-    (TARGET / "highwater-bench").mkdir(parents=True, exist_ok=True)
-
-    header = machine()
-    log(header)
-    run(["cargo", "bench", "--no-run"], capture=False)
-    hot = hot_path()
-    workload = candle_workload()
-    replay, output = analysis(args.quick)
-    sections = [
-        ("1. Hot path", hot),
-        ("2. Real workload: candle MLP training", workload),
-        ("3. Analysis: replaying a recorded stream", replay),
-        ("4. Device pools", pools()),
-        ("5. Output", output),
-    ]
-    text = "\n\n".join([header] + [f"## {title}\n\n{body}" for title, body in sections]) + "\n"
-    print(text)
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    bundle = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    if not args.report_only:
+        bundle["machine"] = machine()
+        log(f"machine: {bundle['machine']}")
+        for part in args.only.split(","):
+            if part not in PARTS:
+                sys.exit(f"unknown part {part!r}: choose from {', '.join(PARTS)}")
+            bundle[part] = {
+                "hot": measure_hot,
+                "workloads": lambda: measure_workloads(args.quick),
+                "candle": lambda: measure_candle(60 if args.quick else args.candle_steps),
+                "analysis": lambda: measure_analysis(args.quick),
+                "pools": measure_pools,
+                "cuda": lambda: measure_cuda(args.quick),
+            }[part]()
+            # After every part, so a run stopped later keeps what it measured.
+            RESULTS.write_text(json.dumps(bundle, indent=1))
+    if "machine" not in bundle:
+        sys.exit(f"no results in {RESULTS}: run without --report-only first")
+    text = render(bundle)
     if args.out:
         args.out.write_text(text)
-        log(f"wrote {args.out}")
+        log(f"wrote {args.out} ({len(text.splitlines())} lines)")
+    else:
+        print(text)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 """What the `cuda` feature costs a CPU-only run: the candle example built without it and with
 it, run alternately on the same machine, and the ratio of their step times.
 
-    scripts/cuda_feature_cost.py [--runs 6] [--steps 200]
+    scripts/cuda_feature_cost.py [--runs 6] [--steps 200] [--json]
 
 Both builds record (the default session); on a machine without a CUDA driver the `cuda` build
 looks for the driver at session start, says so in the profile, and records nothing more. Prints
@@ -11,6 +11,7 @@ Do not run it while other builds use the cores.
 """
 
 import argparse
+import json
 import pathlib
 import re
 import shutil
@@ -49,6 +50,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=6)
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--json", action="store_true", help="end with the figures as JSON")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         scratch = pathlib.Path(scratch)
@@ -66,6 +68,9 @@ def main():
                 print(f"run {run}: {name:7} cuda feature: median step {ms:.2f} ms", flush=True)
         a, b = statistics.median(times["without"]), statistics.median(times["with"])
         print(f"median of medians: without {a:.2f} ms, with {b:.2f} ms; ratio {b / a:.3f}")
+        if args.json:
+            figures = {"runs": args.runs, "steps": args.steps, "ratio": b / a, "ms": times}
+            print(json.dumps(figures))
 
 
 if __name__ == "__main__":
