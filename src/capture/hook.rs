@@ -16,7 +16,7 @@ use super::ring::{Pushed, Ring, SoundPark, WhenFull};
 use super::sample;
 use super::stack::{self, StackBounds, Walked};
 use super::sync::{AtomicBool, Ordering};
-use super::{clock, lifecycle, wake};
+use super::{clock, lifecycle, unwind, wake};
 use crate::model::OomSource;
 use crate::model::{Category, CategoryScope, SpanLabel};
 
@@ -398,6 +398,7 @@ pub(crate) fn install_process_handlers() {
 /// wait for one either. Async-signal-safe (atomics only): it runs in an `atfork` handler.
 fn stop_in_forked_child() {
     gate::close_in_forked_child();
+    unwind::forget_other_threads_after_fork();
     // Only the forking thread survives, and it is not inside a push: no ring is busy, whatever
     // the parent's threads were doing.
     for slot in REGISTRY.slots() {
@@ -419,6 +420,11 @@ fn retire_current_thread(index: usize) {
 /// mode, marks the collector as serving, clears the session's counters and makes every
 /// producer's next push re-read its ring (so a ring kept from an earlier session is resized).
 pub(crate) fn begin_session(lossless: bool, sample_bytes: u64) {
+    // The unwind tables for stacks that frame pointers cannot walk, over the modules loaded
+    // now (the collector brings them up to date as modules are loaded and unloaded).
+    if sample_bytes != 0 {
+        unwind::prepare();
+    }
     LOSSLESS.store(lossless, Ordering::Relaxed);
     // Countdowns are drawn afresh in the epoch the gate opens next, with this mean.
     sample::set_mean_bytes(sample_bytes);
@@ -524,7 +530,7 @@ fn emit_sampled<const N: usize, const T: usize>(
 ) {
     let pcs = &walked.pcs[..walked.len];
     emit(RawEvent::sampled_kinds::<N, T>(kinds), |current, ticks| {
-        RawEvent::sampled::<N, T>(pcs, walked.truncated, build(current, ticks))
+        RawEvent::sampled::<N, T>(pcs, walked.walk(), build(current, ticks))
     });
 }
 
@@ -642,7 +648,7 @@ fn record_sampled_realloc(
     ) -> *mut u8 {
         let pcs = &walked.pcs[..walked.len];
         let kinds = RawEvent::sampled_kinds::<N, 2>(REALLOC);
-        let wrap = |events| RawEvent::sampled::<N, 2>(pcs, walked.truncated, events);
+        let wrap = |events| RawEvent::sampled::<N, 2>(pcs, walked.walk(), events);
         realloc_as_unit(kinds, wrap, old, new_size, realloc)
     }
     match walked.len.div_ceil(2) {

@@ -27,6 +27,8 @@ pub(crate) mod oom;
 pub(crate) mod sample;
 #[cfg(not(loom))]
 pub(crate) mod stack;
+#[cfg(not(loom))]
+pub(crate) mod unwind;
 
 #[cfg(not(loom))]
 pub(crate) use gate::{open_gate, recording};

@@ -277,9 +277,8 @@ impl Drop for Sampler {
 /// The calling thread's stack (empty if its thread-local is gone).
 fn walk() -> stack::Walked {
     STACK_BOUNDS.try_with(stack::walk).unwrap_or(stack::Walked {
-        pcs: [0; MAX_FRAMES],
-        len: 0,
         truncated: true,
+        ..stack::Walked::EMPTY
     })
 }
 

@@ -33,6 +33,8 @@ mod temporary;
 mod timeline;
 
 pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq, StackId};
-pub use sites::{sample_probability, trimmed_frames, ResolveFrames, ALWAYS_SAMPLED_MEANS};
+pub use sites::{
+    sample_probability, trimmed_frames, ResolveFrames, StackWalk, ALWAYS_SAMPLED_MEANS,
+};
 pub use timeline::{At, Realloc};
 pub use timeline::{Timeline, TimelineConfig};

@@ -35,7 +35,9 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::model::Category;
+use std::collections::BTreeMap;
+
+use crate::model::{Category, Unwinder};
 use crate::profile::{CallSite, Frame, SiteSampling, SiteShare, MAX_CALL_SITES, MAX_SITE_SHARES};
 
 use super::event::StackId;
@@ -72,6 +74,27 @@ pub trait ResolveFrames: Send + std::fmt::Debug {
     /// Time the last [`ResolveFrames::resolve`] took, ns.
     fn last_resolve_ns(&self) -> u64 {
         0
+    }
+}
+
+/// How one sampled stack was walked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct StackWalk {
+    /// The walk stopped before the stack's first frame (at the depth limit, or at a frame it
+    /// could not follow).
+    pub truncated: bool,
+    /// The method that walked it.
+    pub unwinder: Unwinder,
+}
+
+impl From<bool> for StackWalk {
+    /// A walk by frame pointers, cut (`true`) or not: what every stack was before other
+    /// unwinders.
+    fn from(truncated: bool) -> StackWalk {
+        StackWalk {
+            truncated,
+            unwinder: Unwinder::FramePointers,
+        }
     }
 }
 
@@ -139,6 +162,8 @@ struct Stack {
     pcs: Box<[u64]>,
     /// Some walk of this stack was cut.
     truncated: bool,
+    /// The method that walked it (the same addresses walked another way are another stack).
+    unwinder: Unwinder,
     allocated: Figures,
     /// Allocated figures by where the samples were taken.
     shares: FxHashMap<ShareKey, Figures>,
@@ -162,7 +187,7 @@ pub(crate) struct Sites {
     mean_bytes: u64,
     unwinder: String,
     stacks: Vec<Stack>,
-    ids: FxHashMap<Box<[u64]>, u32>,
+    ids: FxHashMap<(Box<[u64]>, Unwinder), u32>,
     live: FxHashMap<u64, Block>,
     epoch: u64,
     peaked: bool,
@@ -187,6 +212,8 @@ pub(crate) struct SitesReport {
 struct Group<'a> {
     /// Borrowed from the resolved table: only listed sites' frames are ever copied.
     frames: Vec<&'a Frame>,
+    /// Samples by the unwinder that walked their stacks.
+    unwinders: BTreeMap<Unwinder, u64>,
     allocated: Figures,
     at_peak: Figures,
     /// (figures at the peak, allocated figures) by where.
@@ -209,19 +236,21 @@ impl Sites {
         self.resolver = Some(resolver);
     }
 
-    /// The id of a stack, innermost first; `truncated`: the walk was cut.
-    pub(crate) fn intern_stack(&mut self, pcs: &[u64], truncated: bool) -> StackId {
-        if let Some(&id) = self.ids.get(pcs) {
+    /// The id of a stack, innermost first, walked as `walk` says.
+    pub(crate) fn intern_stack(&mut self, pcs: &[u64], walk: StackWalk) -> StackId {
+        let key = (Box::<[u64]>::from(pcs), walk.unwinder);
+        if let Some(&id) = self.ids.get(&key) {
             let stack = &mut self.stacks[id as usize];
-            stack.truncated |= truncated;
+            stack.truncated |= walk.truncated;
             return StackId(id);
         }
         let id = u32::try_from(self.stacks.len()).unwrap_or(NONE);
-        let pcs: Box<[u64]> = pcs.into();
-        self.ids.insert(pcs.clone(), id);
+        let pcs = key.0.clone();
+        self.ids.insert(key, id);
         self.stacks.push(Stack {
             pcs,
-            truncated,
+            truncated: walk.truncated,
+            unwinder: walk.unwinder,
             allocated: Figures::default(),
             shares: FxHashMap::default(),
         });
@@ -389,6 +418,12 @@ impl Sites {
             });
             stack_group.push(index);
             let group = &mut groups[index];
+            *group.unwinders.entry(stack.unwinder).or_default() += stack.allocated.samples;
+            *report
+                .sampling
+                .samples_by_unwinder
+                .entry(stack.unwinder.as_str().to_string())
+                .or_default() += stack.allocated.samples;
             group.allocated.add(&stack.allocated);
             if let Some(peak) = at_peak.get(&(id as u32)) {
                 group.at_peak.add(peak);
@@ -443,6 +478,11 @@ impl Sites {
                 alloc_bytes_error: estimate(group.allocated.variance.sqrt()),
                 alloc_count: estimate(group.allocated.count),
                 samples: group.allocated.samples,
+                samples_by_unwinder: group
+                    .unwinders
+                    .iter()
+                    .map(|(unwinder, &samples)| (unwinder.as_str().to_string(), samples))
+                    .collect(),
                 shares: shares(&group.shares, &op_name),
             });
         }
