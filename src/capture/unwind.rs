@@ -98,10 +98,28 @@ const UNKNOWN: u8 = 0;
 const TRUSTED: u8 = 1;
 const UNTRUSTED: u8 = 2;
 
+/// `HIGHWATER_UNWINDER` as the latest [`prepare`] read it: [`BOTH`], or one method only.
+static CHOSEN: AtomicU8 = AtomicU8::new(BOTH);
+const BOTH: u8 = 0;
+const FRAME_POINTERS_ONLY: u8 = 1;
+const EH_FRAME_ONLY: u8 = 2;
+
+/// The environment variable that picks one method for every stack: `frame-pointers` or
+/// `eh-frame` (any other value, or none: frame pointers where they can be trusted, call-frame
+/// information elsewhere). For comparing the two, and for a build whose frame pointers give
+/// wrong stacks.
+pub(crate) const UNWINDER_VARIABLE: &str = "HIGHWATER_UNWINDER";
+
 /// Builds (or brings up to date) the unwind tables, the cache pool and the frame-pointer
 /// verdict. Outside the hook only: it allocates and reads the dynamic linker's module list.
 /// Cheap when nothing was loaded or unloaded since the last call.
 pub(crate) fn prepare() {
+    let chosen = match std::env::var_os(UNWINDER_VARIABLE) {
+        Some(value) if value == crate::model::FRAME_POINTERS_UNWINDER => FRAME_POINTERS_ONLY,
+        Some(value) if value == crate::model::EH_FRAME_UNWINDER => EH_FRAME_ONLY,
+        _ => BOTH,
+    };
+    CHOSEN.store(chosen, Ordering::Relaxed);
     POOL.get_or_init(|| {
         let caches = std::thread::available_parallelism()
             .map_or(4, |n| n.get())
@@ -199,14 +217,18 @@ fn build() -> Tables {
     Tables { unwinder, counts }
 }
 
-/// Whether a frame-pointer walk can be trusted in this build: `None` before the first
-/// [`prepare`] (frame pointers are then the only method there is).
+/// Whether a frame-pointer walk can be trusted in this build: `None` where it is the only
+/// method (before the first [`prepare`], or chosen by [`UNWINDER_VARIABLE`]); `Some(false)`
+/// also where call-frame information is chosen for every stack.
 #[inline]
 pub(crate) fn frame_pointers_trusted() -> Option<bool> {
-    match FRAME_POINTERS.load(Ordering::Relaxed) {
-        TRUSTED => Some(true),
-        UNTRUSTED => Some(false),
-        _ => None,
+    match (
+        CHOSEN.load(Ordering::Relaxed),
+        FRAME_POINTERS.load(Ordering::Relaxed),
+    ) {
+        (FRAME_POINTERS_ONLY, _) | (_, UNKNOWN) => None,
+        (EH_FRAME_ONLY, _) | (_, UNTRUSTED) => Some(false),
+        _ => Some(true),
     }
 }
 
