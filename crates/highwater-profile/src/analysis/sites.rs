@@ -237,7 +237,8 @@ impl Sites {
     }
 
     /// The id of a stack, innermost first, walked as `walk` says.
-    pub(crate) fn intern_stack(&mut self, pcs: &[u64], walk: StackWalk) -> StackId {
+    pub(crate) fn intern_stack(&mut self, pcs: &[u64], walk: impl Into<StackWalk>) -> StackId {
+        let walk: StackWalk = walk.into();
         let key = (Box::<[u64]>::from(pcs), walk.unwinder);
         if let Some(&id) = self.ids.get(&key) {
             let stack = &mut self.stacks[id as usize];
@@ -582,10 +583,21 @@ fn starts_at_the_hook(pcs: &[u64], frames_at: &FxHashMap<u64, Vec<Frame>>, recor
     let Some(innermost) = pcs.first() else {
         return false;
     };
-    frames_at
-        .get(innermost)
-        .and_then(|frames| frames.last())
-        .is_none_or(|frame| frame.function.is_none() || is_allocator_frame(frame, recorder))
+    // The standard library's frames the hook calls through (a thread-local access, named so
+    // where highwater was built without debug info) come before the hook's own.
+    let outer_frames = pcs
+        .iter()
+        .map(|pc| frames_at.get(pc).and_then(|frames| frames.last()));
+    for frame in outer_frames {
+        match frame {
+            Some(frame) if frame.function.is_some() && is_std_frame(frame) => continue,
+            Some(frame) => {
+                return frame.function.is_none() || is_allocator_frame(frame, recorder);
+            }
+            None => return true,
+        }
+    }
+    frames_at.get(innermost).is_none()
 }
 
 /// Whether a frame is the recorder's own (its sources under `recorder`) or the allocator's:
@@ -606,12 +618,17 @@ fn is_allocator_frame(frame: &Frame, recorder: &str) -> bool {
     }) || frame.function.as_deref().is_some_and(is_allocator_function)
 }
 
-/// Whether a frame is the standard library's, by its source path.
+/// Whether a frame is the standard library's, by its source path or, where it has none (code
+/// instantiated in a crate built without debug info), by its name.
 fn is_std_frame(frame: &Frame) -> bool {
-    frame
-        .file
-        .as_deref()
-        .is_some_and(|file| file.starts_with("/rustc/"))
+    const PREFIXES: [&str; 6] = [
+        "std::", "core::", "alloc::", "<std::", "<core::", "<alloc::",
+    ];
+    match (frame.file.as_deref(), frame.function.as_deref()) {
+        (Some(file), _) => file.starts_with("/rustc/"),
+        (None, Some(function)) => PREFIXES.iter().any(|prefix| function.starts_with(prefix)),
+        (None, None) => false,
+    }
 }
 
 /// Whether a (demangled) function name is highwater's or the global allocator's.
@@ -804,6 +821,81 @@ mod tests {
         let sampling = sites.report(|_| None).sampling;
         assert_eq!(sampling.samples, 5);
         assert_eq!(sampling.stacks_without_hook, 3);
+    }
+
+    /// Issue 35: a program whose dependencies have no debug info (highwater among them) names
+    /// the hook's frames from the symbol table only, without files: the standard library's
+    /// frames among them (a thread-local access instantiated in highwater) are told by name.
+    #[test]
+    fn frames_without_files_are_trimmed_by_name() {
+        let mut sites = Sites::default();
+        sites.set_sampling(1, "frame-pointers, eh-frame");
+        sites.set_resolver(Box::new(Table(vec![
+            (1, &["std::thread::local::LocalKey<T>::try_with"]),
+            (2, &["highwater::capture::hook::walk_for_sample"]),
+            (3, &["__rustc::__rust_alloc"]),
+            (4, &["alloc::raw_vec::RawVecInner<A>::try_allocate_in"]),
+            (5, &["probe::few_large"]),
+        ])));
+        let stack = sites.intern_stack(
+            &[1, 2, 3, 4, 5],
+            StackWalk {
+                truncated: false,
+                unwinder: Unwinder::EhFrame,
+            },
+        );
+        sites.sampled(0x10, 8, KEY, stack, 0);
+        let report = sites.report(|_| None);
+        let names: Vec<_> = report.sites[0]
+            .frames
+            .iter()
+            .map(|f| f.function.clone().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "alloc::raw_vec::RawVecInner<A>::try_allocate_in",
+                "probe::few_large"
+            ]
+        );
+        assert_eq!(report.sampling.stacks_without_hook, 0);
+        assert_eq!(
+            report.sites[0].samples_by_unwinder,
+            BTreeMap::from([("eh-frame".to_string(), 1)])
+        );
+        assert_eq!(
+            report.sampling.samples_by_unwinder,
+            BTreeMap::from([("eh-frame".to_string(), 1)])
+        );
+    }
+
+    /// The same addresses walked by the two methods are two stacks, one site, whose samples
+    /// say which walked them.
+    #[test]
+    fn a_site_counts_its_samples_by_unwinder() {
+        let mut sites = Sites::default();
+        sites.set_sampling(1, "frame-pointers, eh-frame");
+        let by_pointers = sites.intern_stack(&[1, 2], false);
+        let by_tables = sites.intern_stack(
+            &[1, 2],
+            StackWalk {
+                truncated: false,
+                unwinder: Unwinder::EhFrame,
+            },
+        );
+        assert_ne!(by_pointers, by_tables);
+        sites.sampled(0x10, 8, KEY, by_pointers, 0);
+        sites.sampled(0x20, 8, KEY, by_pointers, 1);
+        sites.sampled(0x30, 8, KEY, by_tables, 2);
+        let report = sites.report(|_| None);
+        assert_eq!(report.sites.len(), 1);
+        let expected = BTreeMap::from([
+            ("eh-frame".to_string(), 1),
+            ("frame-pointers".to_string(), 2),
+        ]);
+        assert_eq!(report.sites[0].samples_by_unwinder, expected);
+        assert_eq!(report.sampling.samples_by_unwinder, expected);
+        assert_eq!(report.sites[0].samples, 3);
     }
 
     const KEY: ShareKey = ShareKey {

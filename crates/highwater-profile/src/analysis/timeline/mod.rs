@@ -218,7 +218,7 @@ impl Timeline {
     /// by frame pointers, cut or not). The same addresses walked the same way always get the
     /// same id.
     pub fn intern_stack(&mut self, pcs: &[u64], walk: impl Into<StackWalk>) -> StackId {
-        self.sites.intern_stack(pcs, walk.into())
+        self.sites.intern_stack(pcs, walk)
     }
 
     /// Says how the session sampled call sites: mean bytes `R` between samples (`0`: off) and
