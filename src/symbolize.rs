@@ -35,7 +35,7 @@ use std::time::Instant;
 use rustc_hash::FxHashMap;
 
 use crate::analysis::ResolveFrames;
-use crate::capture::unwind::{loaded_images, Image};
+use crate::capture::modules::{loaded_images, Image};
 use crate::profile::Frame;
 
 /// Where this library's sources were when it was built: every sampled stack starts in its hook,

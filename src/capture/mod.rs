@@ -22,12 +22,17 @@ mod hook;
 #[cfg(not(loom))]
 pub(crate) mod lifecycle;
 #[cfg(not(loom))]
+pub(crate) mod modules;
+#[cfg(not(loom))]
 pub(crate) mod names;
 pub(crate) mod oom;
 pub(crate) mod sample;
 #[cfg(not(loom))]
 pub(crate) mod stack;
-#[cfg(not(loom))]
+#[cfg(all(not(loom), any(target_arch = "x86_64", target_arch = "aarch64")))]
+pub(crate) mod unwind;
+#[cfg(all(not(loom), not(any(target_arch = "x86_64", target_arch = "aarch64"))))]
+#[path = "unwind_unsupported.rs"]
 pub(crate) mod unwind;
 
 #[cfg(not(loom))]

@@ -15,7 +15,7 @@
 //! # What runs where
 //!
 //! - **Preparing** (outside the hook; it allocates): [`prepare`] lists the loaded modules
-//!   ([`modules`]) and builds framehop's unwinder over their `.eh_frame_hdr` and `.eh_frame`: a
+//!   ([`super::modules`]) and builds framehop's unwinder over their `.eh_frame_hdr` and `.eh_frame`: a
 //!   [`Tables`] published through an atomic pointer. A session prepares when it starts and
 //!   `measure` when it begins; the collector calls [`refresh`] between drains, which rebuilds
 //!   only when the dynamic linker has loaded or unloaded a module since (`dlopen`, `dlclose`).
@@ -41,10 +41,6 @@
 //! child clears the flag and the counters (only the forking thread survives, not inside an
 //! unwind).
 
-mod modules;
-
-pub(crate) use self::modules::{loaded_images, Image};
-
 use std::cell::UnsafeCell;
 use std::ptr;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicUsize, Ordering};
@@ -54,7 +50,7 @@ use framehop::{
     CacheNative, ExplicitModuleSectionInfo, MustNotAllocateDuringUnwind, Unwinder, UnwinderNative,
 };
 
-use self::modules::{LoadCounts, Section};
+use super::modules::{self, LoadCounts, Section};
 use super::stack::{Registers, StackBounds, Walked, MAX_FRAMES};
 
 type NativeUnwinder = UnwinderNative<Section, MustNotAllocateDuringUnwind>;
