@@ -431,6 +431,26 @@ mod tests {
         assert_eq!(crate::capture::unwind::frame_pointers_trusted(), Some(true));
     }
 
+    /// The call-frame unwind runs inside the allocator on any thread, so it must fit small
+    /// stacks: on a thread of 32 KiB (128 KiB unoptimised, where gimli's rows are copied about
+    /// on the stack: about 45 KB for both walks, against 9 KB optimised) it unwinds a stack of
+    /// 20 frames. A stack overflow would kill the test process.
+    #[test]
+    fn the_unwind_fits_a_small_thread_stack() {
+        crate::capture::unwind::prepare();
+        let stack = if cfg!(debug_assertions) { 128 } else { 32 } << 10;
+        let unwound = std::thread::Builder::new()
+            .stack_size(stack)
+            .spawn(|| {
+                let bounds = Cell::new(StackBounds::UNKNOWN);
+                nested_both(20, &bounds).1.map(|walked| walked.len)
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(unwound.is_some_and(|len| len >= 22), "{unwound:?}");
+    }
+
     #[test]
     fn the_depth_is_bounded() {
         let bounds = Cell::new(StackBounds::UNKNOWN);
