@@ -32,7 +32,7 @@ const DEPTH: u32 = 24;
 /// Pairs per batch: with a stack of about 40 frames, 21 events each, 2,000 fit a 64 Ki ring.
 const PAIRS: u32 = 2_000;
 /// Batches of each method.
-const ROUNDS: usize = 60;
+const ROUNDS: usize = 200;
 
 /// `pairs` alloc + free pairs, `depth` frames down; their time.
 #[inline(never)]
@@ -109,12 +109,11 @@ fn main() {
             per_pair[index].push(time.as_nanos() as f64 / f64::from(PAIRS));
         }
     }
-    let fastest = |index: usize| {
-        per_pair[index]
-            .iter()
-            .copied()
-            .fold(f64::INFINITY, f64::min)
-    };
+    let fastest: Vec<f64> = per_pair
+        .iter()
+        .map(|times| times.iter().copied().fold(f64::INFINITY, f64::min))
+        .collect();
+    let fastest = |index: usize| fastest[index];
     let [off, pointers, tables] = per_pair.map(median);
     println!(
         "unwind: {ROUNDS} interleaved batches of {PAIRS} alloc + free pairs of 64 B, stacks of \
