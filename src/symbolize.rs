@@ -59,10 +59,12 @@ pub(crate) struct Resolver {
 struct State {
     /// Frames of every address resolved so far.
     resolved: FxHashMap<u64, Vec<Frame>>,
-    /// The loaded modules' files, opened as first needed (listed again when an address falls
-    /// outside all of them: a module loaded since).
-    modules: Vec<Module>,
 }
+
+/// The loaded modules' files, opened as first needed and kept for the process, so a later
+/// session does not parse their debug info again (listed again when an address falls outside
+/// all of them: a module loaded since).
+static MODULES: Mutex<Vec<Module>> = Mutex::new(Vec::new());
 
 impl Default for Resolver {
     fn default() -> Resolver {
@@ -108,26 +110,43 @@ impl State {
         if let Some(frames) = self.resolved.get(&pc) {
             return frames.clone();
         }
-        let frames = match self.module_of(pc) {
+        let mut modules = MODULES
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let frames = match module_of(&mut modules, pc) {
             Some(module) => module.frames_at(pc),
             None => Vec::new(),
         };
+        drop(modules);
         self.resolved.insert(pc, frames.clone());
         frames
     }
+}
 
-    /// The module mapped at `pc`, its file opened.
-    fn module_of(&mut self, pc: u64) -> Option<&mut Module> {
-        let find = |modules: &[Module]| modules.iter().position(|m| m.image.avma.contains(&pc));
-        let index = match find(&self.modules) {
-            Some(index) => index,
-            None => {
-                self.modules = loaded_images().into_iter().map(Module::new).collect();
-                find(&self.modules)?
-            }
-        };
-        Some(&mut self.modules[index])
-    }
+/// The module mapped at `pc`, among `modules` (listed again if none is).
+fn module_of(modules: &mut Vec<Module>, pc: u64) -> Option<&mut Module> {
+    let find = |modules: &[Module]| modules.iter().position(|m| m.image.avma.contains(&pc));
+    let index = match find(modules) {
+        Some(index) => index,
+        None => {
+            let listed: Vec<Module> = loaded_images().into_iter().map(Module::new).collect();
+            // Keep the files already opened for modules still mapped at the same place.
+            let mut kept = std::mem::take(modules);
+            *modules = listed
+                .into_iter()
+                .map(|fresh| {
+                    match kept.iter().position(|old| {
+                        old.image.avma == fresh.image.avma && old.image.path == fresh.image.path
+                    }) {
+                        Some(at) => kept.swap_remove(at),
+                        None => fresh,
+                    }
+                })
+                .collect();
+            find(modules)?
+        }
+    };
+    Some(&mut modules[index])
 }
 
 /// One loaded module's file, opened as first needed.
