@@ -18,7 +18,8 @@
 //!   they are one path (`alloc::raw_vec::RawVecInner<A>::try_allocate_in`), or, if several, the
 //!   one whose code is in the inlined frame's file;
 //! - else DWARF's short name as it is (a function of the program's own crate inlined everywhere
-//!   has no symbol to take a path from).
+//!   has no symbol to take a path from; an inlined closure, `{closure#0}`, is given the path of
+//!   the function around it once the whole stack is known: `analysis::qualify_closures`).
 //!
 //! A resolver remembers what it resolved: a session assembles a profile at every checkpoint, and
 //! resolving the same addresses again each time (about 90 ms for the candle example) would take
@@ -230,19 +231,16 @@ impl Module {
         frames
     }
 
-    /// The path of a function DWARF names only by `short`, from the symbol table: the one
-    /// path its functions of that name have, or the one whose code is in `file`.
+    /// The path of a function DWARF names only by `short`, from the symbol table: the path of
+    /// its functions of that name whose code is in `file` (the inlined frame's), when they have
+    /// one, joined to `short` (so the generic arguments are the inlined frame's own, not
+    /// another instance's).
     fn full_path(&mut self, short: &str, file: Option<&str>) -> Option<String> {
         if self.by_base_name.is_none() {
             let path = self.image.path.clone();
             self.by_base_name = Some(path.map(|path| index_symbols(&path)).unwrap_or_default());
         }
         let candidates = self.by_base_name.as_ref()?.get(base_name(short))?;
-        let first = &candidates.first()?.1;
-        if candidates.iter().all(|(_, name)| same_path(name, first)) {
-            return Some(first.clone());
-        }
-        // Several: the one whose code is in the inlined frame's file.
         const MOST_LOOKED_AT: usize = 64;
         let file = file?;
         let loader = self.file.as_ref()?.as_ref()?;
@@ -261,7 +259,8 @@ impl Module {
                 }
             }
         }
-        found.cloned()
+        let prefix = enclosing_path(found?)?;
+        Some(format!("{prefix}::{short}"))
     }
 }
 
@@ -376,6 +375,36 @@ fn base_name(name: &str) -> &str {
     &trimmed[start.min(trimmed.len())..]
 }
 
+/// The path a function's name is in, without generic arguments: `alloc::raw_vec::RawVecInner`
+/// for `alloc::raw_vec::RawVecInner<A>::try_allocate_in` and for v0's
+/// `<alloc::raw_vec::RawVecInner>::try_allocate_in::<u8>`; `None` for a trait method
+/// (`<T as Trait>::f`), whose path is the whole name.
+fn enclosing_path(name: &str) -> Option<String> {
+    // v0 writes an inherent method as `<Type>::f`: the brackets hold the type, not arguments.
+    let unwrapped = match name.strip_prefix('<') {
+        Some(rest) => {
+            let mut depth = 1usize;
+            let close = rest.char_indices().find_map(|(at, c)| {
+                match c {
+                    '<' => depth += 1,
+                    '>' => depth -= 1,
+                    _ => {}
+                }
+                (depth == 0).then_some(at)
+            })?;
+            if rest[..close].contains(" as ") {
+                return None;
+            }
+            format!("{}{}", &rest[..close], &rest[close + 1..])
+        }
+        None => name.to_owned(),
+    };
+    let plain = without_generics(&unwrapped);
+    let plain = plain.trim_end_matches("::");
+    let (path, _) = plain.rsplit_once("::")?;
+    Some(path.to_owned())
+}
+
 /// Whether two demangled names are one function's path, whatever their generic arguments.
 fn same_path(a: &str, b: &str) -> bool {
     without_generics(a) == without_generics(b)
@@ -446,6 +475,16 @@ mod tests {
         ] {
             assert_eq!(base_name(name), base, "{name}");
         }
+        assert_eq!(
+            enclosing_path("alloc::raw_vec::RawVecInner<A>::try_allocate_in").as_deref(),
+            Some("alloc::raw_vec::RawVecInner")
+        );
+        assert_eq!(
+            enclosing_path("<alloc::vec::Vec<alloc::string::String>>::extend_trusted::<u8>")
+                .as_deref(),
+            Some("alloc::vec::Vec")
+        );
+        assert_eq!(enclosing_path("<T as core::clone::Clone>::clone"), None);
         assert!(has_path("alloc::raw_vec::RawVecInner<A>::try_allocate_in"));
         assert!(!has_path("try_allocate_in<alloc::alloc::Global>"));
         assert!(same_path(

@@ -16,10 +16,15 @@
 //! never set and gives no frame, or a frame or two of outer code. Whether this build's frame
 //! pointers can be trusted is decided once, when the unwind tables are first prepared
 //! ([`frame_pointers_agree_with_unwind_tables`]: the two methods must give the same first return
-//! addresses from the same registers). Where they cannot, or where the frame-pointer walk ends
-//! within [`FEW_FRAMES`] (a thread started by code without frame pointers), the stack is unwound
-//! by the binary's `.eh_frame` instead ([`super::unwind`]), from the same registers, so both give
-//! the same addresses for the same frames. [`Walked::unwinder`] says which did.
+//! addresses from the same registers). Where they cannot, every stack is unwound by the
+//! binary's `.eh_frame` instead ([`super::unwind`]), from the same registers, so both give the
+//! same addresses for the same frames. [`Walked::unwinder`] says which did.
+//!
+//! The choice is the build's, not each walk's: one thread's stacks are all walked one way, so
+//! they end at the same outermost frame (the frame-pointer walk stops where the C library's
+//! frames keep none, the unwind goes on to the thread's first frame) and `measure` can drop the
+//! frames a sample shares with the stack it was called from. A walk that falls back for a
+//! short frame-pointer chain alone made the same closure's sites differ between threads.
 //!
 //! # Why every frame pointer is checked
 //!
@@ -40,12 +45,6 @@ use crate::model::Unwinder;
 
 /// Deepest stack recorded, in program counters.
 pub(crate) const MAX_FRAMES: usize = 64;
-
-/// A frame-pointer walk that ends within this many frames is done again from call-frame
-/// information: the hook's own frames (`walk_for_sample`, `record_sampled`, `Alloc::alloc`,
-/// `__rust_alloc`) and a few of the allocating code's are fewer, so a walk this short stopped
-/// at a frame without a frame pointer.
-pub(crate) const FEW_FRAMES: usize = 8;
 
 /// How stacks are walked, as the profile names it.
 pub(crate) const UNWINDER: &str = if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
@@ -132,25 +131,28 @@ impl Registers {
     }
 }
 
-/// Walks the caller's stack: by frame pointers where they can be trusted and the walk does not
-/// end within [`FEW_FRAMES`], by call-frame information otherwise (see the module docs).
-/// `bounds` caches this thread's stack mapping (refreshed when the stack pointer is outside
-/// it). Never allocates, locks or panics.
+/// Walks the caller's stack: by frame pointers where they can be trusted, by call-frame
+/// information otherwise (see the module docs). `bounds` caches this thread's stack mapping
+/// (refreshed when the stack pointer is outside it). Never allocates, locks or panics.
 #[inline(never)]
 pub(crate) fn walk(bounds: &Cell<StackBounds>) -> Walked {
     let mut walked = Walked::EMPTY;
+    let by_pointers = super::unwind::frame_pointers_trusted() != Some(false);
+    if !by_pointers {
+        // Should the unwind not run (no stack bounds, no free cache), the stack says it was
+        // cut, and which method was to walk it.
+        walked.unwinder = Unwinder::EhFrame;
+        walked.truncated = true;
+    }
     let Some(registers) = registers() else {
         return walked;
     };
     let Some(known) = bounds_holding(bounds, registers.sp) else {
         return walked;
     };
-    let trusted = super::unwind::frame_pointers_trusted();
-    if trusted != Some(false) {
+    if by_pointers {
         frame_pointer_walk(&registers, &known, &mut walked);
-        if trusted.is_none() || walked.len > FEW_FRAMES {
-            return walked;
-        }
+        return walked;
     }
     // A thread's bounds cell is its own: its address spreads threads over the cache pool.
     let hint = std::ptr::from_ref(bounds) as usize >> 6;
@@ -159,10 +161,15 @@ pub(crate) fn walk(bounds: &Cell<StackBounds>) -> Walked {
 }
 
 /// The thread's stack mapping that holds `sp`, looked up again when the cached one does not.
+/// `/proc/self/maps` is read in pieces, and a mapping another thread makes or removes between
+/// two reads can shift the lines so that one is missed: a lookup that finds nothing is tried
+/// once more.
 fn bounds_holding(bounds: &Cell<StackBounds>, sp: usize) -> Option<StackBounds> {
     let mut known = bounds.get();
     if !known.holds(sp) {
-        known = mapping_holding(sp).unwrap_or(StackBounds::UNKNOWN);
+        known = mapping_holding(sp)
+            .or_else(|| mapping_holding(sp))
+            .unwrap_or(StackBounds::UNKNOWN);
         bounds.set(known);
     }
     known.holds(sp).then_some(known)

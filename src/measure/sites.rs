@@ -18,7 +18,7 @@ use std::ptr::NonNull;
 use rustc_hash::FxHashMap;
 
 use super::SiteFigures;
-use crate::analysis::{sample_probability, trimmed_frames, ResolveFrames};
+use crate::analysis::{qualify_closures, sample_probability, trimmed_frames, ResolveFrames};
 use crate::capture::sample;
 use crate::capture::stack::{self, StackBounds, MAX_FRAMES};
 use crate::profile::Frame;
@@ -334,7 +334,12 @@ pub(crate) fn name_sites(sites: &[SiteFigures]) -> Vec<NamedSite> {
         .map(|dir| format!("{}/", dir.display()));
     let mut named: Vec<NamedSite> = Vec::new();
     for site in sites {
-        let frames = trimmed_frames(&site.stack, &frames_at, crate::symbolize::RECORDER_SOURCES);
+        let mut frames: Vec<Frame> =
+            trimmed_frames(&site.stack, &frames_at, crate::symbolize::RECORDER_SOURCES)
+                .into_iter()
+                .cloned()
+                .collect();
+        qualify_closures(&mut frames);
         // The caller of the standard library's collections, not `RawVec`.
         let caller = frames
             .iter()

@@ -34,7 +34,8 @@ mod timeline;
 
 pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq, StackId};
 pub use sites::{
-    sample_probability, trimmed_frames, ResolveFrames, StackWalk, ALWAYS_SAMPLED_MEANS,
+    qualify_closures, sample_probability, trimmed_frames, ResolveFrames, StackWalk,
+    ALWAYS_SAMPLED_MEANS,
 };
 pub use timeline::{At, Realloc};
 pub use timeline::{Timeline, TimelineConfig};

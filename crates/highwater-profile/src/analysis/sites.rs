@@ -469,9 +469,11 @@ impl Sites {
             }
             let id = rank as u32;
             site_of_group[index] = Some(id);
+            let mut frames: Vec<Frame> = group.frames.iter().map(|&frame| frame.clone()).collect();
+            qualify_closures(&mut frames);
             report.sites.push(CallSite {
                 id,
-                frames: group.frames.iter().map(|&frame| frame.clone()).collect(),
+                frames,
                 peak_bytes: estimate(group.at_peak.bytes),
                 peak_bytes_error: estimate(group.at_peak.variance.sqrt()),
                 peak_count: estimate(group.at_peak.count),
@@ -573,6 +575,65 @@ pub fn trimmed_frames<'a>(
         all.drain(..trimmed);
     }
     all
+}
+
+/// Gives each inlined closure that DWARF names only `{closure#0}` (line-tables-only debug info)
+/// the path of the function it is written in: the nearest frame outward in the stack whose code
+/// is in the same file and whose name is a path (a closure is usually called where it is
+/// written, through the standard library's iterator adapters in between).
+pub fn qualify_closures(frames: &mut [Frame]) {
+    for index in 0..frames.len() {
+        let short = match &frames[index].function {
+            Some(name) if name.starts_with("{closure") && !has_path(name) => name.clone(),
+            _ => continue,
+        };
+        let Some(file) = frames[index].file.clone() else {
+            continue;
+        };
+        let around = frames[index + 1..].iter().find(|outer| {
+            outer.file.as_deref() == Some(file.as_str())
+                && outer.function.as_deref().is_some_and(has_path)
+        });
+        let path = around
+            .and_then(|outer| outer.function.clone())
+            .or_else(|| closure_type_path(&frames[index + 1..], &short));
+        if let Some(path) = path {
+            frames[index].function = Some(format!("{path}::{short}"));
+        }
+    }
+}
+
+/// The path of the function a closure `{closure#N}` is written in, from the name of its type
+/// (`a::f::{closure_env#N}`) as it appears among the generic arguments of the frames around it
+/// (an iterator adapter instantiated for it), where the function itself left no frame.
+fn closure_type_path(outer: &[Frame], short: &str) -> Option<String> {
+    let number = short.strip_prefix("{closure#")?.split('}').next()?;
+    let needle = format!("::{{closure_env#{number}}}");
+    outer.iter().find_map(|frame| {
+        let name = frame.function.as_deref()?;
+        let at = name.find(&needle)?;
+        let start = name[..at]
+            .rfind(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .map_or(0, |before| before + 1);
+        let path = &name[start..at];
+        has_path(path).then(|| path.to_string())
+    })
+}
+
+/// Whether a function name has a path: `::` outside its generic arguments.
+fn has_path(name: &str) -> bool {
+    let mut depth = 0usize;
+    let mut previous = ' ';
+    for c in name.chars() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth = depth.saturating_sub(1),
+            ':' if depth == 0 && previous == ':' => return true,
+            _ => {}
+        }
+        previous = c;
+    }
+    false
 }
 
 /// Whether a walked stack starts in highwater's hook, as every frame-pointer walk does when the
@@ -755,6 +816,57 @@ mod tests {
             ..Frame::default()
         };
         assert!(!is_allocator_frame(&raw_vec, RECORDER));
+    }
+
+    #[test]
+    fn an_inlined_closure_takes_the_path_of_the_function_around_it_in_its_file() {
+        let frame = |name: &str, file: &str| Frame {
+            function: Some(name.into()),
+            file: Some(file.into()),
+            ..Frame::default()
+        };
+        let mut frames = vec![
+            frame("{closure#0}", "/src/tests/a.rs"),
+            frame(
+                "map<u8>",
+                "/rustc/abc/library/core/src/iter/adapters/map.rs",
+            ),
+            frame("{closure#1}<u8>", "/src/other.rs"),
+            frame("a::many_small_blocks", "/src/tests/a.rs"),
+        ];
+        qualify_closures(&mut frames);
+        let names: Vec<_> = frames.iter().map(|f| f.function.clone().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "a::many_small_blocks::{closure#0}",
+                "map<u8>",
+                "{closure#1}<u8>",
+                "a::many_small_blocks"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_closure_whose_function_left_no_frame_takes_the_path_its_type_names() {
+        let frame = |name: &str, file: &str| Frame {
+            function: Some(name.into()),
+            file: Some(file.into()),
+            ..Frame::default()
+        };
+        let mut frames = vec![
+            frame("{closure#0}", "/src/tests/a.rs"),
+            frame(
+                "fold<i32, a::many_small_blocks::{closure_env#0}, ()>",
+                "/rustc/abc/library/core/src/iter/adapters/map.rs",
+            ),
+            frame("highwater::measure::measure", "/src/measure/mod.rs"),
+        ];
+        qualify_closures(&mut frames);
+        assert_eq!(
+            frames[0].function.as_deref(),
+            Some("a::many_small_blocks::{closure#0}")
+        );
     }
 
     /// Where the tests' recorder keeps its sources.
