@@ -14,9 +14,11 @@
 //! - for the function an address is in (not inlined): the symbol table, whose mangled name is
 //!   the whole path (`call_sites::few_large`), demangled without its hash;
 //! - for a function inlined there: DWARF's name when it is a path already (full debug info, or
-//!   the standard library's own units); otherwise the symbol table's functions of that name, if
-//!   they are one path (`alloc::raw_vec::RawVecInner<A>::try_allocate_in`), or, if several, the
-//!   one whose code is in the inlined frame's file;
+//!   the standard library's own units); otherwise the path of the symbol table's functions of
+//!   that name whose code is in the inlined frame's file, joined to DWARF's name
+//!   (`alloc::raw_vec::RawVecInner::try_allocate_in<alloc::alloc::Global>`);
+//! - for the standard library's functions with no such symbol, the module their file is
+//!   (`alloc::vec::from_elem<u8>` from `library/alloc/src/vec/mod.rs`);
 //! - else DWARF's short name as it is (a function of the program's own crate inlined everywhere
 //!   has no symbol to take a path from; an inlined closure, `{closure#0}`, is given the path of
 //!   the function around it once the whole stack is known: `analysis::qualify_closures`).
@@ -224,7 +226,10 @@ impl Module {
                 Some(name) if !has_path(name) => name.clone(),
                 _ => continue,
             };
-            if let Some(full) = self.full_path(&short, frame.file.as_deref()) {
+            let full = self.full_path(&short, frame.file.as_deref()).or_else(|| {
+                std_module_path(frame.file.as_deref()?).map(|module| format!("{module}::{short}"))
+            });
+            if let Some(full) = full {
                 frame.function = Some(full);
             }
         }
@@ -246,12 +251,15 @@ impl Module {
         let loader = self.file.as_ref()?.as_ref()?;
         let mut found: Option<&String> = None;
         for (address, name) in candidates.iter().take(MOST_LOOKED_AT) {
-            let in_file = loader
-                .find_location(*address)
-                .ok()
-                .flatten()
-                .and_then(|location| location.file)
-                == Some(file);
+            // The function's own file: its outermost frame's at its first address (whose
+            // instruction may be inlined code's, from another file).
+            let mut own_file = None;
+            if let Ok(mut found) = loader.find_frames(*address) {
+                while let Ok(Some(frame)) = found.next() {
+                    own_file = frame.location.and_then(|location| location.file);
+                }
+            }
+            let in_file = own_file == Some(file);
             if in_file {
                 match found {
                     Some(earlier) if !same_path(earlier, name) => return None,
@@ -375,6 +383,25 @@ fn base_name(name: &str) -> &str {
     &trimmed[start.min(trimmed.len())..]
 }
 
+/// The module a standard library source file is (`…/library/alloc/src/vec/mod.rs` is
+/// `alloc::vec`), for a function of it inlined with its short name and no symbol to take a path
+/// from: the path a reader needs to tell it apart, though a method's type is not in it.
+fn std_module_path(file: &str) -> Option<String> {
+    let (_, rest) = file.split_once("/library/")?;
+    let (krate, rest) = rest.split_once("/src/")?;
+    if !["alloc", "core", "std"].contains(&krate) {
+        return None;
+    }
+    let module = rest.strip_suffix(".rs")?;
+    let mut path = vec![krate];
+    path.extend(
+        module
+            .split('/')
+            .filter(|part| !matches!(*part, "mod" | "lib")),
+    );
+    Some(path.join("::"))
+}
+
 /// The path a function's name is in, without generic arguments: `alloc::raw_vec::RawVecInner`
 /// for `alloc::raw_vec::RawVecInner<A>::try_allocate_in` and for v0's
 /// `<alloc::raw_vec::RawVecInner>::try_allocate_in::<u8>`; `None` for a trait method
@@ -485,6 +512,15 @@ mod tests {
             Some("alloc::vec::Vec")
         );
         assert_eq!(enclosing_path("<T as core::clone::Clone>::clone"), None);
+        assert_eq!(
+            std_module_path("/rustc/0123/library/alloc/src/vec/mod.rs").as_deref(),
+            Some("alloc::vec")
+        );
+        assert_eq!(
+            std_module_path("/rustc/0123/library/core/src/iter/adapters/map.rs").as_deref(),
+            Some("core::iter::adapters::map")
+        );
+        assert_eq!(std_module_path("/src/tests/a.rs"), None);
         assert!(has_path("alloc::raw_vec::RawVecInner<A>::try_allocate_in"));
         assert!(!has_path("try_allocate_in<alloc::alloc::Global>"));
         assert!(same_path(
