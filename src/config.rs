@@ -21,6 +21,7 @@
 //! | `HIGHWATER_CHECKPOINT` | seconds between checkpoints (`10`, `0.5`), 0.001 to 86400; `0` for none | [`checkpoint_every`](crate::SessionBuilder::checkpoint_every) | 10 |
 //! | `HIGHWATER_SAMPLE_BYTES` | bytes: `0` off, `1` every allocation | [`sample_bytes`](crate::SessionBuilder::sample_bytes) | 524288 |
 //! | `HIGHWATER_CUDA` | on/off | [`cuda`](crate::SessionBuilder::cuda) | on (with the `cuda` feature) |
+//! | `HIGHWATER_UNWINDER` | `frame-pointers`, `eh-frame` | — | the method that works for the build |
 //! | `HIGHWATER_MAX_THREADS` | 1 to 4096 | [`max_threads`](crate::SessionBuilder::max_threads) | 1024 |
 //! | `HIGHWATER_RUN_ID` | any text | [`run_id`](crate::SessionBuilder::run_id) | the launcher's run id, if any |
 //!
@@ -37,6 +38,7 @@ use std::time::Duration;
 
 use crate::capture::{DEFAULT_RING_EVENTS, DEFAULT_SAMPLE_BYTES};
 use crate::error::Error;
+use crate::model::Unwinder;
 use crate::profile::CaptureMode;
 use crate::rank::{Launch, RankInfo};
 
@@ -79,6 +81,8 @@ pub(crate) struct EnvConfig {
     pub(crate) sample_bytes: Option<u64>,
     pub(crate) cuda: Option<bool>,
     pub(crate) max_threads: Option<usize>,
+    /// `HIGHWATER_UNWINDER`: one method for every sampled stack.
+    pub(crate) unwinder: Option<Unwinder>,
     /// What a launcher's variables and `HIGHWATER_RUN_ID` say.
     pub(crate) launch: Launch,
 }
@@ -103,6 +107,8 @@ pub(crate) struct Settings {
     pub(crate) cuda: bool,
     /// Threads that can record at the same time.
     pub(crate) max_threads: usize,
+    /// One method for every sampled stack; `None`: the one that works for the build.
+    pub(crate) unwinder: Option<Unwinder>,
     /// Longest a refused allocation waits for the checkpoint that holds it.
     pub(crate) oom_wait: Duration,
     /// This process's rank: the program's, else a launcher's.
@@ -153,6 +159,7 @@ impl Settings {
                 DEFAULT_SAMPLE_BYTES,
             ),
             cuda: pick(&env.cuda, &requested.cuda, true),
+            unwinder: env.unwinder,
             max_threads: pick(
                 &env.max_threads,
                 &requested.max_threads,
@@ -233,6 +240,17 @@ impl EnvConfig {
                 })
                 .transpose()?
         };
+        let unwinder = {
+            const NAME: &str = "HIGHWATER_UNWINDER";
+            const EXPECTED: &str = "frame-pointers or eh-frame";
+            text(NAME, EXPECTED)?
+                .map(|value| match value.trim() {
+                    crate::model::FRAME_POINTERS_UNWINDER => Ok(Unwinder::FramePointers),
+                    crate::model::EH_FRAME_UNWINDER => Ok(Unwinder::EhFrame),
+                    _ => Err(invalid(NAME, value.as_ref(), EXPECTED)),
+                })
+                .transpose()?
+        };
         let force_monotonic = {
             const NAME: &str = "HIGHWATER_CLOCK";
             const EXPECTED: &str = "tsc or monotonic";
@@ -306,6 +324,7 @@ impl EnvConfig {
             force_monotonic,
             signals: switch("HIGHWATER_SIGNALS")?,
             cuda: switch("HIGHWATER_CUDA")?,
+            unwinder,
         })
     }
 }
@@ -526,11 +545,20 @@ mod tests {
             ("HIGHWATER_SAMPLE_BYTES", "-1"),
             ("HIGHWATER_SAMPLE_BYTES", "512k"),
             ("HIGHWATER_CHECKPOINT", "-1"),
+            ("HIGHWATER_UNWINDER", "dwarf"),
         ] {
             let message = parse(&[(var, value)]).unwrap_err().to_string();
             assert!(message.contains(var), "{message}");
             assert!(message.contains(value), "{message}");
         }
+    }
+
+    #[test]
+    fn the_unwinder_comes_from_the_variable() {
+        assert_eq!(parse(&[]).unwrap().unwinder, None);
+        let forced = |value| parse(&[("HIGHWATER_UNWINDER", value)]).unwrap().unwinder;
+        assert_eq!(forced("eh-frame"), Some(Unwinder::EhFrame));
+        assert_eq!(forced("frame-pointers"), Some(Unwinder::FramePointers));
     }
 
     #[test]

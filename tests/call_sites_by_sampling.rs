@@ -119,8 +119,14 @@ fn per_site_estimates_fall_within_their_stated_error_across_seeds() {
         let session = Session::builder().write_profile(false).start().unwrap();
         let profile = three_functions(session);
         assert_eq!(profile.sampling.mean_bytes, r);
-        assert_eq!(profile.sampling.unwinder, "frame-pointers");
+        assert_eq!(profile.sampling.unwinder, "frame-pointers, eh-frame");
         assert!(profile.sampling.samples > 0);
+        // Each sample's stack was walked by one of the two, and each site says which.
+        let by_unwinder = &profile.sampling.samples_by_unwinder;
+        assert_eq!(by_unwinder.values().sum::<u64>(), profile.sampling.samples);
+        for site in &profile.sites {
+            assert_eq!(site.samples_by_unwinder.values().sum::<u64>(), site.samples);
+        }
         assert_eq!(profile.sampling.stacks_without_hook, 0);
         for (index, &(function, (count, size))) in sites_known.iter().enumerate() {
             let truth = (count * size) as f64;

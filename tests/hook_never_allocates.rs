@@ -5,7 +5,9 @@
 //! through the global allocator, that nested call would come back through the detector. The
 //! rings are small, so the lossless wait for room (spin, then futex) runs too. Call-site
 //! sampling runs at its default mean and with every allocation sampled (each one walks its
-//! stack; each new thread finds its stack mapping).
+//! stack; each new thread finds its stack mapping), by frame pointers and, with
+//! `HIGHWATER_UNWINDER=eh-frame`, by call-frame information (issue 35: framehop's unwind, its
+//! cache pool and its tables, read while the collector may rebuild them).
 
 use std::alloc::System;
 use std::sync::atomic::Ordering;
@@ -49,8 +51,40 @@ fn sampling_every_allocation_never_allocates_through_the_global_allocator() {
     assert!(profile.sites.iter().all(|site| !site.frames.is_empty()));
 }
 
+/// Issue 35: every stack unwound by `.eh_frame` (as in a build without frame pointers), on four
+/// threads with small rings, allocates nothing through the global allocator either.
+#[test]
+fn unwinding_by_eh_frame_never_allocates_through_the_global_allocator() {
+    let profile = {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        std::env::set_var("HIGHWATER_UNWINDER", "eh-frame");
+        let profile = record_busy_threads_locked(Some(1));
+        std::env::remove_var("HIGHWATER_UNWINDER");
+        profile
+    };
+    let sampling = &profile.sampling;
+    assert!(sampling.samples >= 80_000, "{sampling:?}");
+    assert_eq!(
+        sampling.samples_by_unwinder.get("eh-frame"),
+        Some(&sampling.samples),
+        "{sampling:?}"
+    );
+    // The unwound stacks reach the code that allocated.
+    let named = profile.sites.iter().any(|site| {
+        site.frames
+            .iter()
+            .any(|frame| frame.function.as_deref() == Some("hook_never_allocates::busy_work"))
+    });
+    assert!(named, "{:#?}", &profile.sites[..profile.sites.len().min(3)]);
+}
+
 fn record_busy_threads(sample_bytes: Option<u64>) -> highwater::Profile {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    record_busy_threads_locked(sample_bytes)
+}
+
+/// [`record_busy_threads`], holding [`SERIAL`] already.
+fn record_busy_threads_locked(sample_bytes: Option<u64>) -> highwater::Profile {
     let mut builder = Session::builder().ring_events(1 << 10).write_profile(false);
     if let Some(mean) = sample_bytes {
         builder = builder.sample_bytes(mean);

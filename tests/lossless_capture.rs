@@ -242,6 +242,82 @@ fn a_signal_handler_allocating_mid_push_is_counted_exactly() {
     );
 }
 
+/// Issue 35: the same SIGALRM handler (every 100 µs), while every allocation's stack is unwound by
+/// `.eh_frame` (`HIGHWATER_UNWINDER=eh-frame`, every allocation sampled): the handler's own
+/// samples interrupt the thread's unwinds and unwind on top of them (another cache from the
+/// pool, another reader of the same tables). Nothing hangs or is lost: recorded + counted =
+/// performed, exactly, per kind, and every stack recorded says it was unwound by `.eh_frame`.
+#[test]
+fn a_signal_handler_allocating_mid_unwind_is_counted_exactly() {
+    isolated(
+        "a_signal_handler_allocating_mid_unwind_is_counted_exactly",
+        || {
+            arena();
+            let tid = gettid();
+            black_box(vec![0u8; 1]); // this thread's counting row, before the session
+            std::env::set_var("HIGHWATER_UNWINDER", "eh-frame");
+            mask_alarm(true);
+            let session = Session::builder()
+                .write_profile(false)
+                .sample_bytes(1)
+                .start()
+                .unwrap();
+            let before = common::performed(&[tid]);
+            // Every 100 µs: an unwind takes microseconds (tens in a debug build), so a tighter
+            // timer leaves the thread nothing but handlers to run.
+            alarm_every(100, allocate_in_handler as *const () as libc::sighandler_t);
+            mask_alarm(false);
+            let mut kept = Vec::new();
+            let mut round = 0usize;
+            while (HANDLED.load(Ordering::Relaxed) < 2_000 || round < 20_000) && round < 5_000_000 {
+                let mut block = black_box(vec![round as u8; 16 + round % 48]);
+                block.push(1);
+                if round.is_multiple_of(256) {
+                    kept.push(block);
+                }
+                round += 1;
+            }
+            mask_alarm(true);
+            alarm_every(0, libc::SIG_IGN);
+            drop(kept);
+            let after = common::performed(&[tid]);
+            let profile = session.finish().unwrap();
+
+            let performed: [u64; 3] = std::array::from_fn(|kind| after[kind] - before[kind]);
+            let (recorded, dropped, _, _) = common::recorded_and_dropped(&profile, tid);
+            let (loose, _) = common::unattributed(&profile);
+            let capture = &profile.capture;
+            assert_eq!(capture.unattributed_dropped, 0, "{capture:?}");
+            assert_eq!(dropped, [0; 3], "a lossless ring dropped: {capture:?}");
+            for kind in [ALLOC, FREE, REALLOC] {
+                assert_eq!(
+                    recorded[kind] + loose[kind],
+                    performed[kind],
+                    "{} events: recorded {} + counted as re-entrant {} != performed {}",
+                    KIND_NAMES[kind],
+                    recorded[kind],
+                    loose[kind],
+                    performed[kind]
+                );
+            }
+            let sampling = &profile.sampling;
+            assert!(sampling.samples > 10_000, "{sampling:?}");
+            assert_eq!(
+                sampling.samples_by_unwinder.get("eh-frame"),
+                Some(&sampling.samples),
+                "{sampling:?}"
+            );
+            assert!(HANDLED.load(Ordering::Relaxed) >= 2_000, "{round} rounds");
+            println!(
+                "FIGURES {} signals over {} rounds, {} samples unwound by eh-frame",
+                HANDLED.load(Ordering::Relaxed),
+                round,
+                sampling.samples
+            );
+        },
+    );
+}
+
 /// A handler that only allocates and frees (no realloc), for the measurement test below.
 extern "C" fn box_in_handler(_: libc::c_int) {
     IN_HANDLER.with(|flag| flag.set(true));

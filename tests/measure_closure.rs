@@ -336,12 +336,13 @@ fn threads_measuring_at_once_do_not_disturb_each_other() {
                 })
             })
             .collect();
-        for measurer in measurers {
-            for m in measurer.join().unwrap() {
-                assert_eq!(m, alone);
-            }
-        }
+        let measured: Vec<_> = measurers.into_iter().map(|m| m.join()).collect();
+        // Stop the allocating thread before any assertion, or a failure would leave the scope
+        // waiting for it for ever.
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for m in measured.into_iter().flat_map(|m| m.unwrap()) {
+            assert_eq!(m, alone);
+        }
     });
 }
 

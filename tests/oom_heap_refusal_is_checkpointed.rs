@@ -71,8 +71,9 @@ fn a_null_from_the_inner_allocator_is_checkpointed_with_what_was_live() {
                 let activations = black_box(vec![2u8; 1 << 20]);
                 let live_then = common::window_live();
                 let layout = Layout::from_size_align(REFUSED_FROM + 7, 8).unwrap();
-                // SAFETY: a non-zero size; a null result is handled below.
-                let refused = unsafe { std::alloc::alloc(layout) };
+                // SAFETY: a non-zero size; a null result is handled below. `black_box`: an
+                // optimised build may otherwise assume the allocation succeeds, or drop it.
+                let refused = black_box(unsafe { std::alloc::alloc(black_box(layout)) });
                 drop(activations);
                 (refused, live_then)
             };

@@ -36,11 +36,16 @@ fn a_refused_allocation_and_its_checkpoint_wait_never_allocate_on_the_refused_th
         let layout = Layout::from_size_align(IMPOSSIBLE, 64).unwrap();
         let mut refusals = 0u64;
         for _ in 0..3 {
+            // `black_box` on the layout and the result: an optimised build may otherwise assume
+            // the allocation succeeds, or drop it as unused.
             // SAFETY: a non-zero size; the null result is only compared.
-            let block = unsafe { std::alloc::alloc(layout) };
+            let block =
+                std::hint::black_box(unsafe { std::alloc::alloc(std::hint::black_box(layout)) });
             assert!(block.is_null());
             // SAFETY: as above.
-            let zeroed = unsafe { std::alloc::alloc_zeroed(layout) };
+            let zeroed = std::hint::black_box(unsafe {
+                std::alloc::alloc_zeroed(std::hint::black_box(layout))
+            });
             assert!(zeroed.is_null());
             refusals += 2;
         }

@@ -127,6 +127,91 @@ fn fork_in_a_recording_process() {
     });
 }
 
+/// Issue 35: a thread forks while three others allocate with every stack unwound by `.eh_frame`
+/// (`HIGHWATER_UNWINDER=eh-frame`, every allocation sampled), so a fork often lands while
+/// another thread holds an unwind cache, reads the tables, or the collector rebuilds them. Each
+/// child starts its own session and records with the same unwinder on two threads: it must not
+/// hang (watchdog), and every stack it walked is unwound by `.eh_frame`.
+#[test]
+fn fork_while_threads_unwind_by_eh_frame() {
+    isolated("fork_while_threads_unwind_by_eh_frame", || {
+        static STOP: AtomicBool = AtomicBool::new(false);
+        std::env::set_var("HIGHWATER_UNWINDER", "eh-frame");
+        let session = Session::builder()
+            .write_profile(false)
+            .sample_bytes(1)
+            .start()
+            .unwrap();
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    let mut rounds = 0;
+                    while !STOP.load(Ordering::Relaxed) {
+                        work(rounds);
+                        rounds += 1;
+                    }
+                })
+            })
+            .collect();
+        for fork in 0..6 {
+            work(fork);
+            // SAFETY: the child only records a session of its own and exits; see below.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                let code = std::panic::catch_unwind(|| {
+                    let session = Session::builder()
+                        .write_profile(false)
+                        .sample_bytes(1)
+                        .start()
+                        .unwrap();
+                    let helper = std::thread::spawn(|| (0..200).for_each(work));
+                    (0..200).for_each(work);
+                    helper.join().unwrap();
+                    let profile = session.finish().unwrap();
+                    // Every stack walked is unwound by eh-frame. (A child's session also drains
+                    // what its parent's threads left in the rings it inherited, and a unit the
+                    // parent's collector had half drained decodes as a sample with no stack:
+                    // those are left out by asking for stacks.)
+                    let walked: Vec<_> = profile
+                        .sites
+                        .iter()
+                        .filter(|site| !site.frames.is_empty())
+                        .collect();
+                    let by_tables = walked
+                        .iter()
+                        .all(|site| site.samples_by_unwinder.keys().eq(["eh-frame"]));
+                    if !walked.is_empty() && by_tables {
+                        0
+                    } else {
+                        eprintln!("forked child {fork}: {:?}", profile.sampling);
+                        5
+                    }
+                })
+                .unwrap_or(4);
+                // SAFETY: `_exit` ends the child at once; nothing after it runs.
+                unsafe { libc::_exit(code) }
+            }
+            let status = wait_for_forked_child(pid, Duration::from_secs(30));
+            assert!(
+                libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+                "forked child {fork} did not exit cleanly (wait status {status:#x}; 4 = it \
+                 panicked, 5 = its samples were not all unwound by eh-frame)"
+            );
+        }
+        STOP.store(true, Ordering::Relaxed);
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        let sampling = session.finish().unwrap().sampling;
+        assert_eq!(
+            sampling.samples_by_unwinder.get("eh-frame"),
+            Some(&sampling.samples),
+            "{sampling:?}"
+        );
+    });
+}
+
 /// Worker OS ids and, per worker and kind, operations completed just before `exit` was called.
 static EXIT_TIDS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
 static EXIT_LOWER: [[AtomicU64; 3]; 4] = [const { [const { AtomicU64::new(0) }; 3] }; 4];

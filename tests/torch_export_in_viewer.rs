@@ -21,7 +21,6 @@ use highwater::profile::alloc_log::AllocLog;
 use highwater::{Alloc, Category, Profile, Session};
 use highwater_export::torch;
 
-
 #[global_allocator]
 static ALLOC: Alloc = Alloc::system();
 

@@ -9,15 +9,17 @@
 use std::cell::Cell;
 use std::sync::atomic::{compiler_fence, AtomicU64, AtomicUsize};
 
+use super::frames::{StackBounds, Walked};
 use super::gate::{self, Sound, GATE_EPOCH, RECORDING};
 use super::raw::{DeviceMemoryKind, PoolReport, RawEvent, RawKind};
 use super::registry::REGISTRY;
 use super::ring::{Pushed, Ring, SoundPark, WhenFull};
 use super::sample;
-use super::stack::{self, StackBounds, Walked};
+use super::stack;
 use super::sync::{AtomicBool, Ordering};
-use super::{clock, lifecycle, wake};
+use super::{clock, lifecycle, unwind, wake};
 use crate::model::OomSource;
+use crate::model::Unwinder;
 use crate::model::{Category, CategoryScope, SpanLabel};
 
 /// Default events per ring: 64 Ki events, 2 MiB per recording thread (touched as it fills, and
@@ -440,6 +442,7 @@ pub(crate) fn install_process_handlers() {
 /// wait for one either. Async-signal-safe (atomics only): it runs in an `atfork` handler.
 fn stop_in_forked_child() {
     gate::close_in_forked_child();
+    unwind::forget_other_threads_after_fork();
     // Only the forking thread survives, and it is not inside a push: no ring is busy, whatever
     // the parent's threads were doing.
     for slot in REGISTRY.claimed() {
@@ -460,7 +463,18 @@ fn retire_current_thread(index: usize) {
 /// Prepares capture for a session, before its collector starts and its gate opens: sets the
 /// mode, marks the collector as serving, clears the session's counters and makes every
 /// producer's next push re-read its ring (so a ring kept from an earlier session is resized).
-pub(crate) fn begin_session(lossless: bool, sample_bytes: u64, max_threads: usize) {
+pub(crate) fn begin_session(
+    lossless: bool,
+    sample_bytes: u64,
+    max_threads: usize,
+    unwinder: Option<Unwinder>,
+) {
+    // The unwind tables for stacks that frame pointers cannot walk, over the modules loaded
+    // now (the collector brings them up to date as modules are loaded and unloaded).
+    unwind::choose(unwinder);
+    if sample_bytes != 0 {
+        stack::prepare();
+    }
     LOSSLESS.store(lossless, Ordering::Relaxed);
     REGISTRY.set_limit(max_threads);
     TABLE_FULL_DROPS.store(0, Ordering::Relaxed);
@@ -574,7 +588,7 @@ fn emit_sampled<const N: usize, const T: usize>(
 ) {
     let pcs = &walked.pcs[..walked.len];
     emit(RawEvent::sampled_kinds::<N, T>(kinds), |current, ticks| {
-        RawEvent::sampled::<N, T>(pcs, walked.truncated, build(current, ticks))
+        RawEvent::sampled::<N, T>(pcs, walked.walk(), build(current, ticks))
     });
 }
 
@@ -583,7 +597,7 @@ fn emit_sampled<const N: usize, const T: usize>(
 #[cold]
 #[inline(never)]
 fn record_sampled(kinds: [RawKind; 1], build: impl FnOnce(ThreadState, u64) -> [RawEvent; 1]) {
-    const _: () = assert!(stack::MAX_FRAMES == 64);
+    const _: () = assert!(super::frames::MAX_FRAMES == 64);
     let Some(walked) = walk_for_sample() else {
         emit(kinds, build);
         return;
@@ -692,7 +706,7 @@ fn record_sampled_realloc(
     ) -> *mut u8 {
         let pcs = &walked.pcs[..walked.len];
         let kinds = RawEvent::sampled_kinds::<N, 2>(REALLOC);
-        let wrap = |events| RawEvent::sampled::<N, 2>(pcs, walked.truncated, events);
+        let wrap = |events| RawEvent::sampled::<N, 2>(pcs, walked.walk(), events);
         realloc_as_unit(kinds, wrap, old, new_size, realloc)
     }
     match walked.len.div_ceil(2) {

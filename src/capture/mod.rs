@@ -8,6 +8,7 @@
 //! event as dropped (drop mode); where it cannot record at all (no free ring, thread exiting,
 //! re-entered from a signal handler) it counts the event.
 
+pub(crate) mod frames;
 pub(crate) mod gate;
 pub(crate) mod raw;
 pub(crate) mod registry;
@@ -23,6 +24,8 @@ mod hook;
 #[cfg(not(highwater_loom))]
 pub(crate) mod lifecycle;
 #[cfg(not(highwater_loom))]
+pub(crate) mod modules;
+#[cfg(not(highwater_loom))]
 pub(crate) mod names;
 pub(crate) mod oom;
 #[cfg(not(highwater_loom))]
@@ -30,6 +33,17 @@ pub(crate) mod recent;
 pub(crate) mod sample;
 #[cfg(not(highwater_loom))]
 pub(crate) mod stack;
+#[cfg(all(
+    not(highwater_loom),
+    any(target_arch = "x86_64", target_arch = "aarch64")
+))]
+pub(crate) mod unwind;
+#[cfg(all(
+    not(highwater_loom),
+    not(any(target_arch = "x86_64", target_arch = "aarch64"))
+))]
+#[path = "unwind_unsupported.rs"]
+pub(crate) mod unwind;
 
 #[cfg(not(highwater_loom))]
 pub(crate) use gate::{open_gate, recording};

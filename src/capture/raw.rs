@@ -9,7 +9,8 @@
 //! rebuilt `&'static str` rests on is kept in this file.
 
 use crate::model::OomSource;
-use crate::model::{Category, SpanLabel};
+use crate::model::StackWalk;
+use crate::model::{Category, SpanLabel, Unwinder};
 
 /// What a [`RawEvent`] records. Also the index of per-kind drop counters.
 ///
@@ -77,6 +78,10 @@ const SAMPLED: u8 = 0x80;
 
 /// Bit of a `StackPcs`' `flags`: the walk stopped before the stack's first frame.
 const TRUNCATED: u8 = 0x01;
+
+/// Bit of a `StackPcs`' `flags`: the stack was unwound by call-frame information
+/// ([`Unwinder::EhFrame`]), not walked by frame pointers.
+const EH_FRAME: u8 = 0x02;
 
 impl RawKind {
     /// Number of kinds (length of per-kind counter arrays).
@@ -474,12 +479,17 @@ impl RawEvent {
     #[inline]
     pub(crate) fn sampled<const N: usize, const T: usize>(
         pcs: &[u64],
-        truncated: bool,
+        walk: StackWalk,
         record: [RawEvent; T],
     ) -> [RawEvent; N] {
         let parts = N - T;
         let kept = pcs.len().min(2 * parts);
-        let truncated = truncated || kept < pcs.len();
+        let truncated = walk.truncated || kept < pcs.len();
+        let flags = if truncated { TRUNCATED } else { 0 }
+            | match walk.unwinder {
+                Unwinder::FramePointers => 0,
+                Unwinder::EhFrame => EH_FRAME,
+            };
         let ticks = record.first().map_or(0, |first| first.ticks);
         let mut unit: [RawEvent; N] = std::array::from_fn(|index| {
             if index >= parts {
@@ -490,7 +500,7 @@ impl RawEvent {
                 RawKind::StackPcs,
                 ticks,
                 0,
-                if truncated { TRUNCATED } else { 0 },
+                flags,
                 0,
                 pc(2 * index),
                 pc(2 * index + 1),
@@ -703,7 +713,7 @@ pub(crate) struct Decoder {
     head: Option<RawEvent>,
     /// The stack parts of the record being decoded (or of the last one, once complete).
     stack: Vec<u64>,
-    stack_truncated: bool,
+    stack_walk: StackWalk,
     /// The last record completed: the next stack part starts a new stack.
     stack_done: bool,
 }
@@ -713,7 +723,7 @@ impl Decoder {
     pub(crate) fn reset(&mut self) {
         self.head = None;
         self.stack.clear();
-        self.stack_truncated = false;
+        self.stack_walk = StackWalk::default();
     }
 
     /// A plain allocation and the free of its block that follows it ([`RawEvent::is_freed_by`]),
@@ -723,9 +733,9 @@ impl Decoder {
         debug_assert!(alloc.is_freed_by(free));
         // Neither event is sampled, a first half or a stack part: like any such record, they
         // leave no stack behind them.
-        if !self.stack.is_empty() || self.stack_truncated {
+        if !self.stack.is_empty() || self.stack_walk != StackWalk::default() {
             self.stack.clear();
-            self.stack_truncated = false;
+            self.stack_walk = StackWalk::default();
         }
         self.stack_done = true;
         ShortLived {
@@ -763,18 +773,18 @@ impl Decoder {
             return None;
         };
         // Like any record that is not sampled, it leaves no stack behind it.
-        if !self.stack.is_empty() || self.stack_truncated {
+        if !self.stack.is_empty() || self.stack_walk != StackWalk::default() {
             self.stack.clear();
-            self.stack_truncated = false;
+            self.stack_walk = StackWalk::default();
         }
         self.stack_done = true;
         Some(plain)
     }
 
     /// The call stack of the last record decoded, when it was `sampled`: return addresses,
-    /// innermost first, and whether the walk was cut.
-    pub(crate) fn stack(&self) -> (&[u64], bool) {
-        (&self.stack, self.stack_truncated)
+    /// innermost first, and how it was walked (cut or not, by which unwinder).
+    pub(crate) fn stack(&self) -> (&[u64], StackWalk) {
+        (&self.stack, self.stack_walk)
     }
 
     /// The record `raw` completes, if any: `None` for a first half (held) or an unknown kind.
@@ -785,11 +795,14 @@ impl Decoder {
         if kind == RawKind::StackPcs {
             if std::mem::take(&mut self.stack_done) {
                 self.stack.clear();
-                self.stack_truncated = false;
+                self.stack_walk = StackWalk::default();
             }
             self.stack
                 .extend([raw.a, raw.b].into_iter().filter(|&pc| pc != 0));
-            self.stack_truncated |= raw.flags & TRUNCATED != 0;
+            self.stack_walk.truncated |= raw.flags & TRUNCATED != 0;
+            if raw.flags & EH_FRAME != 0 {
+                self.stack_walk.unwinder = Unwinder::EhFrame;
+            }
             return None;
         }
         if kind.is_head() {
@@ -800,7 +813,7 @@ impl Decoder {
             matches!(kind, RawKind::Alloc | RawKind::ReallocTo) && raw.flags & SAMPLED != 0;
         if !sampled {
             self.stack.clear();
-            self.stack_truncated = false;
+            self.stack_walk = StackWalk::default();
         }
         self.stack_done = true;
         let category = Category::from_index(raw.flags & !SAMPLED);

@@ -8,7 +8,7 @@
 //!
 //! An allocation of at least `4R` bytes is always sampled (it would be 98 % of the time
 //! anyway), so the blocks that make a peak always have their stacks; the analysis weighs them
-//! with probability 1 ([`crate::analysis`]'s `sample_probability` keeps the same rule). The
+//! with probability 1 ([`crate::model::sample_probability`] keeps the same rule). The
 //! countdown the fast path compares with is capped at `4R` so that such an allocation always
 //! takes the slow path; the rest of the drawn distance is kept beside it.
 

@@ -1,15 +1,30 @@
-//! Walking the calling thread's stack from inside the allocator, by frame pointers.
+//! Walking the calling thread's stack from inside the allocator: by frame pointers where that
+//! works, by call-frame information where it does not.
 //!
-//! # Why frame pointers
+//! # Frame pointers first
 //!
 //! A sampled allocation records its call stack while the allocator hook runs, so the walk may
-//! not allocate, take a lock or fault. A DWARF unwinder (libunwind, gimli's, the `backtrace`
-//! crate) parses `.eh_frame` tables, caches them behind locks and allocates while it does; a
-//! signal or a fork can leave those locks held. A frame-pointer walk is a loop of two loads
-//! per frame: each frame starts with the caller's frame pointer, followed by the return
-//! address (x86-64 `push rbp; mov rbp, rsp`, AArch64 `stp x29, x30, [sp, …]; mov x29, sp`).
-//! The build sets `-C force-frame-pointers=yes`, and Rust's standard library ships with frame
-//! pointers kept.
+//! not allocate, take a lock or fault. A frame-pointer walk is a loop of two loads per frame:
+//! each frame starts with the caller's frame pointer, followed by the return address (x86-64
+//! `push rbp; mov rbp, rsp`, AArch64 `stp x29, x30, [sp, …]; mov x29, sp`). It is the fast
+//! path, and it is right wherever every frame keeps a frame pointer (this repository builds with
+//! `-C force-frame-pointers=yes`; Rust's standard library ships with frame pointers kept).
+//!
+//! # Call-frame information where frame pointers fail
+//!
+//! An ordinary release build keeps no frame pointers: the walk starts from a register the hook
+//! never set and gives no frame, or a frame or two of outer code. Whether this build's frame
+//! pointers can be trusted is decided once, when the unwind tables are first prepared
+//! ([`frame_pointers_agree_with_unwind_tables`]: the two methods must give the same first return
+//! addresses from the same registers). Where they cannot, every stack is unwound by the
+//! binary's `.eh_frame` instead ([`super::unwind`]), from the same registers, so both give the
+//! same addresses for the same frames. [`Walked::unwinder`] says which did.
+//!
+//! The choice is the build's, not each walk's: one thread's stacks are all walked one way, so
+//! they end at the same outermost frame (the frame-pointer walk stops where the C library's
+//! frames keep none, the unwind goes on to the thread's first frame) and `measure` can drop the
+//! frames a sample shares with the stack it was called from. A walk that falls back for a
+//! short frame-pointer chain alone made the same closure's sites differ between threads.
 //!
 //! # Why every frame pointer is checked
 //!
@@ -20,69 +35,70 @@
 //! the mapping that holds `sp`. That mapping is found once per thread (again only when `sp`
 //! leaves it: a signal handler on an alternate stack) by reading `/proc/self/maps` with plain
 //! `open`/`read` system calls into a buffer on the stack. A pointer that fails a check ends
-//! the walk; the depth is bounded by [`MAX_FRAMES`]. The walk thus only ever reads this
-//! thread's own mapped stack memory.
+//! the walk; the depth is bounded by [`MAX_FRAMES`]. The call-frame unwind reads within the same
+//! bounds. Either walk thus only ever reads this thread's own mapped stack memory.
 
 use std::cell::Cell;
 
-/// Deepest stack recorded, in program counters.
-pub(crate) const MAX_FRAMES: usize = 64;
+use super::frames::{Registers, StackBounds, Walked, MAX_FRAMES};
+use crate::model::Unwinder;
 
 /// How stacks are walked, as the profile names it.
 pub(crate) const UNWINDER: &str = if cfg!(any(target_arch = "x86_64", target_arch = "aarch64")) {
-    crate::model::FRAME_POINTERS_UNWINDER
+    crate::model::FRAME_POINTERS_THEN_EH_FRAME
 } else {
     "none"
 };
 
-/// The calling thread's stack mapping as last found: `[low, high)`; `(0, 0)` when unknown.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct StackBounds {
-    low: usize,
-    high: usize,
-}
-
-impl StackBounds {
-    /// Not looked up yet.
-    pub(crate) const UNKNOWN: StackBounds = StackBounds { low: 0, high: 0 };
-
-    fn holds(&self, sp: usize) -> bool {
-        self.low <= sp && sp < self.high
-    }
-}
-
-/// A walked stack: return addresses, innermost first.
-#[derive(Debug)]
-pub(crate) struct Walked {
-    pub(crate) pcs: [u64; MAX_FRAMES],
-    pub(crate) len: usize,
-    /// The walk stopped at the depth limit, or at a frame pointer inside the stack that failed
-    /// a check (a frame compiled without frame pointers).
-    pub(crate) truncated: bool,
-}
-
-/// Walks the caller's stack. `bounds` caches this thread's stack mapping (refreshed when the
-/// stack pointer is outside it). Never allocates, locks or panics.
+/// Walks the caller's stack: by frame pointers where they can be trusted, by call-frame
+/// information otherwise (see the module docs). `bounds` caches this thread's stack mapping
+/// (refreshed when the stack pointer is outside it). Never allocates, locks or panics.
 #[inline(never)]
 pub(crate) fn walk(bounds: &Cell<StackBounds>) -> Walked {
-    let mut walked = Walked {
-        pcs: [0; MAX_FRAMES],
-        len: 0,
-        truncated: false,
-    };
-    let Some((mut fp, sp)) = registers() else {
+    let mut walked = Walked::EMPTY;
+    let by_pointers = super::unwind::frame_pointers_trusted() != Some(false);
+    if !by_pointers {
+        // Should the unwind not run (no stack bounds, no free cache), the stack says it was
+        // cut, and which method was to walk it.
+        walked.unwinder = Unwinder::EhFrame;
+        walked.truncated = true;
+    }
+    let Some(registers) = registers() else {
         return walked;
     };
+    let Some(known) = bounds_holding(bounds, registers.sp) else {
+        return walked;
+    };
+    if by_pointers {
+        frame_pointer_walk(&registers, &known, &mut walked);
+        return walked;
+    }
+    // A thread's bounds cell is its own: its address spreads threads over the cache pool.
+    let hint = std::ptr::from_ref(bounds) as usize >> 6;
+    super::unwind::unwind(&registers, &known, hint, &mut walked);
+    walked
+}
+
+/// The thread's stack mapping that holds `sp`, looked up again when the cached one does not.
+/// `/proc/self/maps` is read in pieces, and a mapping another thread makes or removes between
+/// two reads can shift the lines so that one is missed: a lookup that finds nothing is tried
+/// once more.
+fn bounds_holding(bounds: &Cell<StackBounds>, sp: usize) -> Option<StackBounds> {
     let mut known = bounds.get();
     if !known.holds(sp) {
-        known = mapping_holding(sp).unwrap_or(StackBounds::UNKNOWN);
+        known = mapping_holding(sp)
+            .or_else(|| mapping_holding(sp))
+            .unwrap_or(StackBounds::UNKNOWN);
         bounds.set(known);
-        if !known.holds(sp) {
-            return walked;
-        }
     }
+    known.holds(sp).then_some(known)
+}
+
+/// The frame-pointer walk from `registers` (the walking function's own frame is not recorded).
+fn frame_pointer_walk(registers: &Registers, known: &StackBounds, walked: &mut Walked) {
     let word = std::mem::size_of::<usize>();
-    let mut floor = sp;
+    let mut floor = registers.sp;
+    let mut fp = registers.fp;
     loop {
         let valid = fp >= floor
             && fp.is_multiple_of(16)
@@ -119,31 +135,75 @@ pub(crate) fn walk(bounds: &Cell<StackBounds>) -> Walked {
         floor = fp + 2 * word;
         fp = next;
     }
-    walked
 }
 
-/// This function's frame pointer and the stack pointer.
+/// Gets the unwind tables ready for the modules loaded now (see [`super::unwind`]) and, the
+/// first time, judges whether this build's frame pointers can be trusted: every stack is then
+/// walked by the one method that works for the build. Outside the hook only.
+pub(crate) fn prepare() {
+    super::unwind::prepare();
+    if super::unwind::frame_pointers_unjudged() {
+        super::unwind::judge_frame_pointers(frame_pointers_agree_with_unwind_tables());
+    }
+}
+
+/// Whether this build's frame-pointer walk gives the return addresses its call-frame
+/// information gives, walked from the same registers: the hook's own code then keeps frame
+/// pointers. `true` where the call-frame unwind cannot run (frame pointers are all there is).
+/// Called once the unwind tables are prepared, outside the hook.
+#[inline(never)]
+pub(crate) fn frame_pointers_agree_with_unwind_tables() -> bool {
+    let bounds = Cell::new(StackBounds::UNKNOWN);
+    let (by_pointers, by_tables) = both_walks(&bounds);
+    let Some(by_tables) = by_tables.filter(|walked| walked.len >= 3) else {
+        return true;
+    };
+    by_pointers.len >= 3 && by_pointers.pcs[..3] == by_tables.pcs[..3]
+}
+
+/// The two walks from one set of registers: by frame pointers, and by call-frame information
+/// (`None` where it could not run).
+#[inline(never)]
+fn both_walks(bounds: &Cell<StackBounds>) -> (Walked, Option<Walked>) {
+    let mut by_pointers = Walked::EMPTY;
+    let Some(registers) = registers() else {
+        return (by_pointers, None);
+    };
+    let Some(known) = bounds_holding(bounds, registers.sp) else {
+        return (by_pointers, None);
+    };
+    frame_pointer_walk(&registers, &known, &mut by_pointers);
+    let mut by_tables = Walked::EMPTY;
+    let unwound = super::unwind::unwind(&registers, &known, 0, &mut by_tables);
+    (by_pointers, unwound.then_some(by_tables))
+}
+
+/// The calling function's registers, all taken at one instruction of it (inlined into it).
 #[inline(always)]
-fn registers() -> Option<(usize, usize)> {
+fn registers() -> Option<Registers> {
     #[cfg(target_arch = "x86_64")]
     {
-        let (fp, sp): (usize, usize);
-        // SAFETY: copies two registers; touches no memory, the stack or flags.
+        let (pc, sp, fp): (usize, usize, usize);
+        // SAFETY: copies the address of the next instruction and two registers; touches no
+        // memory, the stack or flags.
         unsafe {
-            std::arch::asm!("mov {}, rbp", "mov {}, rsp", out(reg) fp, out(reg) sp,
+            std::arch::asm!("lea {}, [rip]", "mov {}, rsp", "mov {}, rbp",
+                out(reg) pc, out(reg) sp, out(reg) fp,
                 options(nomem, nostack, preserves_flags));
         }
-        Some((fp, sp))
+        Some(Registers { pc, sp, fp })
     }
     #[cfg(target_arch = "aarch64")]
     {
-        let (fp, sp): (usize, usize);
-        // SAFETY: copies two registers; touches no memory, the stack or flags.
+        let (pc, sp, fp, lr): (usize, usize, usize, usize);
+        // SAFETY: copies the address of this instruction and three registers; touches no
+        // memory, the stack or flags.
         unsafe {
-            std::arch::asm!("mov {}, x29", "mov {}, sp", out(reg) fp, out(reg) sp,
+            std::arch::asm!("adr {}, .", "mov {}, sp", "mov {}, x29", "mov {}, x30",
+                out(reg) pc, out(reg) sp, out(reg) fp, out(reg) lr,
                 options(nomem, nostack, preserves_flags));
         }
-        Some((fp, sp))
+        Some(Registers { pc, sp, fp, lr })
     }
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
@@ -273,12 +333,71 @@ mod tests {
         assert!(repeated >= 8, "{:x?}", &deep.pcs[..deep.len]);
     }
 
+    #[inline(never)]
+    fn nested_both(depth: u32, bounds: &Cell<StackBounds>) -> (Walked, Option<Walked>) {
+        if depth == 0 {
+            both_walks(bounds)
+        } else {
+            let walked = nested_both(depth - 1, bounds);
+            std::hint::black_box(depth);
+            walked
+        }
+    }
+
+    /// Issue 35: the call-frame unwind gives, frame for frame, the return addresses the
+    /// frame-pointer walk gives in this build (which keeps frame pointers), from the same
+    /// registers: so a stack names the same sites whichever method walked it.
+    #[test]
+    fn both_methods_give_the_same_return_addresses() {
+        crate::capture::stack::prepare();
+        let bounds = Cell::new(StackBounds::UNKNOWN);
+        let (by_pointers, by_tables) = nested_both(12, &bounds);
+        let by_tables = by_tables.expect("the unwind tables are prepared");
+        assert_eq!(by_tables.unwinder, Unwinder::EhFrame);
+        assert_eq!(by_pointers.unwinder, Unwinder::FramePointers);
+        assert!(by_pointers.len >= 14, "{} frames", by_pointers.len);
+        // The frame-pointer walk stops where the C library's frames keep none; the call-frame
+        // unwind goes on to the thread's first frame.
+        assert!(by_tables.len >= by_pointers.len);
+        assert_eq!(
+            by_tables.pcs[..by_pointers.len],
+            by_pointers.pcs[..by_pointers.len]
+        );
+        assert!(frame_pointers_agree_with_unwind_tables());
+        assert_eq!(crate::capture::unwind::frame_pointers_trusted(), Some(true));
+    }
+
+    /// The call-frame unwind runs inside the allocator on any thread, so it must fit small
+    /// stacks: on a thread of 32 KiB (128 KiB unoptimised, where gimli's rows are copied about
+    /// on the stack: about 45 KB for both walks, against 9 KB optimised) it unwinds a stack of
+    /// 20 frames. A stack overflow would kill the test process.
+    #[test]
+    fn the_unwind_fits_a_small_thread_stack() {
+        crate::capture::stack::prepare();
+        let stack = if cfg!(debug_assertions) { 128 } else { 32 } << 10;
+        let unwound = std::thread::Builder::new()
+            .stack_size(stack)
+            .spawn(|| {
+                let bounds = Cell::new(StackBounds::UNKNOWN);
+                nested_both(20, &bounds).1.map(|walked| walked.len)
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(unwound.is_some_and(|len| len >= 22), "{unwound:?}");
+    }
+
     #[test]
     fn the_depth_is_bounded() {
         let bounds = Cell::new(StackBounds::UNKNOWN);
         let walked = nested(200, &bounds);
         assert_eq!(walked.len, MAX_FRAMES);
         assert!(walked.truncated);
+        crate::capture::stack::prepare();
+        let (_, by_tables) = nested_both(200, &bounds);
+        let by_tables = by_tables.expect("the unwind tables are prepared");
+        assert_eq!(by_tables.len, MAX_FRAMES);
+        assert!(by_tables.truncated);
     }
 
     #[test]

@@ -416,8 +416,8 @@ impl Merger {
             } => (new_addr, new_size, category),
             _ => return,
         };
-        let (pcs, truncated) = self.cursors[index].decoder.stack();
-        let stack = self.timeline.intern_stack(pcs, truncated);
+        let (pcs, walk) = self.cursors[index].decoder.stack();
+        let stack = self.timeline.intern_stack(pcs, walk);
         self.timeline.apply(&Event {
             kind: EventKind::Sampled {
                 addr,

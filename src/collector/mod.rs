@@ -224,6 +224,8 @@ fn run(
                     continue;
                 }
                 sleep = next_sleep(sleep, config.interval, merger.most_drained);
+                // Unwind tables for modules loaded (or unloaded) since: cheap when none was.
+                capture::unwind::refresh();
                 wake::collector_sleep(bell, sleep);
             }
             Ok(Control::Snapshot(reply)) => {
@@ -282,7 +284,7 @@ mod tests {
             events.push(RawEvent::alloc(tick(), 0, other, base, 48));
             events.push(RawEvent::free(tick(), 0, base, 48));
             let sampled = RawEvent::alloc(tick(), 0, other, base + 0x100, 4096);
-            events.extend(RawEvent::sampled::<2, 1>(&pcs, false, [sampled]));
+            events.extend(RawEvent::sampled::<2, 1>(&pcs, false.into(), [sampled]));
             events.push(RawEvent::free(tick(), 0, base + 0x100, 4096));
             events.push(RawEvent::alloc(tick(), 0, other, base + 0x200, 16));
             let (released, ticks) = (tick(), tick());

@@ -199,6 +199,9 @@ pub struct SiteFigures {
 /// # }
 /// ```
 pub fn measure<R>(f: impl FnOnce() -> R) -> (R, Measurement) {
+    // Sampled stacks may need the unwind tables (a build without frame pointers); this is
+    // highwater's work, not the closure's: neither a session nor an enclosing meter counts it.
+    crate::capture::with_recording_paused(crate::capture::stack::prepare);
     let meter = UnsafeCell::new(meter::Meter::new());
     let value = {
         // SAFETY: `meter` outlives the activation (dropped at the end of this block, before

@@ -18,9 +18,10 @@ use std::ptr::NonNull;
 use rustc_hash::FxHashMap;
 
 use super::SiteFigures;
-use crate::analysis::{trimmed_frames, ResolveFrames};
+use crate::analysis::{qualify_closures, trimmed_frames, ResolveFrames};
+use crate::capture::frames::{StackBounds, Walked, MAX_FRAMES};
 use crate::capture::sample;
-use crate::capture::stack::{self, StackBounds, MAX_FRAMES};
+use crate::capture::stack;
 use crate::model::sample_probability;
 use crate::profile::Frame;
 
@@ -276,11 +277,10 @@ impl Drop for Sampler {
 }
 
 /// The calling thread's stack (empty if its thread-local is gone).
-fn walk() -> stack::Walked {
-    STACK_BOUNDS.try_with(stack::walk).unwrap_or(stack::Walked {
-        pcs: [0; MAX_FRAMES],
-        len: 0,
+fn walk() -> Walked {
+    STACK_BOUNDS.try_with(stack::walk).unwrap_or(Walked {
         truncated: true,
+        ..Walked::EMPTY
     })
 }
 
@@ -336,7 +336,12 @@ pub(crate) fn name_sites(sites: &[SiteFigures]) -> Vec<NamedSite> {
         .map(|dir| format!("{}/", dir.display()));
     let mut named: Vec<NamedSite> = Vec::new();
     for site in sites {
-        let frames = trimmed_frames(&site.stack, &frames_at, crate::symbolize::RECORDER_SOURCES);
+        let mut frames: Vec<Frame> =
+            trimmed_frames(&site.stack, &frames_at, crate::symbolize::RECORDER_SOURCES)
+                .into_iter()
+                .cloned()
+                .collect();
+        qualify_closures(&mut frames);
         // The caller of the standard library's collections, not `RawVec`.
         let caller = frames
             .iter()

@@ -342,6 +342,7 @@ impl SessionBuilder {
             settings.capture_mode == CaptureMode::Lossless,
             settings.sample_bytes,
             settings.max_threads,
+            settings.unwinder,
         );
         capture::oom::new_session();
         enable_asymmetric_barrier();

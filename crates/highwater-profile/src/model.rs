@@ -274,8 +274,7 @@ impl OomSource {
     }
 }
 
-/// [`SiteSampling::unwinder`](crate::SiteSampling::unwinder) of stacks walked by frame
-/// pointers.
+/// The name of the frame-pointer walk, as [`Unwinder::FramePointers`] is written in profiles.
 pub const FRAME_POINTERS_UNWINDER: &str = "frame-pointers";
 
 /// Allocations of at least this many times the mean sampling interval `R` are always sampled:
@@ -290,6 +289,62 @@ pub fn sample_probability(size: u64, mean: u64) -> f64 {
         1.0
     } else {
         -(-(size as f64) / mean as f64).exp_m1()
+    }
+}
+
+/// The name of unwinding by call-frame information, as [`Unwinder::EhFrame`] is written in
+/// profiles.
+pub const EH_FRAME_UNWINDER: &str = "eh-frame";
+
+/// [`SiteSampling::unwinder`](crate::SiteSampling::unwinder) where stacks are walked by frame
+/// pointers where that works and unwound by call-frame information where it does not.
+pub const FRAME_POINTERS_THEN_EH_FRAME: &str = "frame-pointers, eh-frame";
+
+/// How one sampled stack was walked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unwinder {
+    /// By frame pointers: two loads per frame, where every frame keeps one (the fast path).
+    #[default]
+    FramePointers,
+    /// By the binary's call-frame information (`.eh_frame`): any build, a table lookup per
+    /// frame.
+    EhFrame,
+}
+
+impl Unwinder {
+    /// Its name in profiles ([`FRAME_POINTERS_UNWINDER`], [`EH_FRAME_UNWINDER`]).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Unwinder::FramePointers => FRAME_POINTERS_UNWINDER,
+            Unwinder::EhFrame => EH_FRAME_UNWINDER,
+        }
+    }
+}
+
+impl fmt::Display for Unwinder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How one sampled stack was walked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct StackWalk {
+    /// The walk stopped before the stack's first frame (at the depth limit, or at a frame it
+    /// could not follow).
+    pub truncated: bool,
+    /// The method that walked it.
+    pub unwinder: Unwinder,
+}
+
+impl From<bool> for StackWalk {
+    /// A walk by frame pointers, cut (`true`) or not: what every stack was before other
+    /// unwinders.
+    fn from(truncated: bool) -> StackWalk {
+        StackWalk {
+            truncated,
+            unwinder: Unwinder::FramePointers,
+        }
     }
 }
 

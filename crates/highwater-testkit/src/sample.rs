@@ -1334,6 +1334,8 @@ fn call_sites(rows: &mut [PeakRow], spans: &[SpanMetrics]) -> (Vec<CallSite>, Si
         mean_bytes: SAMPLE_BYTES,
         unwinder: "frame-pointers".to_string(),
         samples: sites.iter().map(|s| s.samples).sum::<u64>() + 140,
+        // As a profile written before stacks were counted by unwinder has it.
+        samples_by_unwinder: Default::default(),
         truncated_stacks: 3,
         stacks_without_hook: 0,
         max_depth: sites

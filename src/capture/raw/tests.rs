@@ -239,14 +239,14 @@ proptest! {
 }
 
 /// Decodes a sampled alloc built as a unit of `N` events.
-fn sampled_alloc<const N: usize>(pcs: &[u64], truncated: bool) -> (Vec<u64>, bool, Decoded) {
+fn sampled_alloc<const N: usize>(pcs: &[u64], walk: StackWalk) -> (Vec<u64>, StackWalk, Decoded) {
     let alloc = RawEvent::alloc(9, 2, Category::Gradient, 0x1000, 64);
     let mut decoder = Decoder::default();
     let mut out = Vec::new();
     // A plain record before and after: stacks never leak into neighbours.
     out.extend(decoder.decode(RawEvent::free(1, 0, 8, 8)));
     assert_eq!(decoder.stack().0, &[] as &[u64]);
-    for raw in RawEvent::sampled::<N, 1>(pcs, truncated, [alloc]) {
+    for raw in RawEvent::sampled::<N, 1>(pcs, walk, [alloc]) {
         out.extend(decoder.decode(raw));
     }
     let (stack, cut) = decoder.stack();
@@ -265,17 +265,21 @@ proptest! {
     fn a_sampled_stack_decodes_to_what_was_walked(
         pcs in proptest::collection::vec(1u64.., 0..=64),
         truncated in any::<bool>(),
+        by_tables in any::<bool>(),
     ) {
-        for (parts, (stack, cut, decoded)) in [
-            (1, sampled_alloc::<2>(&pcs, truncated)),
-            (4, sampled_alloc::<5>(&pcs, truncated)),
-            (8, sampled_alloc::<9>(&pcs, truncated)),
-            (16, sampled_alloc::<17>(&pcs, truncated)),
-            (32, sampled_alloc::<33>(&pcs, truncated)),
+        let unwinder = if by_tables { Unwinder::EhFrame } else { Unwinder::FramePointers };
+        let walk = StackWalk { truncated, unwinder };
+        for (parts, (stack, got, decoded)) in [
+            (1, sampled_alloc::<2>(&pcs, walk)),
+            (4, sampled_alloc::<5>(&pcs, walk)),
+            (8, sampled_alloc::<9>(&pcs, walk)),
+            (16, sampled_alloc::<17>(&pcs, walk)),
+            (32, sampled_alloc::<33>(&pcs, walk)),
         ] {
             let kept = pcs.len().min(2 * parts);
             prop_assert_eq!(&stack[..], &pcs[..kept]);
-            prop_assert_eq!(cut, truncated || kept < pcs.len());
+            prop_assert_eq!(got.truncated, truncated || kept < pcs.len());
+            prop_assert_eq!(got.unwinder, unwinder);
             prop_assert!(decoded.sampled);
             prop_assert_eq!(decoded.ticks, 9);
             prop_assert_eq!(decoded.span, 2);
@@ -291,7 +295,11 @@ fn a_sampled_realloc_keeps_both_halves_and_its_stack() {
     assert_eq!(kinds[..4], [RawKind::StackPcs; 4]);
     assert_eq!(kinds[4..], [RawKind::ReallocFrom, RawKind::ReallocTo]);
     let mut decoder = Decoder::default();
-    let decoded: Vec<Decoded> = RawEvent::sampled::<6, 2>(&[7, 8, 9], false, halves)
+    let walk = StackWalk {
+        truncated: false,
+        unwinder: Unwinder::EhFrame,
+    };
+    let decoded: Vec<Decoded> = RawEvent::sampled::<6, 2>(&[7, 8, 9], walk, halves)
         .into_iter()
         .filter_map(|raw| decoder.decode(raw))
         .collect();
@@ -308,7 +316,10 @@ fn a_sampled_realloc_keeps_both_halves_and_its_stack() {
             category: Category::Optimizer
         }
     );
-    assert_eq!(decoder.stack(), (&[7, 8, 9][..], false));
+    assert_eq!(decoder.stack(), (&[7, 8, 9][..], walk));
+    // The next plain record leaves no stack, and no unwinder, behind it.
+    decoder.decode(RawEvent::free(11, 0, 8, 8));
+    assert_eq!(decoder.stack(), (&[][..], StackWalk::default()));
 }
 
 #[test]

@@ -205,17 +205,30 @@ fn header(out: &mut String, profile: &Profile, sampling: &SiteSampling, shown: u
     } else {
         String::new()
     };
+    // Which method walked the stacks: counted per method since issue 35, else the one named.
+    let walked = if sampling.samples_by_unwinder.is_empty() {
+        format!(
+            "{} stacks",
+            clean(if sampling.unwinder.is_empty() {
+                "unknown"
+            } else {
+                &sampling.unwinder
+            })
+        )
+    } else {
+        let by: Vec<String> = sampling
+            .samples_by_unwinder
+            .iter()
+            .map(|(unwinder, samples)| format!("{} {}", clean(unwinder), format_count(*samples)))
+            .collect();
+        format!("stacks by {}", by.join(", "))
+    };
     let _ = writeln!(
         out,
-        "call sites of {}: {showing}{seen}, estimated from {} sampled allocations ({every}; {} \
-         stacks)",
+        "call sites of {}: {showing}{seen}, estimated from {} sampled allocations ({every}; \
+         {walked})",
         clean(program),
         format_count(sampling.samples),
-        clean(if sampling.unwinder.is_empty() {
-            "unknown"
-        } else {
-            &sampling.unwinder
-        })
     );
     let (bytes, variance) = profile.sites.iter().fold((0u64, 0u128), |(b, v), s| {
         (
@@ -556,6 +569,26 @@ mod tests {
         let full = sites_text(&p, "p.json", &all).unwrap();
         assert!(full.contains("__libc_start_main"), "{full}");
         assert_eq!(full.matches("\n#").count(), 1, "{full}");
+    }
+
+    /// Issue 35: the header says which method walked how many stacks; a profile from before
+    /// they were counted names its one method.
+    #[test]
+    fn the_header_says_which_unwinder_walked_the_stacks() {
+        let mut p = sample_profile();
+        let text = sites_text(&p, "p.json", &query()).unwrap();
+        assert!(text.contains("; frame-pointers stacks)"), "{text}");
+        p.sampling.unwinder = "frame-pointers, eh-frame".into();
+        p.sampling.samples_by_unwinder = [
+            ("eh-frame".to_string(), 1200),
+            ("frame-pointers".to_string(), 34),
+        ]
+        .into();
+        let text = sites_text(&p, "p.json", &query()).unwrap();
+        assert!(
+            text.contains("; stacks by eh-frame 1,200, frame-pointers 34)"),
+            "{text}"
+        );
     }
 
     #[test]

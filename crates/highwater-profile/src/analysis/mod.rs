@@ -32,7 +32,8 @@ mod spans;
 mod temporary;
 mod timeline;
 
+pub use crate::model::StackWalk;
 pub use event::{DeviceId, Event, EventKind, NameId, ShapeId, SpanSeq, StackId};
-pub use sites::{trimmed_frames, ResolveFrames};
+pub use sites::{qualify_closures, trimmed_frames, ResolveFrames};
 pub use timeline::{At, Realloc};
 pub use timeline::{Timeline, TimelineConfig, PEAK_WINDOW_BUCKETS};

@@ -35,7 +35,9 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::model::Category;
+use std::collections::BTreeMap;
+
+use crate::model::{Category, StackWalk, Unwinder};
 use crate::profile::{CallSite, Frame, SiteSampling, SiteShare, MAX_CALL_SITES, MAX_SITE_SHARES};
 
 use super::event::StackId;
@@ -127,6 +129,8 @@ struct Stack {
     pcs: Box<[u64]>,
     /// Some walk of this stack was cut.
     truncated: bool,
+    /// The method that walked it (the same addresses walked another way are another stack).
+    unwinder: Unwinder,
     allocated: Figures,
     /// Allocated figures by where the samples were taken.
     shares: FxHashMap<ShareKey, Figures>,
@@ -150,7 +154,7 @@ pub(crate) struct Sites {
     mean_bytes: u64,
     unwinder: String,
     stacks: Vec<Stack>,
-    ids: FxHashMap<Box<[u64]>, u32>,
+    ids: FxHashMap<(Box<[u64]>, Unwinder), u32>,
     live: FxHashMap<u64, Block>,
     epoch: u64,
     peaked: bool,
@@ -175,6 +179,8 @@ pub(crate) struct SitesReport {
 struct Group<'a> {
     /// Borrowed from the resolved table: only listed sites' frames are ever copied.
     frames: Vec<&'a Frame>,
+    /// Samples by the unwinder that walked their stacks.
+    unwinders: BTreeMap<Unwinder, u64>,
     allocated: Figures,
     at_peak: Figures,
     /// (figures at the peak, allocated figures) by where.
@@ -197,19 +203,22 @@ impl Sites {
         self.resolver = Some(resolver);
     }
 
-    /// The id of a stack, innermost first; `truncated`: the walk was cut.
-    pub(crate) fn intern_stack(&mut self, pcs: &[u64], truncated: bool) -> StackId {
-        if let Some(&id) = self.ids.get(pcs) {
+    /// The id of a stack, innermost first, walked as `walk` says.
+    pub(crate) fn intern_stack(&mut self, pcs: &[u64], walk: impl Into<StackWalk>) -> StackId {
+        let walk: StackWalk = walk.into();
+        let key = (Box::<[u64]>::from(pcs), walk.unwinder);
+        if let Some(&id) = self.ids.get(&key) {
             let stack = &mut self.stacks[id as usize];
-            stack.truncated |= truncated;
+            stack.truncated |= walk.truncated;
             return StackId(id);
         }
         let id = u32::try_from(self.stacks.len()).unwrap_or(NONE);
-        let pcs: Box<[u64]> = pcs.into();
-        self.ids.insert(pcs.clone(), id);
+        let pcs = key.0.clone();
+        self.ids.insert(key, id);
         self.stacks.push(Stack {
             pcs,
-            truncated,
+            truncated: walk.truncated,
+            unwinder: walk.unwinder,
             allocated: Figures::default(),
             shares: FxHashMap::default(),
         });
@@ -377,6 +386,12 @@ impl Sites {
             });
             stack_group.push(index);
             let group = &mut groups[index];
+            *group.unwinders.entry(stack.unwinder).or_default() += stack.allocated.samples;
+            *report
+                .sampling
+                .samples_by_unwinder
+                .entry(stack.unwinder.as_str().to_string())
+                .or_default() += stack.allocated.samples;
             group.allocated.add(&stack.allocated);
             if let Some(peak) = at_peak.get(&(id as u32)) {
                 group.at_peak.add(peak);
@@ -421,9 +436,11 @@ impl Sites {
             }
             let id = rank as u32;
             site_of_group[index] = Some(id);
+            let mut frames: Vec<Frame> = group.frames.iter().map(|&frame| frame.clone()).collect();
+            qualify_closures(&mut frames);
             report.sites.push(CallSite {
                 id,
-                frames: group.frames.iter().map(|&frame| frame.clone()).collect(),
+                frames,
                 peak_bytes: estimate(group.at_peak.bytes),
                 peak_bytes_error: estimate(group.at_peak.variance.sqrt()),
                 peak_count: estimate(group.at_peak.count),
@@ -431,6 +448,11 @@ impl Sites {
                 alloc_bytes_error: estimate(group.allocated.variance.sqrt()),
                 alloc_count: estimate(group.allocated.count),
                 samples: group.allocated.samples,
+                samples_by_unwinder: group
+                    .unwinders
+                    .iter()
+                    .map(|(unwinder, &samples)| (unwinder.as_str().to_string(), samples))
+                    .collect(),
                 shares: shares(&group.shares, &op_name),
             });
         }
@@ -522,6 +544,65 @@ pub fn trimmed_frames<'a>(
     all
 }
 
+/// Gives each inlined closure that DWARF names only `{closure#0}` (line-tables-only debug info)
+/// the path of the function it is written in: the nearest frame outward in the stack whose code
+/// is in the same file and whose name is a path (a closure is usually called where it is
+/// written, through the standard library's iterator adapters in between).
+pub fn qualify_closures(frames: &mut [Frame]) {
+    for index in 0..frames.len() {
+        let short = match &frames[index].function {
+            Some(name) if name.starts_with("{closure") && !has_path(name) => name.clone(),
+            _ => continue,
+        };
+        let Some(file) = frames[index].file.clone() else {
+            continue;
+        };
+        let around = frames[index + 1..].iter().find(|outer| {
+            outer.file.as_deref() == Some(file.as_str())
+                && outer.function.as_deref().is_some_and(has_path)
+        });
+        let path = around
+            .and_then(|outer| outer.function.clone())
+            .or_else(|| closure_type_path(&frames[index + 1..], &short));
+        if let Some(path) = path {
+            frames[index].function = Some(format!("{path}::{short}"));
+        }
+    }
+}
+
+/// The path of the function a closure `{closure#N}` is written in, from the name of its type
+/// (`a::f::{closure_env#N}`) as it appears among the generic arguments of the frames around it
+/// (an iterator adapter instantiated for it), where the function itself left no frame.
+fn closure_type_path(outer: &[Frame], short: &str) -> Option<String> {
+    let number = short.strip_prefix("{closure#")?.split('}').next()?;
+    let needle = format!("::{{closure_env#{number}}}");
+    outer.iter().find_map(|frame| {
+        let name = frame.function.as_deref()?;
+        let at = name.find(&needle)?;
+        let start = name[..at]
+            .rfind(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+            .map_or(0, |before| before + 1);
+        let path = &name[start..at];
+        has_path(path).then(|| path.to_string())
+    })
+}
+
+/// Whether a function name has a path: `::` outside its generic arguments.
+fn has_path(name: &str) -> bool {
+    let mut depth = 0usize;
+    let mut previous = ' ';
+    for c in name.chars() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth = depth.saturating_sub(1),
+            ':' if depth == 0 && previous == ':' => return true,
+            _ => {}
+        }
+        previous = c;
+    }
+    false
+}
+
 /// Whether a walked stack starts in highwater's hook, as every frame-pointer walk does when the
 /// hook has frame pointers. `false` for an empty stack or one whose innermost frame is named
 /// and someone else's (the walk started from a frame-pointer register the hook never set);
@@ -530,10 +611,21 @@ fn starts_at_the_hook(pcs: &[u64], frames_at: &FxHashMap<u64, Vec<Frame>>, recor
     let Some(innermost) = pcs.first() else {
         return false;
     };
-    frames_at
-        .get(innermost)
-        .and_then(|frames| frames.last())
-        .is_none_or(|frame| frame.function.is_none() || is_allocator_frame(frame, recorder))
+    // The standard library's frames the hook calls through (a thread-local access, named so
+    // where highwater was built without debug info) come before the hook's own.
+    let outer_frames = pcs
+        .iter()
+        .map(|pc| frames_at.get(pc).and_then(|frames| frames.last()));
+    for frame in outer_frames {
+        match frame {
+            Some(frame) if frame.function.is_some() && is_std_frame(frame) => continue,
+            Some(frame) => {
+                return frame.function.is_none() || is_allocator_frame(frame, recorder);
+            }
+            None => return true,
+        }
+    }
+    frames_at.get(innermost).is_none()
 }
 
 /// Whether a frame is the recorder's own (its sources under `recorder`) or the allocator's:
@@ -554,12 +646,17 @@ fn is_allocator_frame(frame: &Frame, recorder: &str) -> bool {
     }) || frame.function.as_deref().is_some_and(is_allocator_function)
 }
 
-/// Whether a frame is the standard library's, by its source path.
+/// Whether a frame is the standard library's, by its source path or, where it has none (code
+/// instantiated in a crate built without debug info), by its name.
 fn is_std_frame(frame: &Frame) -> bool {
-    frame
-        .file
-        .as_deref()
-        .is_some_and(|file| file.starts_with("/rustc/"))
+    const PREFIXES: [&str; 6] = [
+        "std::", "core::", "alloc::", "<std::", "<core::", "<alloc::",
+    ];
+    match (frame.file.as_deref(), frame.function.as_deref()) {
+        (Some(file), _) => file.starts_with("/rustc/"),
+        (None, Some(function)) => PREFIXES.iter().any(|prefix| function.starts_with(prefix)),
+        (None, None) => false,
+    }
 }
 
 /// Whether a (demangled) function name is highwater's or the global allocator's.
@@ -688,6 +785,57 @@ mod tests {
         assert!(!is_allocator_frame(&raw_vec, RECORDER));
     }
 
+    #[test]
+    fn an_inlined_closure_takes_the_path_of_the_function_around_it_in_its_file() {
+        let frame = |name: &str, file: &str| Frame {
+            function: Some(name.into()),
+            file: Some(file.into()),
+            ..Frame::default()
+        };
+        let mut frames = vec![
+            frame("{closure#0}", "/src/tests/a.rs"),
+            frame(
+                "map<u8>",
+                "/rustc/abc/library/core/src/iter/adapters/map.rs",
+            ),
+            frame("{closure#1}<u8>", "/src/other.rs"),
+            frame("a::many_small_blocks", "/src/tests/a.rs"),
+        ];
+        qualify_closures(&mut frames);
+        let names: Vec<_> = frames.iter().map(|f| f.function.clone().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "a::many_small_blocks::{closure#0}",
+                "map<u8>",
+                "{closure#1}<u8>",
+                "a::many_small_blocks"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_closure_whose_function_left_no_frame_takes_the_path_its_type_names() {
+        let frame = |name: &str, file: &str| Frame {
+            function: Some(name.into()),
+            file: Some(file.into()),
+            ..Frame::default()
+        };
+        let mut frames = vec![
+            frame("{closure#0}", "/src/tests/a.rs"),
+            frame(
+                "fold<i32, a::many_small_blocks::{closure_env#0}, ()>",
+                "/rustc/abc/library/core/src/iter/adapters/map.rs",
+            ),
+            frame("highwater::measure::measure", "/src/measure/mod.rs"),
+        ];
+        qualify_closures(&mut frames);
+        assert_eq!(
+            frames[0].function.as_deref(),
+            Some("a::many_small_blocks::{closure#0}")
+        );
+    }
+
     /// Where the tests' recorder keeps its sources.
     const RECORDER: &str = "/src/highwater/src/";
 
@@ -752,6 +900,81 @@ mod tests {
         let sampling = sites.report(|_| None).sampling;
         assert_eq!(sampling.samples, 5);
         assert_eq!(sampling.stacks_without_hook, 3);
+    }
+
+    /// Issue 35: a program whose dependencies have no debug info (highwater among them) names
+    /// the hook's frames from the symbol table only, without files: the standard library's
+    /// frames among them (a thread-local access instantiated in highwater) are told by name.
+    #[test]
+    fn frames_without_files_are_trimmed_by_name() {
+        let mut sites = Sites::default();
+        sites.set_sampling(1, "frame-pointers, eh-frame");
+        sites.set_resolver(Box::new(Table(vec![
+            (1, &["std::thread::local::LocalKey<T>::try_with"]),
+            (2, &["highwater::capture::hook::walk_for_sample"]),
+            (3, &["__rustc::__rust_alloc"]),
+            (4, &["alloc::raw_vec::RawVecInner<A>::try_allocate_in"]),
+            (5, &["probe::few_large"]),
+        ])));
+        let stack = sites.intern_stack(
+            &[1, 2, 3, 4, 5],
+            StackWalk {
+                truncated: false,
+                unwinder: Unwinder::EhFrame,
+            },
+        );
+        sites.sampled(0x10, 8, KEY, stack, 0);
+        let report = sites.report(|_| None);
+        let names: Vec<_> = report.sites[0]
+            .frames
+            .iter()
+            .map(|f| f.function.clone().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "alloc::raw_vec::RawVecInner<A>::try_allocate_in",
+                "probe::few_large"
+            ]
+        );
+        assert_eq!(report.sampling.stacks_without_hook, 0);
+        assert_eq!(
+            report.sites[0].samples_by_unwinder,
+            BTreeMap::from([("eh-frame".to_string(), 1)])
+        );
+        assert_eq!(
+            report.sampling.samples_by_unwinder,
+            BTreeMap::from([("eh-frame".to_string(), 1)])
+        );
+    }
+
+    /// The same addresses walked by the two methods are two stacks, one site, whose samples
+    /// say which walked them.
+    #[test]
+    fn a_site_counts_its_samples_by_unwinder() {
+        let mut sites = Sites::default();
+        sites.set_sampling(1, "frame-pointers, eh-frame");
+        let by_pointers = sites.intern_stack(&[1, 2], false);
+        let by_tables = sites.intern_stack(
+            &[1, 2],
+            StackWalk {
+                truncated: false,
+                unwinder: Unwinder::EhFrame,
+            },
+        );
+        assert_ne!(by_pointers, by_tables);
+        sites.sampled(0x10, 8, KEY, by_pointers, 0);
+        sites.sampled(0x20, 8, KEY, by_pointers, 1);
+        sites.sampled(0x30, 8, KEY, by_tables, 2);
+        let report = sites.report(|_| None);
+        assert_eq!(report.sites.len(), 1);
+        let expected = BTreeMap::from([
+            ("eh-frame".to_string(), 1),
+            ("frame-pointers".to_string(), 2),
+        ]);
+        assert_eq!(report.sites[0].samples_by_unwinder, expected);
+        assert_eq!(report.sampling.samples_by_unwinder, expected);
+        assert_eq!(report.sites[0].samples, 3);
     }
 
     const KEY: ShareKey = ShareKey {

@@ -4,6 +4,8 @@
 //! `s / (1 - e^(-s/R))` bytes, so the per-site figures below are unbiased estimates, each with
 //! its standard error.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::model::Category;
@@ -18,10 +20,17 @@ pub struct SiteSampling {
     /// Mean bytes between samples (`R`); `0` when sampling was off, `1` when every allocation's
     /// stack was recorded.
     pub mean_bytes: u64,
-    /// How stacks were walked (`"frame-pointers"`), empty when sampling was off.
+    /// How stacks could be walked, fast path first (`"frame-pointers, eh-frame"`: by frame
+    /// pointers where they can be trusted, by call-frame information elsewhere;
+    /// `"frame-pointers"` in profiles written before the second), empty when sampling was off.
     pub unwinder: String,
     /// Allocations whose stack was recorded.
     pub samples: u64,
+    /// [`SiteSampling::samples`] by the unwinder that walked each stack
+    /// ([`Unwinder::as_str`](crate::model::Unwinder::as_str): `"frame-pointers"`,
+    /// `"eh-frame"`). Empty in profiles written before this was counted.
+    #[serde(default)]
+    pub samples_by_unwinder: BTreeMap<String, u64>,
     /// Samples whose stack was cut at the depth limit or at a frame the walk could not follow.
     pub truncated_stacks: u64,
     /// Samples whose stack does not start in highwater's allocator hook: empty, or starting at
@@ -65,6 +74,11 @@ pub struct CallSite {
     pub alloc_count: u64,
     /// Samples behind these estimates.
     pub samples: u64,
+    /// [`CallSite::samples`] by the unwinder that walked their stacks (see
+    /// [`SiteSampling::samples_by_unwinder`]). Empty in profiles written before this was
+    /// counted.
+    #[serde(default)]
+    pub samples_by_unwinder: BTreeMap<String, u64>,
     /// The site's estimates split by where its allocations were made (span, op, category),
     /// largest at the peak first, at most [`MAX_SITE_SHARES`]; the rest are summed in one share
     /// with no span and no op, category [`Category::Other`].

@@ -195,8 +195,9 @@ pub enum Warning {
         at_ns: u64,
     },
     /// Most call-site samples have a stack that does not start in highwater's allocator hook,
-    /// as every frame-pointer walk does when the hook keeps frame pointers: the program (and
-    /// highwater built inside it) was compiled without them. Release builds then give empty
+    /// as every walk by trusted frame pointers or by call-frame information does: neither could
+    /// walk them (a program built without frame pointers recorded by a highwater that only
+    /// walked frame pointers, or one without unwind tables). Release builds then give empty
     /// stacks, debug builds a frame or two of outer code; the sites still hold their bytes,
     /// but cannot say where they were allocated.
     StacksWithoutHook {
@@ -398,10 +399,10 @@ impl fmt::Display for Warning {
             } => write!(
                 f,
                 "{without_hook} of {samples} call-site samples have a stack that does not start \
-                 at highwater's allocator hook (empty, or in unrelated code): the program was \
-                 most likely built without frame pointers, so the sites hold their bytes but \
-                 not where they were allocated; build with \
-                 RUSTFLAGS=\"-C force-frame-pointers=yes\""
+                 at highwater's allocator hook (empty, or in unrelated code): the program keeps \
+                 neither frame pointers nor unwind tables that could walk them, so the sites \
+                 hold their bytes but not where they were allocated; build with \
+                 RUSTFLAGS=\"-C force-frame-pointers=yes\" (or keep unwind tables)"
             ),
             Warning::LateEvents { events } => write!(
                 f,

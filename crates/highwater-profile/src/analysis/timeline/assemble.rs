@@ -18,13 +18,14 @@ use super::super::spans::FOLDED_SPAN;
 use super::leak::leak_warning;
 use super::{ByCategory, Timeline};
 
-/// Says so when most samples have a stack that does not start in the hook. A frame-pointer
-/// walk from a hook built with frame pointers always starts with the hook's own frames; in a
-/// build without them it starts from whatever the register held, and every stack comes out
-/// empty or elsewhere. Only for that walk: where there is no unwinder (`"none"`), empty
+/// Says so when most samples have a stack that does not start in the hook. A walk by frame
+/// pointers (where they can be trusted) or by call-frame information always starts with the
+/// hook's own frames; a stack that does not is one neither could walk (a frame-pointer walk
+/// in a build without them, from a highwater before the call-frame unwinder; a build without
+/// unwind tables). Only where stacks are walked: where there is no unwinder (`"none"`), empty
 /// stacks are expected and the advice would not help.
 fn stacks_without_hook_warning(sampling: &SiteSampling) -> Option<Warning> {
-    (sampling.unwinder == FRAME_POINTERS_UNWINDER
+    (sampling.unwinder.starts_with(FRAME_POINTERS_UNWINDER)
         && sampling.stacks_without_hook > 0
         && sampling.stacks_without_hook * 2 > sampling.samples)
         .then_some(Warning::StacksWithoutHook {

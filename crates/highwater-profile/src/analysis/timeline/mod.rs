@@ -74,6 +74,7 @@ use super::sites::{ResolveFrames, Sites};
 use super::span_sample::SpanSample;
 use super::spans::Spans;
 use super::temporary::Temporaries;
+use crate::model::StackWalk;
 
 use apply::{Counts, ThreadOps};
 use peaks::{DeviceState, GlobalPeak};
@@ -221,10 +222,11 @@ impl Timeline {
     }
 
     /// The id of a call stack (return addresses, innermost first) for
-    /// [`EventKind::Sampled`](super::EventKind::Sampled); `truncated`: the walk was cut
-    /// before the stack's first frame. The same addresses always get the same id.
-    pub fn intern_stack(&mut self, pcs: &[u64], truncated: bool) -> StackId {
-        self.sites.intern_stack(pcs, truncated)
+    /// [`EventKind::Sampled`](super::EventKind::Sampled), and how it was walked (a `bool`:
+    /// by frame pointers, cut or not). The same addresses walked the same way always get the
+    /// same id.
+    pub fn intern_stack(&mut self, pcs: &[u64], walk: impl Into<StackWalk>) -> StackId {
+        self.sites.intern_stack(pcs, walk)
     }
 
     /// Says how the session sampled call sites: mean bytes `R` between samples (`0`: off) and
