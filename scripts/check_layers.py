@@ -48,7 +48,6 @@ LAYERS = {
         "clock",
         "sample",
         "frames",
-        "modules",
         "unwind",
         "unwind_unsupported",
         "stack",

@@ -38,8 +38,8 @@ use std::time::Instant;
 use rustc_hash::FxHashMap;
 
 use crate::analysis::ResolveFrames;
-use crate::capture::modules::{loaded_images, Image};
 use crate::profile::Frame;
+use crate::sys::modules::{loaded_images, Image};
 
 /// Where this library's sources were when it was built: every sampled stack starts in its hook,
 /// and inlined frames say whose they are only by their file.

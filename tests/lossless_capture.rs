@@ -6,6 +6,9 @@
 //! Every test runs in its own child process under the watchdog of `common::isolated`, so a hang
 //! fails the test instead of CI. Counts come from the counting harness, outside highwater.
 
+// Tests drive the operating system directly; the library goes through its `sys` module.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};

@@ -7,6 +7,9 @@
 //! session, wait until every child of the case has started (so all of them hold their outputs
 //! at once), allocate a block of their own size and finish. Every wait has a watchdog.
 
+// Tests drive the operating system directly; the library goes through its `sys` module.
+#![allow(clippy::disallowed_methods)]
+
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -4,6 +4,9 @@
 //! an existing file that cannot be replaced is refused before recording; a device output gets
 //! no HTML report beside it. Each test runs in its own child process.
 
+// Tests drive the operating system directly; the library goes through its `sys` module.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::fs;

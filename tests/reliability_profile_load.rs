@@ -8,6 +8,9 @@
 //! newer writer of the same schema load, another schema is refused naming both), and reads
 //! bounded by bytes read (`/dev/zero`, a FIFO nobody writes).
 
+// Tests drive the operating system directly; the library goes through its `sys` module.
+#![allow(clippy::disallowed_methods)]
+
 use std::collections::BTreeMap;
 use std::path::Path;
 

@@ -4,6 +4,9 @@
 //! profile, its checkpoints, the HTML report and the allocation log each land as a new regular
 //! file, the planted links stay links, and their target keeps its contents.
 
+// Tests drive the operating system directly; the library goes through its `sys` module.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::fs;

@@ -3,6 +3,9 @@
 //! dropping the session writes the profile. Cases that need a fresh process re-run this test
 //! binary as a child with `HW_CHILD` naming the case.
 
+// Tests drive the operating system directly; the library goes through its `sys` module.
+#![allow(clippy::disallowed_methods)]
+
 use std::path::Path;
 use std::process::{Command, Output};
 

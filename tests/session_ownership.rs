@@ -4,6 +4,9 @@
 //! session does not end the current session's op. Each case runs in its own child process,
 //! under a watchdog: a hang fails the test.
 
+// Tests drive the operating system directly; the library goes through its `sys` module.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::hint::black_box;

@@ -5,6 +5,9 @@
 //! Each case runs this test binary as a child (`HW_CHILD`), which allocates on several threads
 //! until the parent signals it. Every wait has a timeout: a hang fails the test.
 
+// Tests drive the operating system directly; the library goes through its `sys` module.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::hint::black_box;

@@ -2,6 +2,9 @@
 //! threads allocate. Each test runs in its own child process under a watchdog (see
 //! `common::run_child`): a deadlock fails the test instead of hanging CI.
 
+// Tests drive the operating system directly; the library goes through its `sys` module.
+#![allow(clippy::disallowed_methods)]
+
 mod common;
 
 use std::hint::black_box;

@@ -24,8 +24,6 @@ mod hook;
 #[cfg(not(highwater_loom))]
 pub(crate) mod lifecycle;
 #[cfg(not(highwater_loom))]
-pub(crate) mod modules;
-#[cfg(not(highwater_loom))]
 pub(crate) mod names;
 pub(crate) mod oom;
 #[cfg(not(highwater_loom))]

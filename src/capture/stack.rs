@@ -214,32 +214,12 @@ fn registers() -> Option<Registers> {
 /// The mapping of `/proc/self/maps` that holds `addr`, read with raw system calls into a
 /// buffer on the stack (no allocation, no lock).
 fn mapping_holding(addr: usize) -> Option<StackBounds> {
-    // SAFETY: a NUL-terminated path; `open` allocates nothing and its descriptor is closed
-    // below on every path.
-    let fd = unsafe {
-        libc::open(
-            c"/proc/self/maps".as_ptr(),
-            libc::O_RDONLY | libc::O_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return None;
-    }
     let mut parser = MapsParser::default();
     let mut buffer = [0u8; 4096];
-    let found = loop {
-        // SAFETY: `buffer` is writable for its length; `fd` is open.
-        let read = unsafe { libc::read(fd, buffer.as_mut_ptr().cast(), buffer.len()) };
-        if read <= 0 {
-            break None;
-        }
-        if let Some(found) = parser.feed(&buffer[..read as usize], addr) {
-            break found;
-        }
-    };
-    // SAFETY: `fd` was opened above and is closed once.
-    unsafe { libc::close(fd) };
-    found
+    crate::sys::file::scan(c"/proc/self/maps", &mut buffer, |chunk| {
+        parser.feed(chunk, addr)
+    })
+    .flatten()
 }
 
 /// Reads `start-end ...` lines byte by byte, across reads.

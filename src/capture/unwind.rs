@@ -51,8 +51,8 @@ use framehop::{
 };
 
 use super::frames::{Registers, StackBounds, Walked, MAX_FRAMES};
-use super::modules::{self, LoadCounts, Section};
 use crate::model::Unwinder as Method;
+use crate::sys::modules::{self, LoadCounts, Section};
 
 type NativeUnwinder = UnwinderNative<Section, MustNotAllocateDuringUnwind>;
 type NativeCache = CacheNative<MustNotAllocateDuringUnwind>;

@@ -218,20 +218,8 @@ impl Sampler {
     /// The site table, mapped on first use; `None` if no memory can be mapped.
     fn mapped(&mut self) -> Option<NonNull<Site>> {
         if self.sites.is_none() {
-            // SAFETY: an anonymous private mapping with no address hint; the result is checked.
-            let mapped = unsafe {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    MAX_SITES * size_of::<Site>(),
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if mapped != libc::MAP_FAILED {
-                self.sites = NonNull::new(mapped.cast());
-            }
+            self.sites =
+                crate::sys::memory::map_zeroed(MAX_SITES * size_of::<Site>()).map(NonNull::cast);
         }
         self.sites
     }
@@ -271,7 +259,7 @@ impl Drop for Sampler {
     fn drop(&mut self) {
         if let Some(sites) = self.sites {
             // SAFETY: the mapping made in `mapped`, of exactly this size, unmapped once.
-            unsafe { libc::munmap(sites.as_ptr().cast(), MAX_SITES * size_of::<Site>()) };
+            unsafe { crate::sys::memory::unmap(sites.cast(), MAX_SITES * size_of::<Site>()) };
         }
     }
 }

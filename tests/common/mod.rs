@@ -25,6 +25,8 @@
 //! has its own session, counters and allocator, and waits for it with a timeout: a deadlock
 //! kills the child and fails the test with a clear message instead of hanging CI.
 
+// Tests drive the operating system directly; the library goes through its `sys` module.
+#![allow(clippy::disallowed_methods)]
 #![allow(dead_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};

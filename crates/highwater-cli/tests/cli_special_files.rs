@@ -3,6 +3,9 @@
 //! (`/dev/zero`) or never start (a FIFO nobody writes, also when a profile's `meta.alloc_log`
 //! names one) are refused with exit code 2 instead of eating memory or hanging.
 
+// Tests drive the operating system directly; the library goes through its `sys` module.
+#![allow(clippy::disallowed_methods)]
+
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::FileTypeExt;

@@ -459,6 +459,7 @@ pub fn grow_buffers(rounds: usize) -> Grown {
 }
 
 /// The calling thread's OS id.
+#[allow(clippy::disallowed_methods)] // test support: the OS id, as the tests' counts know it
 pub fn gettid() -> u64 {
     // SAFETY: gettid has no preconditions.
     unsafe { libc::gettid() as u64 }

@@ -10,6 +10,8 @@
 //! Any other module could be unloaded (`dlclose`) while tables built over it are still in use,
 //! so its two sections are copied. Runs outside the allocator hook: it allocates.
 
+#![allow(clippy::disallowed_methods)]
+
 use std::ops::{Deref, Range};
 
 /// Section data the unwinder reads.
