@@ -22,8 +22,7 @@ use anyhow::{bail, Context as _, Result};
 use highwater::profile::ranks::{compare, CompareOptions};
 use highwater::profile::units::format_bytes;
 
-#[path = "support/ranks.rs"]
-mod ranks;
+use highwater_testkit::launch as ranks;
 
 #[global_allocator]
 static ALLOC: highwater::Alloc = highwater::Alloc::system();

@@ -37,10 +37,7 @@ use highwater::{Category, Profile, Session, Step};
 use highwater_export::vocabulary as words;
 
 use highwater_testkit::cpu::{collector_thread_cpu, process_cpu_time};
-#[path = "support/mlp.rs"]
-mod mlp;
-#[path = "support/sites.rs"]
-mod sites;
+use highwater_testkit::{mlp, peak_sites as sites};
 
 use mlp::{synthetic_data, Mlp, BATCH, BATCHES, WIDTHS};
 use sites::{places_holding, Part};

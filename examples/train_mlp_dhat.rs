@@ -5,8 +5,7 @@
 //! cargo run --release --features candle --example train_mlp_dhat -- --steps 20
 //! ```
 
-#[path = "support/mlp.rs"]
-mod mlp;
+use highwater_testkit::mlp;
 
 use std::time::{Duration, Instant};
 

@@ -11,10 +11,7 @@ use candle_core::{DType, Device, Tensor, D};
 use candle_nn::{AdamW, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use highwater::{Category, Profile, Session, Step};
 
-#[path = "../examples/support/sites.rs"]
-mod sites;
-
-use sites::{places_holding, sites_holding, Part};
+use highwater_testkit::peak_sites::{self as sites, places_holding, sites_holding, Part};
 
 #[global_allocator]
 static ALLOC: highwater::Alloc = highwater::Alloc::system();

@@ -14,9 +14,7 @@ use std::sync::atomic::Ordering;
 
 use highwater::{Alloc, Category, Session, Step};
 
-#[path = "support/reentry_detector.rs"]
-mod reentry_detector;
-use reentry_detector::{Detector, CALLS, NESTED};
+use highwater_testkit::reentry::{Detector, CALLS, NESTED};
 
 #[global_allocator]
 static ALLOC: Detector = Detector(Alloc::new(System));

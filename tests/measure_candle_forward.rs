@@ -8,9 +8,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::{VarBuilder, VarMap};
 use highwater::Measurement;
 
-#[path = "../examples/support/mlp.rs"]
-#[allow(dead_code)]
-mod mlp;
+use highwater_testkit::mlp;
 
 use mlp::{Mlp, WIDTHS};
 

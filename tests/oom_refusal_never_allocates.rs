@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use highwater::{Alloc, Profile, Session, Step};
 
-#[path = "support/reentry_detector.rs"]
-mod reentry_detector;
-use reentry_detector::{Detector, CALLS, NESTED};
+use highwater_testkit::reentry::{Detector, CALLS, NESTED};
 
 #[global_allocator]
 static ALLOC: Detector = Detector(Alloc::new(System));

@@ -40,8 +40,12 @@ pub(crate) mod unwind;
     not(highwater_loom),
     not(any(target_arch = "x86_64", target_arch = "aarch64"))
 ))]
-#[path = "unwind_unsupported.rs"]
-pub(crate) mod unwind;
+mod unwind_unsupported;
+#[cfg(all(
+    not(highwater_loom),
+    not(any(target_arch = "x86_64", target_arch = "aarch64"))
+))]
+pub(crate) use unwind_unsupported as unwind;
 
 #[cfg(not(highwater_loom))]
 pub(crate) use gate::{open_gate, recording};

@@ -16,8 +16,7 @@ use highwater::profile::ranks::RankRow;
 use highwater::Profile;
 use serde_json::Value;
 
-#[path = "../../../examples/support/ranks.rs"]
-mod ranks;
+use highwater_testkit::launch as ranks;
 
 #[global_allocator]
 static ALLOC: highwater::Alloc = highwater::Alloc::system();

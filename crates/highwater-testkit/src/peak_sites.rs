@@ -29,7 +29,9 @@ impl Part {
 /// One call site's estimated bytes of a part of a category at the peak.
 #[derive(Debug, Clone, Copy)]
 pub struct SiteBytes<'a> {
+    /// The site.
     pub site: &'a CallSite,
+    /// Its estimated bytes of the part.
     pub bytes: u64,
 }
 
@@ -56,7 +58,9 @@ pub fn sites_holding(profile: &Profile, category: Category, part: Part) -> Vec<S
 /// A frame as a reader wants it: the function without generic arguments, and `file:line`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Named {
+    /// The function, without generic arguments.
     pub function: String,
+    /// `file:line`, when known.
     pub location: Option<String>,
 }
 
@@ -92,8 +96,11 @@ impl std::fmt::Display for Named {
 /// innermost one either.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Where {
+    /// The program's function that allocated.
     pub allocated_in: Named,
+    /// The library function it allocated through, if any.
     pub through: Option<Named>,
+    /// Who called the allocating function.
     pub called_from: Option<Named>,
 }
 
@@ -145,7 +152,9 @@ impl std::fmt::Display for Where {
 /// differ only past the frames named are one place.
 #[derive(Debug, Clone)]
 pub struct Place {
+    /// Where, when the stacks name the program's code.
     pub at: Option<Where>,
+    /// The sites' estimated bytes together.
     pub bytes: u64,
     /// The sites' ids, largest first.
     pub sites: Vec<u32>,

@@ -9,8 +9,6 @@
 //! stage of a stack of linear layers, and the heavy rank's stage holds the most layers, so it
 //! keeps the most parameters, optimizer state and activations.
 
-#![allow(dead_code)]
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 

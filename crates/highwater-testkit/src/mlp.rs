@@ -6,6 +6,7 @@ use candle_nn::{Linear, VarBuilder};
 
 /// Layer widths, input first.
 pub const WIDTHS: [usize; 4] = [784, 512, 512, 10];
+/// Samples per batch.
 pub const BATCH: usize = 128;
 /// Batches in the synthetic data set; steps cycle through them.
 pub const BATCHES: usize = 8;
@@ -16,11 +17,14 @@ pub const OPS: [[&str; 3]; 3] = [
     ["fc3.matmul", "fc3.bias_add", "fc3.relu"],
 ];
 
+/// Three linear layers with ReLU between them.
+#[derive(Debug)]
 pub struct Mlp {
     layers: Vec<Linear>,
 }
 
 impl Mlp {
+    /// The layers, their variables made through `vb`.
     pub fn new(vb: &VarBuilder) -> candle_core::Result<Mlp> {
         let layers = (0..WIDTHS.len() - 1)
             .map(|i| candle_nn::linear(WIDTHS[i], WIDTHS[i + 1], vb.pp(format!("fc{}", i + 1))))

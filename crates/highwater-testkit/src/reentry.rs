@@ -19,6 +19,7 @@ thread_local! {
 }
 
 /// The detector around `Alloc<System>`.
+#[derive(Debug)]
 pub struct Detector(pub Alloc<System>);
 
 impl Detector {
