@@ -8,21 +8,22 @@
 //!   the `workload` example and `scripts/compare_profilers.py`.
 //! - [`cpu`]: CPU time of a thread, the process and the collector thread.
 //! - [`browser`]: headless Chromium, for the tests that look at a page as a person would.
-//! - [`mlp`] (feature `candle`): the model and data the candle examples and tests train.
-//! - [`reentry`], [`peak_sites`], [`launch`] (feature `session`): a global allocator that
-//!   notices the hook allocating; the call sites behind a category's bytes at the peak; a
-//!   torchrun-style launch of candle worker processes.
+//! - `mlp`, `reentry`, `peak_sites`, `launch` (feature `session`): the model and data the candle
+//!   examples and tests train; a global allocator that notices the hook allocating; the call
+//!   sites behind a category's bytes at the peak; a torchrun-style launch of candle worker
+//!   processes.
 
 pub mod browser;
 pub mod cpu;
-#[cfg(feature = "session")]
+// The loom build of the library has no session to record with.
+#[cfg(all(feature = "session", not(highwater_loom)))]
 pub mod launch;
-#[cfg(feature = "candle")]
+#[cfg(all(feature = "session", not(highwater_loom)))]
 pub mod mlp;
-#[cfg(feature = "session")]
+#[cfg(all(feature = "session", not(highwater_loom)))]
 pub mod peak_sites;
 pub mod ranks;
-#[cfg(feature = "session")]
+#[cfg(all(feature = "session", not(highwater_loom)))]
 pub mod reentry;
 pub mod sample;
 pub mod workloads;
