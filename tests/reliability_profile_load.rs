@@ -31,189 +31,188 @@ fn rich_profile() -> Profile {
         (Category::Gradient, 1 << 20),
     ]
     .into();
-    Profile {
-        meta: RunMeta {
-            program: "train".into(),
-            highwater_version: "0.1.0".into(),
-            started_unix_ms: 1_700_000_000_000,
-            clock: "tsc".into(),
-            threads: 3,
-            alloc_log: Some("run.hwlog".into()),
-            pid: 4242,
-            partial: true,
-            checkpoint_unix_ms: Some(1_700_000_009_000),
-            ..RunMeta::default()
-        },
-        summary: Summary {
-            peak_bytes: 4 << 20,
-            peak_timestamp_ns: 1_500,
-            peak_device: "cpu".into(),
-            peak_by_category: categories.clone(),
-            peak_temporary_by_category: BTreeMap::new(),
+    let mut summary = Summary::default();
+    summary.peak_bytes = 4 << 20;
+    summary.peak_timestamp_ns = 1_500;
+    summary.peak_device = "cpu".into();
+    summary.peak_by_category = categories.clone();
+    summary.peak_temporary_by_category = BTreeMap::new();
+    summary.alloc_count = 10;
+    summary.free_count = 8;
+    summary.realloc_count = 1;
+    summary.total_alloc_bytes = 5 << 20;
+    summary.autograd_retained_bytes = 3 << 20;
+    summary.dropped_events = 2;
+    summary.unknown_frees = 1;
+    summary.reorder_repairs = 0;
+    summary.final_live_bytes = 1024;
+    summary.final_by_category = [(Category::Activation, 1024)].into();
+    summary.duration_ns = 9_000;
+    summary.event_count = 25;
+    summary.oom_count = 1;
+    let mut profile = Profile::empty();
+    profile.meta = RunMeta {
+        program: "train".into(),
+        highwater_version: "0.1.0".into(),
+        started_unix_ms: 1_700_000_000_000,
+        clock: "tsc".into(),
+        threads: 3,
+        alloc_log: Some("run.hwlog".into()),
+        pid: 4242,
+        partial: true,
+        checkpoint_unix_ms: Some(1_700_000_009_000),
+        ..RunMeta::default()
+    };
+    profile.summary = summary;
+    profile.timeline = vec![
+        TimelinePoint {
+            timestamp_ns: 1_500,
+            device: "cpu".into(),
+            live_bytes: 4 << 20,
+            by_category: categories.clone(),
+        };
+        3
+    ];
+    profile.peak_breakdown = vec![PeakRow {
+        span_path: "step/forward".into(),
+        op: Some("matmul".into()),
+        shape: Some(vec![32, 1024]),
+        dtype: Some("f32".into()),
+        category: Category::Activation,
+        device: "cuda:0".into(),
+        bytes: 3 << 20,
+        count: 2,
+        top_sites: Vec::new(),
+    }];
+    profile.largest_at_peak = vec![LiveAllocation {
+        bytes: 2 << 20,
+        device: "cpu".into(),
+        category: highwater::Category::Gradient,
+        span_path: "step/backward".into(),
+        op: None,
+        shape: Some(vec![7]),
+        timestamp_ns: 1_200,
+        thread: 1,
+    }];
+    profile.spans = vec![
+        SpanMetrics {
+            id: 0,
+            parent: None,
+            name: "step".into(),
+            step: Some(highwater::Step::Forward),
+            category: Some(highwater::Category::Parameter),
+            calls: 2,
+            total_ns: 4_000,
+            bytes_allocated: 5 << 20,
             alloc_count: 10,
-            free_count: 8,
-            realloc_count: 1,
-            total_alloc_bytes: 5 << 20,
-            autograd_retained_bytes: 3 << 20,
-            dropped_events: 2,
-            unknown_frees: 1,
-            reorder_repairs: 0,
-            final_live_bytes: 1024,
-            final_by_category: [(Category::Activation, 1024)].into(),
-            duration_ns: 9_000,
-            event_count: 25,
-            oom_count: 1,
+            peak_bytes: 4 << 20,
+            residual_bytes: 1024,
         },
-        timeline: vec![
-            TimelinePoint {
-                timestamp_ns: 1_500,
-                device: "cpu".into(),
-                live_bytes: 4 << 20,
-                by_category: categories.clone(),
-            };
-            3
-        ],
-        peak_breakdown: vec![PeakRow {
+        SpanMetrics {
+            id: 1,
+            parent: Some(0),
+            name: "forward".into(),
+            ..SpanMetrics::default()
+        },
+    ];
+    profile.iterations = vec![IterationResidual {
+        index: 0,
+        span: "step".into(),
+        end_timestamp_ns: 4_000,
+        live_bytes: 1024,
+        delta_bytes: -512,
+    }];
+    profile.devices = vec![DeviceStats {
+        device: "cuda:0".into(),
+        capacity_bytes: Some(16 << 30),
+        peak_bytes: 3 << 20,
+        peak_timestamp_ns: 1_500,
+        peak_by_category: [(highwater::Category::Activation, 3 << 20)].into(),
+        alloc_count: 2,
+        free_count: 2,
+        final_live_bytes: 0,
+        peak_reserved_bytes: Some(4 << 20),
+        max_fragmentation: Some(0.25),
+        reserved_peak_bytes: Some(6 << 20),
+        reserved_final_bytes: Some(2 << 20),
+        context_bytes: Some(500 << 20),
+    }];
+    profile.pool_timeline = vec![PoolPoint {
+        timestamp_ns: 1_000,
+        device: "cuda:0".into(),
+        capacity_bytes: 16 << 30,
+        reserved_bytes: 4 << 20,
+        largest_free_bytes: 1 << 30,
+        fragmentation: 0.5,
+    }];
+    profile.reserved_timeline = vec![ReservedPoint {
+        timestamp_ns: 1_200,
+        device: "cuda:0".into(),
+        reserved_bytes: 6 << 20,
+    }];
+    profile.capture = CaptureStats {
+        mode: CaptureMode::DropWhenFull,
+        ring_events: 1 << 18,
+        dropped_by_kind: [("alloc".to_string(), 2)].into(),
+        unattributed_dropped: 1,
+        reentrant_dropped: 0,
+        producer_waits: 0,
+        late_events: 3,
+        threads: vec![ThreadCapture {
+            threads: 1,
+            thread: 0,
+            os_tid: 4242,
+            allocs: 10,
+            frees: 8,
+            reallocs: 1,
+            span_events: 4,
+            other_events: 1,
+            dropped_allocs: 2,
+            dropped_frees: 0,
+            dropped_reallocs: 0,
+            dropped_other: 0,
+        }],
+    };
+    profile.warnings = vec![
+        Warning::DroppedEvents {
+            events: 2,
+            mode: highwater::CaptureMode::Lossless,
+        },
+        Warning::Note {
+            text: "a sentence from an older profile".into(),
+        },
+    ];
+    profile.span_events = vec![SpanEvent {
+        thread: 0,
+        span: 1,
+        start_ns: 100,
+        duration_ns: 900,
+        depth: 1,
+    }];
+    profile.oom_events = vec![OomEvent {
+        timestamp_ns: 8_000,
+        source: OomSource::Heap,
+        device: "cpu".into(),
+        requested_bytes: 1 << 40,
+        largest_free_bytes: None,
+        thread: 0,
+        span_path: "step/forward".into(),
+        op: Some("matmul".into()),
+        live_bytes: 2048,
+        live_by_category: [(Category::Activation, 2048)].into(),
+        total_live_bytes: 2048,
+        pool_capacity_bytes: None,
+        pool_reserved_bytes: None,
+        live: vec![PeakRow {
             span_path: "step/forward".into(),
-            op: Some("matmul".into()),
-            shape: Some(vec![32, 1024]),
-            dtype: Some("f32".into()),
             category: Category::Activation,
-            device: "cuda:0".into(),
-            bytes: 3 << 20,
+            device: "cpu".into(),
+            bytes: 2048,
             count: 2,
-            top_sites: Vec::new(),
+            ..PeakRow::default()
         }],
-        largest_at_peak: vec![LiveAllocation {
-            bytes: 2 << 20,
-            device: "cpu".into(),
-            category: highwater::Category::Gradient,
-            span_path: "step/backward".into(),
-            op: None,
-            shape: Some(vec![7]),
-            timestamp_ns: 1_200,
-            thread: 1,
-        }],
-        spans: vec![
-            SpanMetrics {
-                id: 0,
-                parent: None,
-                name: "step".into(),
-                step: Some(highwater::Step::Forward),
-                category: Some(highwater::Category::Parameter),
-                calls: 2,
-                total_ns: 4_000,
-                bytes_allocated: 5 << 20,
-                alloc_count: 10,
-                peak_bytes: 4 << 20,
-                residual_bytes: 1024,
-            },
-            SpanMetrics {
-                id: 1,
-                parent: Some(0),
-                name: "forward".into(),
-                ..SpanMetrics::default()
-            },
-        ],
-        iterations: vec![IterationResidual {
-            index: 0,
-            span: "step".into(),
-            end_timestamp_ns: 4_000,
-            live_bytes: 1024,
-            delta_bytes: -512,
-        }],
-        devices: vec![DeviceStats {
-            device: "cuda:0".into(),
-            capacity_bytes: Some(16 << 30),
-            peak_bytes: 3 << 20,
-            peak_timestamp_ns: 1_500,
-            peak_by_category: [(highwater::Category::Activation, 3 << 20)].into(),
-            alloc_count: 2,
-            free_count: 2,
-            final_live_bytes: 0,
-            peak_reserved_bytes: Some(4 << 20),
-            max_fragmentation: Some(0.25),
-            reserved_peak_bytes: Some(6 << 20),
-            reserved_final_bytes: Some(2 << 20),
-            context_bytes: Some(500 << 20),
-        }],
-        pool_timeline: vec![PoolPoint {
-            timestamp_ns: 1_000,
-            device: "cuda:0".into(),
-            capacity_bytes: 16 << 30,
-            reserved_bytes: 4 << 20,
-            largest_free_bytes: 1 << 30,
-            fragmentation: 0.5,
-        }],
-        reserved_timeline: vec![ReservedPoint {
-            timestamp_ns: 1_200,
-            device: "cuda:0".into(),
-            reserved_bytes: 6 << 20,
-        }],
-        capture: CaptureStats {
-            mode: CaptureMode::DropWhenFull,
-            ring_events: 1 << 18,
-            dropped_by_kind: [("alloc".to_string(), 2)].into(),
-            unattributed_dropped: 1,
-            reentrant_dropped: 0,
-            producer_waits: 0,
-            late_events: 3,
-            threads: vec![ThreadCapture {
-                threads: 1,
-                thread: 0,
-                os_tid: 4242,
-                allocs: 10,
-                frees: 8,
-                reallocs: 1,
-                span_events: 4,
-                other_events: 1,
-                dropped_allocs: 2,
-                dropped_frees: 0,
-                dropped_reallocs: 0,
-                dropped_other: 0,
-            }],
-        },
-        warnings: vec![
-            Warning::DroppedEvents {
-                events: 2,
-                mode: highwater::CaptureMode::Lossless,
-            },
-            Warning::Note {
-                text: "a sentence from an older profile".into(),
-            },
-        ],
-        span_events: vec![SpanEvent {
-            thread: 0,
-            span: 1,
-            start_ns: 100,
-            duration_ns: 900,
-            depth: 1,
-        }],
-        oom_events: vec![OomEvent {
-            timestamp_ns: 8_000,
-            source: OomSource::Heap,
-            device: "cpu".into(),
-            requested_bytes: 1 << 40,
-            largest_free_bytes: None,
-            thread: 0,
-            span_path: "step/forward".into(),
-            op: Some("matmul".into()),
-            live_bytes: 2048,
-            live_by_category: [(Category::Activation, 2048)].into(),
-            total_live_bytes: 2048,
-            pool_capacity_bytes: None,
-            pool_reserved_bytes: None,
-            live: vec![PeakRow {
-                span_path: "step/forward".into(),
-                category: Category::Activation,
-                device: "cpu".into(),
-                bytes: 2048,
-                count: 2,
-                ..PeakRow::default()
-            }],
-        }],
-        ..Profile::empty()
-    }
+    }];
+    profile
 }
 
 fn valid_json() -> Vec<u8> {

@@ -60,7 +60,11 @@ pub const MAX_PROFILE_BYTES: u64 = 256 << 20;
 /// capped, and the span tree is stored once, by id with parent links, at most
 /// [`MAX_SPAN_DEPTH`] deep and [`MAX_SPAN_NODES`] wide; see [`SCHEMA`] for what readers of
 /// other versions can expect.
+///
+/// New schema versions add fields, so it cannot be built by a struct literal outside this
+/// crate: start from [`Profile::empty`] and set fields.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Profile {
     /// Format identifier, always [`SCHEMA`].
     pub schema: String,
@@ -253,8 +257,10 @@ pub struct RunMeta {
     pub run_id: Option<String>,
 }
 
-/// The headline figures of a profile.
+/// The headline figures of a profile. Like [`Profile`], it gains fields as the schema grows:
+/// build one from `Summary::default()`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Summary {
     /// Highest live bytes reached on any one device.
     pub peak_bytes: u64,

@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 
 use highwater_profile::model::{Category, Step};
 use highwater_profile::{
-    CaptureStats, DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile,
-    ReservedPoint, RunMeta, SpanEvent, SpanMetrics, Summary, TimelinePoint, Warning, SCHEMA,
+    DeviceStats, IterationResidual, LiveAllocation, PeakRow, PoolPoint, Profile, ReservedPoint,
+    RunMeta, SpanEvent, SpanMetrics, Summary, TimelinePoint, Warning,
 };
 
 mod call_sites;
@@ -319,64 +319,57 @@ pub fn sample_profile() -> Profile {
 
     let alloc_count: u64 = devices.iter().map(|d| d.alloc_count).sum();
     let free_count: u64 = devices.iter().map(|d| d.free_count).sum();
-    Profile {
-        schema: SCHEMA.to_string(),
-        capture: CaptureStats::default(),
-        meta: RunMeta {
-            program: "train_gpt".to_string(),
-            highwater_version: "0.1.0".to_string(),
-            started_unix_ms: 1_764_489_600_000,
-            clock: "tsc".to_string(),
-            threads: 3,
-            alloc_log: None,
-            pid: 0,
-            partial: false,
-            checkpoint_unix_ms: None,
-            ..RunMeta::default()
-        },
-        summary: Summary {
-            peak_bytes,
-            peak_timestamp_ns: peak_ts,
-            peak_device,
-            peak_by_category,
-            peak_temporary_by_category,
-            alloc_count,
-            free_count,
-            realloc_count: 3_120,
-            total_alloc_bytes: 171 * GIB + 300 * MIB,
-            autograd_retained_bytes: DEVICES[1].activation,
-            dropped_events: 0,
-            unknown_frees: 0,
-            reorder_repairs: 2,
-            final_live_bytes: final_live,
-            final_by_category,
-            duration_ns,
-            event_count: 2 * alloc_count + 5_000,
-            oom_count: 0,
-        },
-        timeline,
-        peak_window,
-        peak_breakdown,
-        largest_at_peak,
-        spans,
-        iterations,
-        devices,
-        pool_timeline,
-        reserved_timeline: Vec::new(),
-        warnings: vec![Warning::GrowingResidual {
-            span: "step".into(),
-            window: ITERATIONS - 1,
-            grew: ITERATIONS - 1,
-            total_bytes: ((ITERATIONS - 1) * LEAK_PER_ITERATION) as i64,
-            per_iteration_bytes: LEAK_PER_ITERATION as i64,
-            iterations: ITERATIONS,
-            run_growth_bytes: ((ITERATIONS - 1) * LEAK_PER_ITERATION) as i64,
-        }],
-        span_events,
-        sites,
-        sampling,
-        oom_events: Vec::new(),
-    }
+    let mut summary = Summary::default();
+    summary.peak_bytes = peak_bytes;
+    summary.peak_timestamp_ns = peak_ts;
+    summary.peak_device = peak_device;
+    summary.peak_by_category = peak_by_category;
+    summary.peak_temporary_by_category = peak_temporary_by_category;
+    summary.alloc_count = alloc_count;
+    summary.free_count = free_count;
+    summary.realloc_count = 3_120;
+    summary.total_alloc_bytes = 171 * GIB + 300 * MIB;
+    summary.autograd_retained_bytes = DEVICES[1].activation;
+    summary.reorder_repairs = 2;
+    summary.final_live_bytes = final_live;
+    summary.final_by_category = final_by_category;
+    summary.duration_ns = duration_ns;
+    summary.event_count = 2 * alloc_count + 5_000;
+    let mut profile = Profile::empty();
+    profile.meta = RunMeta {
+        program: "train_gpt".to_string(),
+        highwater_version: "0.1.0".to_string(),
+        started_unix_ms: 1_764_489_600_000,
+        clock: "tsc".to_string(),
+        threads: 3,
+        alloc_log: None,
+        pid: 0,
+        partial: false,
+        checkpoint_unix_ms: None,
+        ..RunMeta::default()
+    };
+    profile.summary = summary;
+    profile.timeline = timeline;
+    profile.peak_window = peak_window;
+    profile.peak_breakdown = peak_breakdown;
+    profile.largest_at_peak = largest_at_peak;
+    profile.spans = spans;
+    profile.iterations = iterations;
+    profile.devices = devices;
+    profile.pool_timeline = pool_timeline;
+    profile.warnings = vec![Warning::GrowingResidual {
+        span: "step".into(),
+        window: ITERATIONS - 1,
+        grew: ITERATIONS - 1,
+        total_bytes: ((ITERATIONS - 1) * LEAK_PER_ITERATION) as i64,
+        per_iteration_bytes: LEAK_PER_ITERATION as i64,
+        iterations: ITERATIONS,
+        run_growth_bytes: ((ITERATIONS - 1) * LEAK_PER_ITERATION) as i64,
+    }];
+    profile.span_events = span_events;
+    profile.sites = sites;
+    profile.sampling = sampling;
+    profile
 }
 
 /// [`sample_profile`] with events dropped while recording, and the warning that goes with it.
@@ -682,10 +675,8 @@ fn span_tree_and_events() -> (Vec<SpanMetrics>, Vec<SpanEvent>) {
     let _ = init;
 
     // Instances: step and its children on thread 1, data loading on thread 2.
-    let tree = Profile {
-        spans: spans.clone(),
-        ..Profile::default()
-    };
+    let mut tree = Profile::default();
+    tree.spans = spans.clone();
     let ids: std::collections::HashMap<String, u32> =
         tree.span_paths().into_iter().zip(0..).collect();
     let mut push = |thread, _name: &str, path: String, start_ns, duration_ns, depth| {

@@ -412,10 +412,8 @@ pub(super) fn call_sites(
     rows: &mut [PeakRow],
     spans: &[SpanMetrics],
 ) -> (Vec<CallSite>, SiteSampling) {
-    let tree = Profile {
-        spans: spans.to_vec(),
-        ..Profile::default()
-    };
+    let mut tree = Profile::default();
+    tree.spans = spans.to_vec();
     let paths = tree.span_paths();
     // A row's span: its path's deepest node in the tree (`init/layer3` is counted in `init`).
     let span_of = |path: &str| -> Option<u32> {
