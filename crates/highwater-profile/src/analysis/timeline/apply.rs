@@ -36,6 +36,15 @@ pub(super) struct NewBlock {
     pub(super) is_alloc: bool,
 }
 
+/// Whether a new block enters the live map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kept {
+    /// It does: later events can find it.
+    InMap,
+    /// It does not: its free is applied next, and nothing can look it up in between.
+    Passing,
+}
+
 /// A completed heap realloc, for [`Timeline::apply_realloc`].
 #[derive(Debug, Clone, Copy)]
 pub struct Realloc {
@@ -317,6 +326,21 @@ impl Timeline {
         size: u64,
         category: Category,
     ) {
+        self.alloc_kept(at, device, addr, size, category, Kept::InMap);
+    }
+
+    /// An allocation, its block `kept` in the live map or not; returns the block's entry,
+    /// `at_peak` when the allocation marked a peak.
+    #[inline(always)]
+    fn alloc_kept(
+        &mut self,
+        at: At,
+        device: DeviceId,
+        addr: u64,
+        size: u64,
+        category: Category,
+        kept: Kept,
+    ) -> LiveEntry {
         let seq = self.next_seq();
         self.counts.allocs += 1;
         self.counts.total_alloc_bytes = self.counts.total_alloc_bytes.saturating_add(size);
@@ -329,8 +353,11 @@ impl Timeline {
             category,
             is_alloc: true,
         };
-        self.make_live(at, block);
+        let mut entry = self.make_live(at, block, kept);
+        let peaks = self.live.peaks_marked();
         self.changed(device, at.ts, seq);
+        entry.at_peak = self.live.peaks_marked() != peaks;
+        entry
     }
 
     /// Whether the live map holds more blocks than the caches do, so that asking for a block
@@ -354,17 +381,21 @@ impl Timeline {
         let seq = self.next_seq();
         self.device(device);
         match self.live.free(device, addr, at.ts) {
-            Freed::Ended(entry) => {
-                let sample = self.sampled_ended(device, addr);
-                self.device(device).frees += 1;
-                self.counts.frees += 1;
-                self.split_ended(device, addr, &entry, sample);
-                self.end(device, &entry);
-                self.changed(device, at.ts, seq);
-            }
+            Freed::Ended(entry) => self.ended(at, seq, device, addr, &entry),
             Freed::Straggler => self.counts.reorder_repairs += 1,
             Freed::Unknown => self.counts.unknown_frees += 1,
         }
+    }
+
+    /// The block `entry` at `addr` on `device` was freed `at`, the event numbered `seq`.
+    #[inline(always)]
+    fn ended(&mut self, at: At, seq: u64, device: DeviceId, addr: u64, entry: &LiveEntry) {
+        let sample = self.sampled_ended(device, addr);
+        self.device(device).frees += 1;
+        self.counts.frees += 1;
+        self.split_ended(device, addr, entry, sample);
+        self.end(device, entry);
+        self.changed(device, at.ts, seq);
     }
 
     /// Applies a completed heap realloc that happened `at`, as [`Timeline::apply`] does an
@@ -413,7 +444,7 @@ impl Timeline {
             category,
             is_alloc: false,
         };
-        self.make_live(at, block);
+        self.make_live(at, block, Kept::InMap);
         // After `make_live`: a block it displaced at the new address has been settled.
         if let Some(carried) = carried {
             self.temporaries.carry(device, new_addr, carried);
@@ -422,13 +453,13 @@ impl Timeline {
     }
 
     /// Applies a plain heap allocation `alloc` and the free of the same block `freed` that
-    /// comes right after it in the merged order, as [`Timeline::apply_alloc`] then
-    /// [`Timeline::apply_free`] would, to the same profile, but without making the block live
-    /// in the live map: nothing can look it up between the two. A block the allocation made
-    /// the peak with goes straight to the live map's rows of blocks live at the peak. When
-    /// the address is live already (the allocation would end that block first) or the free
-    /// is stamped before the allocation, both go the general way. The collector calls it for
-    /// the short-lived blocks that make a large part of allocation-heavy streams.
+    /// comes right after it in the merged order: [`Timeline::apply_alloc`] then
+    /// [`Timeline::apply_free`], but the block never enters the live map, since nothing can
+    /// look it up between the two. A block the allocation made the peak with goes straight to
+    /// the live map's rows of blocks live at the peak. When the address is live already (the
+    /// allocation would end that block first) or the free is stamped before the allocation,
+    /// both go through the map. The collector calls it for the short-lived blocks that make a
+    /// large part of allocation-heavy streams.
     pub fn apply_alloc_then_free(
         &mut self,
         alloc: At,
@@ -443,38 +474,12 @@ impl Timeline {
             self.apply_free(freed, device, addr);
             return;
         }
-        // The allocation, as `apply_alloc` and `make_live` do it.
+        let entry = self.alloc_kept(alloc, device, addr, size, category, Kept::Passing);
         let seq = self.next_seq();
-        self.counts.allocs += 1;
-        self.counts.total_alloc_bytes = self.counts.total_alloc_bytes.saturating_add(size);
-        let (origin, owner) = self.origin(alloc.thread, alloc.span);
-        let state = self.device(device);
-        state.allocs += 1;
-        state.add(category, size);
-        self.spans.on_alloc(owner, size, size, true);
-        let peaks = self.live.peaks_marked();
-        self.changed(device, alloc.ts, seq);
-        // The free, as `apply_free` does it with the entry the live map would hand back: live
-        // at the peak exactly when the allocation marked one.
-        let seq = self.next_seq();
-        let entry = LiveEntry {
-            size,
-            ts: alloc.ts,
-            thread: alloc.thread,
-            owner,
-            origin,
-            category,
-            at_peak: self.live.peaks_marked() != peaks,
-        };
         if entry.at_peak {
             self.live.remember_ended(device, addr, &entry);
         }
-        let sample = self.sampled_ended(device, addr);
-        self.device(device).frees += 1;
-        self.counts.frees += 1;
-        self.split_ended(device, addr, &entry, sample);
-        self.end(device, &entry);
-        self.changed(device, freed.ts, seq);
+        self.ended(freed, seq, device, addr, &entry);
     }
 
     /// The id of an (op name, shape, dtype) triple, interned on first sight.
@@ -521,9 +526,11 @@ impl Timeline {
         (origin, owner)
     }
 
-    /// Inserts a live block for an alloc or the new side of a realloc; a block already live at
-    /// the key is ended (as if freed now) and counted as a repair.
-    pub(super) fn make_live(&mut self, at: At, block: NewBlock) {
+    /// Counts a new block of an alloc or the new side of a realloc and, `kept` in the map,
+    /// inserts it; a block already live at the key is ended (as if freed now) and counted as a
+    /// repair. Returns the block's entry.
+    #[inline(always)]
+    fn make_live(&mut self, at: At, block: NewBlock, kept: Kept) -> LiveEntry {
         let NewBlock {
             device,
             addr,
@@ -545,13 +552,16 @@ impl Timeline {
         // Counters first: `changed` copies them right after, and a copy of values written
         // after the map insert would wait for the insert's store (often a cache miss).
         self.device(device).add(category, size);
-        if let Some(old) = self.live.insert(device, addr, entry) {
-            let sample = self.sampled_ended(device, addr);
-            self.counts.reorder_repairs += 1;
-            self.split_ended(device, addr, &old, sample);
-            self.end(device, &old);
+        if kept == Kept::InMap {
+            if let Some(old) = self.live.insert(device, addr, entry) {
+                let sample = self.sampled_ended(device, addr);
+                self.counts.reorder_repairs += 1;
+                self.split_ended(device, addr, &old, sample);
+                self.end(device, &old);
+            }
         }
         self.spans.on_alloc(owner, size, counted, is_alloc);
+        entry
     }
 
     /// Takes an ended block off the counters and its span's residual.
