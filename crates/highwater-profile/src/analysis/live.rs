@@ -11,10 +11,14 @@
 //! stored once, as a [`Context`] the blocks refer to by id, counted so that contexts no block
 //! or peak row needs any more are swept and their ids reused.
 //!
-//! The newest heap blocks wait in a [`Nursery`] of sixteen before they enter the index: most
-//! blocks of allocation-heavy code die that young and then never touch the index or the slab.
-//! Every operation that finds a block by its key looks in the nursery first (one compare);
-//! the rare ones that change a block in place move it to the index first.
+//! Each layer beyond a plain table of slab indexes stays because the real workloads' work is
+//! slower without it (BENCHMARKS.md, "What the live map's layers earn", measures each turned
+//! off alone and the small ones together): the index [`hash`] that keeps neighbouring
+//! addresses in neighbouring buckets, the fingerprints packed beside the slab index
+//! ([`Packing`]), the choice of a likely-cached free slot (`free_slots`), the memo of
+//! addresses known not to be indexed ([`Unindexed`]), the table rebuild that fetches its slab
+//! reads ahead ([`LiveSet::make_room`]), and asking for a block a few events before its free
+//! ([`LiveSet::prefetch_block`]). A nursery that held the newest blocks out of the index went.
 //!
 //! # Live at the peak, incrementally
 //!
@@ -35,7 +39,6 @@ mod free_slots;
 mod index;
 #[cfg(test)]
 mod model_tests;
-mod nursery;
 mod slab;
 #[cfg(test)]
 mod tests;
@@ -50,7 +53,6 @@ pub(crate) use at_peak::{group_at_peak, group_live_now, largest_at_peak, GroupKe
 use at_peak::{rank_order, Ranked, SideRows};
 use contexts::{Context, Contexts};
 use index::{hash, Packing, Unindexed, GROWTH_AHEAD, PREFETCH_FROM};
-use nursery::{Nursery, EMPTY};
 use slab::{prefetch, Block, Slab};
 
 /// "None" for the `u32` ids kept in live entries (span nodes, instances, interned names).
@@ -128,9 +130,7 @@ pub(crate) struct LiveSet {
     index_room: Vec<usize>,
     packing: Packing,
     slab: Slab,
-    /// The newest heap blocks, not in the index yet.
-    nursery: Nursery,
-    /// Heap addresses known not to be in the index, by nursery bucket ([`EMPTY`]: none).
+    /// Heap addresses known not to be in the index.
     unindexed: Unindexed,
     contexts: Contexts,
     live: usize,
@@ -154,7 +154,6 @@ impl LiveSet {
             index_room: Vec::new(),
             packing: Packing::NARROWEST,
             slab: Slab::default(),
-            nursery: Nursery::default(),
             unindexed: Unindexed::default(),
             contexts: Contexts::default(),
             live: 0,
@@ -236,19 +235,6 @@ impl LiveSet {
             context,
             epoch: self.epoch,
         };
-        if device == DeviceId::CPU && addr != EMPTY {
-            if let Some(slot) = self.nursery.find(addr) {
-                let old = std::mem::replace(&mut self.nursery.blocks[slot], block);
-                return Some(self.displace(device, old));
-            }
-            if self.nursery.admits() && !self.heap_indexed(addr) {
-                for out in self.nursery.push(block).into_iter().flatten() {
-                    self.index_insert_new(device, out);
-                }
-                self.live += 1;
-                return None;
-            }
-        }
         match self.index_insert(device, block) {
             Some(old) => Some(self.displace(device, old)),
             None => {
@@ -356,39 +342,6 @@ impl LiveSet {
         Some(std::mem::replace(self.slab.get_mut(found), block))
     }
 
-    /// Puts a block that leaves the nursery in the index, without looking for its key there:
-    /// nothing enters the index at an address the nursery holds (an insert finds the
-    /// nursery's block first, and the index was probed when the block entered the nursery).
-    fn index_insert_new(&mut self, device: DeviceId, block: Block) {
-        debug_assert!(
-            self.find_indexed(device, block.addr).is_none(),
-            "a nursery block was indexed too"
-        );
-        let slot = self.table_for(device, block.addr);
-        let next = self.slab.next_index();
-        if next > self.packing.slot_mask {
-            self.widen_packing(next);
-        }
-        let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
-        index[slot].insert_unique(hash(block.addr), packing.pack(next, block.addr), |&v| {
-            packing.rehash(slab, v)
-        });
-        let at = slab.insert(block);
-        debug_assert_eq!(at, next);
-    }
-
-    /// Moves the nursery's block at `(device, addr)`, if it holds one, into the index, for
-    /// an operation that works on indexed blocks only.
-    fn settle(&mut self, device: DeviceId, addr: u64) {
-        if device != DeviceId::CPU {
-            return;
-        }
-        if let Some(slot) = self.nursery.find(addr) {
-            let block = self.nursery.evict(slot);
-            self.index_insert_new(device, block);
-        }
-    }
-
     /// A block stopped being what it was at the peak (ended, or about to change): side rows
     /// keep it if it counted there; otherwise its context reference is dropped.
     fn end_block(&mut self, device: DeviceId, block: Block) {
@@ -401,19 +354,6 @@ impl LiveSet {
 
     /// Ends the block at `(device, addr)` for a free stamped `ts`.
     pub(crate) fn free(&mut self, device: DeviceId, addr: u64, ts: u64) -> Freed {
-        if device == DeviceId::CPU {
-            if let Some(slot) = self.nursery.find(addr) {
-                if ts < self.nursery.blocks[slot].ts {
-                    return Freed::Straggler;
-                }
-                let block = self.nursery.died(slot);
-                self.unindexed.note(addr);
-                self.live -= 1;
-                let entry = self.entry(&block);
-                self.end_block(device, block);
-                return Freed::Ended(entry);
-            }
-        }
         let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
         let Some(table) = index.get_mut(usize::from(device.0)) else {
             return Freed::Unknown;
@@ -440,8 +380,6 @@ impl LiveSet {
     /// and peak epoch), for a given-up address that may be reused before the block ends; `ts`
     /// is judged as a free's would be. A block already at `to` is ended and handed back.
     pub(crate) fn rekey(&mut self, device: DeviceId, from: u64, to: u64, ts: u64) -> Rekeyed {
-        self.settle(device, from);
-        self.settle(device, to);
         let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
         let Some(table) = index.get_mut(usize::from(device.0)) else {
             return Rekeyed::Unknown;
@@ -553,21 +491,14 @@ impl LiveSet {
     /// Whether a block is live at `(device, addr)`.
     #[inline]
     pub(crate) fn contains(&self, device: DeviceId, addr: u64) -> bool {
-        if device == DeviceId::CPU {
-            self.nursery.find(addr).is_some() || self.heap_indexed(addr)
-        } else {
-            self.find_indexed(device, addr).is_some()
+        if device == DeviceId::CPU && self.unindexed.knows(addr) {
+            return false;
         }
+        self.find_slot(device, addr).is_some()
     }
 
-    /// Whether a heap block at `addr` is in the index.
-    #[inline]
-    fn heap_indexed(&self, addr: u64) -> bool {
-        !self.unindexed.knows(addr) && self.find_indexed(DeviceId::CPU, addr).is_some()
-    }
-
-    /// The slab slot of the indexed block at `(device, addr)` (not one in the nursery).
-    fn find_indexed(&self, device: DeviceId, addr: u64) -> Option<u32> {
+    /// The slab slot of the block at `(device, addr)`.
+    fn find_slot(&self, device: DeviceId, addr: u64) -> Option<u32> {
         let table = self.index.get(usize::from(device.0))?;
         let packing = self.packing;
         table
@@ -583,8 +514,7 @@ impl LiveSet {
         addr: u64,
         category: Category,
     ) -> Option<LiveEntry> {
-        self.settle(device, addr);
-        let at = self.find_indexed(device, addr)?;
+        let at = self.find_slot(device, addr)?;
         let before = *self.slab.get(at);
         let old = self.contexts.get(before.context);
         if old.category == category {
@@ -603,8 +533,7 @@ impl LiveSet {
 
     /// Sets the op (name, shape, dtype id) of a live block; unknown blocks are ignored.
     pub(crate) fn annotate(&mut self, device: DeviceId, addr: u64, op: u32) {
-        self.settle(device, addr);
-        let Some(at) = self.find_indexed(device, addr) else {
+        let Some(at) = self.find_slot(device, addr) else {
             return;
         };
         let before = self.slab.get(at).context;
@@ -625,9 +554,6 @@ impl LiveSet {
                     self.slab.get_mut(self.packing.slot(v)).epoch = 0;
                 }
             }
-            for block in self.nursery.blocks_mut() {
-                block.epoch = 0;
-            }
             self.epoch = 0;
         }
         self.epoch += 1;
@@ -641,28 +567,21 @@ impl LiveSet {
         }
     }
 
-    /// The blocks live now on `device`, indexed or in the nursery.
+    /// The blocks live now on `device`.
     fn blocks_on(&self, device: DeviceId) -> impl Iterator<Item = &Block> + '_ {
-        let indexed = self
-            .index
+        self.index
             .get(usize::from(device.0))
             .into_iter()
             .flat_map(move |table| {
                 table
                     .iter()
                     .map(move |&v| self.slab.get(self.packing.slot(v)))
-            });
-        let young = self
-            .nursery
-            .blocks()
-            .filter(move |_| device == DeviceId::CPU);
-        indexed.chain(young)
+            })
     }
 
     /// Live blocks at the current peak: (device, address, block).
     fn still_live_at_peak(&self) -> impl Iterator<Item = (DeviceId, &Block)> + '_ {
-        let indexed = self
-            .index
+        self.index
             .iter()
             .enumerate()
             .flat_map(move |(device, table)| {
@@ -670,10 +589,7 @@ impl LiveSet {
                 table
                     .iter()
                     .map(move |&v| (device, self.slab.get(self.packing.slot(v))))
-            });
-        let young = self.nursery.blocks().map(|block| (DeviceId::CPU, block));
-        indexed
-            .chain(young)
+            })
             .filter(|(_, block)| self.was_live_at_peak(block))
     }
 

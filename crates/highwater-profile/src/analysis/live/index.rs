@@ -2,48 +2,57 @@
 //! neighbouring buckets, the fingerprints packed beside the slab index, and the memo of heap
 //! addresses known not to be indexed.
 
-use super::nursery::{Nursery, EMPTY, NURSERY_BUCKETS};
 use super::slab::Slab;
 
-/// Heap addresses known not to be in the index: one per nursery bucket, the last whose block
-/// died in the nursery, was freed from the index or moved away by [`LiveSet::rekey`], until a
-/// block enters the index there.
+/// Buckets of [`Unindexed`]: a power of two.
+const UNINDEXED_BUCKETS: usize = 256;
+
+/// A bucket no address is known in: no heap block starts at the last byte of the address
+/// space.
+const NOTHING_KNOWN: u64 = u64::MAX;
+
+/// Heap addresses known not to be in the index: per bucket, the last freed from the index or
+/// moved away by [`LiveSet::rekey`], until a block enters the index there.
 ///
-/// Every new heap block asks whether its address is indexed before it enters the nursery, and
-/// every short-lived one handed over with its free asks too, for a block the program never
-/// freed (a free highwater could not see) is ended when its address is reused. The answer is
-/// nearly always no, and nearly always for an address just freed: allocators hand a freed
-/// block out again first. Remembering those answers spares 72 % of those probes on syn (each a
-/// hash and a table group compared), 3 % of the collector's instructions there.
+/// Every short-lived block handed over with its free asks whether its address is indexed,
+/// for a block the program never freed (a free highwater could not see) is ended when its
+/// address is reused. The answer is nearly always no, for an address just freed: allocators
+/// hand a freed block out again first.
 #[derive(Debug)]
-pub(super) struct Unindexed([u64; NURSERY_BUCKETS]);
+pub(super) struct Unindexed([u64; UNINDEXED_BUCKETS]);
 
 impl Default for Unindexed {
     fn default() -> Unindexed {
-        Unindexed([EMPTY; NURSERY_BUCKETS])
+        Unindexed([NOTHING_KNOWN; UNINDEXED_BUCKETS])
     }
 }
 
 impl Unindexed {
-    /// Whether `addr` is known not to be in the index. Never for [`EMPTY`], which marks a
-    /// bucket that knows nothing (a block there goes to the index, not the nursery).
+    #[inline]
+    fn bucket(addr: u64) -> usize {
+        // Blocks are 16-byte aligned; Fibonacci hashing spreads strided addresses.
+        let bits = UNINDEXED_BUCKETS.trailing_zeros();
+        ((addr >> 4).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize
+    }
+
+    /// Whether `addr` is known not to be in the index.
     #[inline]
     pub(super) fn knows(&self, addr: u64) -> bool {
-        addr != EMPTY && self.0[Nursery::bucket(addr)] == addr
+        addr != NOTHING_KNOWN && self.0[Self::bucket(addr)] == addr
     }
 
     /// `addr` is not in the index (any more).
     #[inline]
     pub(super) fn note(&mut self, addr: u64) {
-        self.0[Nursery::bucket(addr)] = addr;
+        self.0[Self::bucket(addr)] = addr;
     }
 
     /// `addr` enters the index.
     #[inline]
     pub(super) fn forget(&mut self, addr: u64) {
-        let known = &mut self.0[Nursery::bucket(addr)];
+        let known = &mut self.0[Self::bucket(addr)];
         if *known == addr {
-            *known = EMPTY;
+            *known = NOTHING_KNOWN;
         }
     }
 }

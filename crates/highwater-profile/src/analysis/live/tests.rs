@@ -1,6 +1,5 @@
 //! The live set's unit tests.
 
-use super::nursery::NURSERY_BLOCKS;
 use super::*;
 
 fn entry(size: u64, ts: u64) -> LiveEntry {
@@ -196,19 +195,6 @@ fn the_epoch_wraps_without_losing_who_was_live_at_the_peak() {
 }
 
 #[test]
-fn the_epoch_wrap_renumbers_the_blocks_in_the_nursery_too() {
-    let cpu = DeviceId::CPU;
-    let mut live = LiveSet::new(8);
-    live.epoch = 1;
-    // Young, so in the nursery, with the epoch the wrap comes back to.
-    live.insert(cpu, 1, entry(10, 0));
-    live.epoch = u32::MAX;
-    live.mark_peak();
-    assert_eq!(live.epoch, 1);
-    assert_eq!(sizes_at_peak(&live), vec![10]);
-}
-
-#[test]
 fn largest_keeps_the_top_n_in_order() {
     let mut live = LiveSet::new(3);
     for (i, size) in [5u64, 50, 7, 50, 1].into_iter().enumerate() {
@@ -331,34 +317,35 @@ fn blocks_stay_findable_when_the_slab_outgrows_the_packing() {
     ));
 }
 
-/// An address remembered as not indexed (its block died in the nursery) is forgotten
-/// when a block there enters the index: a new block at the address still ends that one,
-/// as a block never freed is ended when its address is reused.
+/// An address remembered as not indexed (its block was freed) is forgotten when a block
+/// there enters the index again: a new block at the address still ends that one, as a block
+/// never freed is ended when its address is reused.
 #[test]
 fn an_address_remembered_as_unindexed_is_forgotten_when_indexed_again() {
     let mut live = LiveSet::new(0);
     let reused = 0x4400_0000_0000;
     live.insert(DeviceId::CPU, reused, entry(16, 1));
+    assert!(!live.unindexed.knows(reused));
     assert!(matches!(
         live.free(DeviceId::CPU, reused, 2),
         Freed::Ended(_)
     ));
     assert!(live.unindexed.knows(reused));
+    assert!(!live.contains(DeviceId::CPU, reused));
+    // Made again and never freed: the next block there ends it.
     assert!(live.insert(DeviceId::CPU, reused, entry(24, 3)).is_none());
-    // Newer blocks push it out of the nursery into the index; its free never comes.
-    for i in 0..NURSERY_BLOCKS as u64 {
-        live.insert(DeviceId::CPU, 0x5500_0000_0000 + i * 64, entry(8, 4 + i));
-    }
-    assert!(live.find_indexed(DeviceId::CPU, reused).is_some());
     assert!(!live.unindexed.knows(reused));
+    assert!(live.contains(DeviceId::CPU, reused));
     let displaced = live.insert(DeviceId::CPU, reused, entry(32, 100));
     assert_eq!(displaced.map(|old| old.size), Some(24));
-    // Freed from the index, it is remembered again.
-    for i in 0..NURSERY_BLOCKS as u64 {
-        live.insert(DeviceId::CPU, 0x6600_0000_0000 + i * 64, entry(8, 200 + i));
-    }
-    assert!(matches!(live.free(DeviceId::CPU, reused, 300), Freed::Ended(e) if e.size == 32));
+    // Moved away, it is remembered again.
+    let elsewhere = 0x4500_0000_0000;
+    assert!(matches!(
+        live.rekey(DeviceId::CPU, reused, elsewhere, 200),
+        Rekeyed::Moved(None)
+    ));
     assert!(live.unindexed.knows(reused));
+    assert!(live.contains(DeviceId::CPU, elsewhere));
 }
 
 /// A block at `addr` made at `ts`, with a context of its own set's.
