@@ -18,7 +18,9 @@ hand. Parts:
   (`cargo bench --bench analysis`);
 - `pools`: the device pool manager (`cargo bench --bench pools`);
 - `cuda`: what building with the `cuda` feature costs a CPU-only run
-  (`scripts/cuda_feature_cost.py`).
+  (`scripts/cuda_feature_cost.py`);
+- `layers`: what each layer of the live map earns, each turned off alone
+  (`scripts/live_map_layers.py`).
 
 Ratios compare contenders measured in the same run, alternating, so they share the machine's
 load; absolute figures carry the machine line. Do not run it while anything else builds.
@@ -42,7 +44,10 @@ TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
 OUT_DIR = TARGET / "highwater-bench"
 RESULTS = OUT_DIR / "bench.json"
 CRITERION = TARGET / "criterion"
-PARTS = ["hot", "workloads", "candle", "analysis", "pools", "cuda"]
+PARTS = ["hot", "workloads", "candle", "analysis", "pools", "cuda", "layers"]
+
+# A live-map layer stays while turning it off alone costs one workload this much work time.
+LAYER_KEEP_RATIO = 1.03
 
 HOT_PATH_ROWS = [
     ("system", "system allocator"),
@@ -119,6 +124,14 @@ def measure_workloads(quick):
         command.append("--quick")
     run(command, capture=False)
     return json.loads((OUT_DIR / "compare_profilers.json").read_text())
+
+
+def measure_layers(quick):
+    command = [sys.executable, str(ROOT / "scripts" / "live_map_layers.py")]
+    if quick:
+        command += ["--rounds", "2"]
+    run(command, capture=False)
+    return json.loads((OUT_DIR / "live_map_layers.json").read_text())
 
 
 def measure_candle(steps):
@@ -417,6 +430,59 @@ def render_pools(rows):
     return lines
 
 
+def render_layers(data, losses):
+    kinds = list(data["workloads"])
+    offs = list(data["workloads"][kinds[0]]["medians"])
+
+    def ratios(off, field):
+        return [
+            data["workloads"][kind]["medians"][off][field]
+            / data["workloads"][kind]["medians"]["none"][field]
+            for kind in kinds
+        ]
+
+    earns = {off: max(ratios(off, "work_s")) >= LAYER_KEEP_RATIO for off in offs if off != "none"}
+    lines = [
+        f"Measured at commit {data['commit']}, {data['when']}: medians of {data['rounds']} "
+        "alternating rounds; each cell is the work time with the layer off against all on, "
+        "then the collector's CPU time likewise. A layer stays while one workload's work is "
+        f"at least {LAYER_KEEP_RATIO:.2f}× without it. Peaks seen, every run of every "
+        "build: "
+        + "; ".join(
+            f"{kind} {', '.join(f'{p:,} B' for p in data['workloads'][kind]['peaks'])}"
+            for kind in kinds
+        )
+        + ".",
+        "",
+        "| turned off | " + " | ".join(f"{k} work" for k in kinds) + " | "
+        + " | ".join(f"{k} collector CPU" for k in kinds) + " | verdict |",
+        "|---|" + "---|" * (2 * len(kinds) + 1),
+    ]
+    for off in offs:
+        if off == "none":
+            continue
+        works, cpus = ratios(off, "work_s"), ratios(off, "collector_cpu_s")
+        together = [o for o in offs if "+" in o and off in o.split("+") and earns[o]]
+        if earns[off]:
+            verdict = "stays"
+        elif together:
+            verdict = f"stays: earns with {together[0]}"
+        else:
+            verdict = "goes"
+        if earns[off] or together:
+            for kind, work in zip(kinds, works):
+                if work < 2 - LAYER_KEEP_RATIO:
+                    losses.append(
+                        f"The live map's {off} layer, kept for what it earns elsewhere, costs "
+                        f"{kind}: its work is {work:.3f}× without it."
+                    )
+        lines.append(
+            f"| {off} | " + " | ".join(f"{w:.3f}×" for w in works) + " | "
+            + " | ".join(f"{c:.3f}×" for c in cpus) + f" | {verdict} |"
+        )
+    return lines
+
+
 def render(bundle):
     m = bundle["machine"]
     losses = []
@@ -432,6 +498,8 @@ def render(bundle):
         sections.append(("Analysis and profile size", render_analysis(bundle["analysis"])))
     if "pools" in bundle:
         sections.append(("Device pools", render_pools(bundle["pools"])))
+    if "layers" in bundle:
+        sections.append(("What the live map's layers earn", render_layers(bundle["layers"], losses)))
     head = [
         "# highwater benchmarks",
         "",
@@ -446,7 +514,7 @@ def render(bundle):
         "Guarantees).",
         "",
         "**Commands.** `scripts/bench.py --out BENCHMARKS.md` measures everything and writes "
-        "this file; `--only hot,workloads,candle,analysis,pools,cuda` measures some parts and "
+        "this file; `--only hot,workloads,candle,analysis,pools,cuda,layers` measures some parts and "
         "keeps the others' last results; `scripts/compare_profilers.py` alone gives each "
         "program's full table; `cargo bench --bench NAME` runs one benchmark.",
     ]
@@ -481,6 +549,7 @@ def main():
                 "analysis": lambda: measure_analysis(args.quick),
                 "pools": measure_pools,
                 "cuda": lambda: measure_cuda(args.quick),
+                "layers": lambda: measure_layers(args.quick),
             }[part]()
             # After every part, so a run stopped later keeps what it measured.
             RESULTS.write_text(json.dumps(bundle, indent=1))
