@@ -39,6 +39,9 @@ import sys
 import time
 from pathlib import Path
 
+# The workload figures are computed as compare_profilers.py computes them for its own report.
+from compare_profilers import added_cpu_ns, events_made, size
+
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
 OUT_DIR = TARGET / "highwater-bench"
@@ -210,15 +213,6 @@ def seconds(value):
     return f"{value * 1e6:,.0f} µs"
 
 
-def size(value):
-    sign = "−" if value < 0 else ""
-    value = abs(value)
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if value >= scale:
-            return f"{sign}{value / scale:,.1f} {unit}"
-    return f"{sign}{value:,} B"
-
-
 def ratio(value, base):
     if not value or not base:
         return "–"
@@ -269,25 +263,6 @@ def render_hot(rows, losses):
     return lines
 
 
-def events_made(runs):
-    return median(
-        [r["result"]["events"] + r["result"]["dropped_events"] for r in runs.get("highwater lossless", [])]
-    )
-
-
-def added_cpu(runs, label, events):
-    rows, base = runs.get(label), runs.get("unprofiled")
-    if not rows or not base or not events:
-        return None
-    if label == "heaptrack":
-        pick = lambda row: row.get("cpu_s")  # noqa: E731
-    else:
-        pick = lambda row: row["result"].get("work_cpu_s")  # noqa: E731
-    if any(pick(r) is None for r in rows + base):
-        return None
-    return 1e9 * (median([pick(r) for r in rows]) - median([pick(r) for r in base])) / events
-
-
 def render_workloads(data, losses):
     labels = ["highwater lossless", "highwater drop mode", "heaptrack"]
     lines = [
@@ -315,7 +290,7 @@ def render_workloads(data, losses):
                 cells.append("–")
                 continue
             work = median([r["result"]["work_s"] for r in rows])
-            cpu = added_cpu(runs, label, events)
+            cpu = added_cpu_ns(runs, label, events)
             cells.append(f"{ratio(work, base)}, {f'{cpu:.0f} ns' if cpu is not None else '–'}")
             if label == "highwater lossless" and work / base >= SLOW_WORK_RATIO and (
                 cpu is None or cpu <= CPU_PER_EVENT_TARGET_NS

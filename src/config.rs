@@ -218,6 +218,22 @@ impl EnvConfig {
                 })
                 .transpose()
         };
+        // A count that `check` accepts.
+        let checked = |name: &'static str,
+                       expected: &'static str,
+                       check: fn(usize) -> Result<(), String>|
+         -> Result<Option<usize>, Error> {
+            text(name, expected)?
+                .map(|value| {
+                    value
+                        .trim()
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|count| check(*count).is_ok())
+                        .ok_or_else(|| invalid(name, value.as_ref(), expected))
+                })
+                .transpose()
+        };
         let path = |name: &'static str| -> Result<Option<PathBuf>, Error> {
             match var(name) {
                 Some(value) if value.to_string_lossy().trim().is_empty() => {
@@ -226,20 +242,11 @@ impl EnvConfig {
                 value => Ok(value.map(PathBuf::from)),
             }
         };
-        let ring_events = {
-            const NAME: &str = "HIGHWATER_RING_EVENTS";
-            const EXPECTED: &str = "a power of two between 1024 and 16777216";
-            text(NAME, EXPECTED)?
-                .map(|value| {
-                    value
-                        .trim()
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|events| check_ring_events(*events).is_ok())
-                        .ok_or_else(|| invalid(NAME, value.as_ref(), EXPECTED))
-                })
-                .transpose()?
-        };
+        let ring_events = checked(
+            "HIGHWATER_RING_EVENTS",
+            "a power of two between 1024 and 16777216",
+            check_ring_events,
+        )?;
         let unwinder = {
             const NAME: &str = "HIGHWATER_UNWINDER";
             const EXPECTED: &str = "frame-pointers or eh-frame";
@@ -296,20 +303,11 @@ impl EnvConfig {
                 })
                 .transpose()?
         };
-        let max_threads = {
-            const NAME: &str = "HIGHWATER_MAX_THREADS";
-            const EXPECTED: &str = "a number of threads between 1 and 4096";
-            text(NAME, EXPECTED)?
-                .map(|value| {
-                    value
-                        .trim()
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|threads| check_max_threads(*threads).is_ok())
-                        .ok_or_else(|| invalid(NAME, value.as_ref(), EXPECTED))
-                })
-                .transpose()?
-        };
+        let max_threads = checked(
+            "HIGHWATER_MAX_THREADS",
+            "a number of threads between 1 and 4096",
+            check_max_threads,
+        )?;
         Ok(EnvConfig {
             launch: crate::rank::detect(&var)?,
             capture_mode,

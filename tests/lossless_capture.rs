@@ -150,6 +150,32 @@ fn alarm_every(micros: i64, handler: libc::sighandler_t) {
 }
 
 /// Blocks or unblocks SIGALRM on the calling thread (threads it spawns inherit the mask).
+/// Allocates, keeping one block in 256, while a timer fires `allocate_in_handler` every
+/// `micros`: until the handler ran `handled` times and at least `min_rounds` rounds were made,
+/// at most `max_rounds`. The timer is off and the kept blocks freed when it returns the rounds
+/// made.
+fn allocate_under_alarm(micros: i64, handled: u64, min_rounds: usize, max_rounds: usize) -> usize {
+    alarm_every(
+        micros,
+        allocate_in_handler as *const () as libc::sighandler_t,
+    );
+    mask_alarm(false);
+    let mut kept = Vec::new();
+    let mut round = 0usize;
+    while (HANDLED.load(Ordering::Relaxed) < handled || round < min_rounds) && round < max_rounds {
+        let mut block = black_box(vec![round as u8; 16 + round % 48]);
+        block.push(1);
+        if round.is_multiple_of(256) {
+            kept.push(block);
+        }
+        round += 1;
+    }
+    mask_alarm(true);
+    alarm_every(0, libc::SIG_IGN);
+    drop(kept);
+    round
+}
+
 fn mask_alarm(block: bool) {
     // SAFETY: a valid signal set holding SIGALRM; pthread_sigmask only changes this thread.
     unsafe {
@@ -185,21 +211,7 @@ fn a_signal_handler_allocating_mid_push_is_counted_exactly() {
             // What this thread performs between here and `finish` (which runs paused) is in the
             // session; the thread's counters also hold its whole life before.
             let before = common::performed(&[tid]);
-            alarm_every(20, allocate_in_handler as *const () as libc::sighandler_t);
-            mask_alarm(false);
-            let mut kept = Vec::new();
-            let mut round = 0usize;
-            while HANDLED.load(Ordering::Relaxed) < 20_000 && round < 20_000_000 {
-                let mut block = black_box(vec![round as u8; 16 + round % 48]);
-                block.push(1);
-                if round.is_multiple_of(256) {
-                    kept.push(block);
-                }
-                round += 1;
-            }
-            mask_alarm(true);
-            alarm_every(0, libc::SIG_IGN);
-            drop(kept);
+            allocate_under_alarm(20, 20_000, 0, 20_000_000);
             let after = common::performed(&[tid]);
             let profile = session.finish().unwrap();
 
@@ -268,21 +280,7 @@ fn a_signal_handler_allocating_mid_unwind_is_counted_exactly() {
             let before = common::performed(&[tid]);
             // Every 100 µs: an unwind takes microseconds (tens in a debug build), so a tighter
             // timer leaves the thread nothing but handlers to run.
-            alarm_every(100, allocate_in_handler as *const () as libc::sighandler_t);
-            mask_alarm(false);
-            let mut kept = Vec::new();
-            let mut round = 0usize;
-            while (HANDLED.load(Ordering::Relaxed) < 2_000 || round < 20_000) && round < 5_000_000 {
-                let mut block = black_box(vec![round as u8; 16 + round % 48]);
-                block.push(1);
-                if round.is_multiple_of(256) {
-                    kept.push(block);
-                }
-                round += 1;
-            }
-            mask_alarm(true);
-            alarm_every(0, libc::SIG_IGN);
-            drop(kept);
+            let round = allocate_under_alarm(100, 2_000, 20_000, 5_000_000);
             let after = common::performed(&[tid]);
             let profile = session.finish().unwrap();
 

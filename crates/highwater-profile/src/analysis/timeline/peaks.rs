@@ -17,17 +17,46 @@ pub(super) struct CurvePoint {
     pub(super) by_category: ByCategory,
 }
 
+impl CurvePoint {
+    /// Offers `curve` the point of `live` bytes at `ts`. The category split is copied only
+    /// when the point is kept: a copy right after the counters were written would wait for
+    /// every pending store, including the live map's.
+    #[inline]
+    pub(super) fn offer_to(
+        curve: &mut Downsampler<CurvePoint>,
+        ts: u64,
+        live: u64,
+        by_category: &ByCategory,
+    ) {
+        curve.offer(
+            ts,
+            |kept, slot| live_beats(live, kept.live, slot),
+            || CurvePoint {
+                ts,
+                live,
+                by_category: *by_category,
+            },
+        );
+    }
+}
+
+/// Whether `live` bytes replace `kept` in a curve bucket's slot: slot 0 keeps the highest,
+/// slot 1 the lowest.
+#[inline]
+fn live_beats(live: u64, kept: u64, slot: usize) -> bool {
+    if slot == 0 {
+        live > kept
+    } else {
+        live < kept
+    }
+}
+
 impl Sample for CurvePoint {
     fn ts(&self) -> u64 {
         self.ts
     }
-    /// Slot 0 keeps the highest live bytes, slot 1 the lowest.
     fn beats(&self, kept: &Self, slot: usize) -> bool {
-        if slot == 0 {
-            self.live > kept.live
-        } else {
-            self.live < kept.live
-        }
+        live_beats(self.live, kept.live, slot)
     }
 }
 
@@ -207,24 +236,7 @@ impl Timeline {
             state.peak_ts = ts;
             state.peak_by_category = state.by_category;
         }
-        // The category array is copied only when the point is kept: a copy right after the
-        // counters were written would wait for every pending store, including the live map's.
-        let by_category = &state.by_category;
-        state.curve.offer(
-            ts,
-            |kept, slot| {
-                if slot == 0 {
-                    live > kept.live
-                } else {
-                    live < kept.live
-                }
-            },
-            || CurvePoint {
-                ts,
-                live,
-                by_category: *by_category,
-            },
-        );
+        CurvePoint::offer_to(&mut state.curve, ts, live, &state.by_category);
         if live > self.peak.bytes {
             self.new_peak(device, live, ts, seq);
         }

@@ -57,21 +57,7 @@ impl PeakWindow {
     /// only when the point is kept).
     #[inline]
     pub(super) fn offer(&mut self, ts: u64, live: u64, by_category: &ByCategory) {
-        self.open.offer(
-            ts,
-            |kept, slot| {
-                if slot == 0 {
-                    live > kept.live
-                } else {
-                    live < kept.live
-                }
-            },
-            || CurvePoint {
-                ts,
-                live,
-                by_category: *by_category,
-            },
-        );
+        CurvePoint::offer_to(&mut self.open, ts, live, by_category);
     }
 
     /// The global peak rose on `device`: the open window holds it. A peak on another device
