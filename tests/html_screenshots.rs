@@ -9,7 +9,7 @@
 //! and the screenshot's size from its PNG header.
 //!
 //! Screenshots are written to a temporary directory; set `HIGHWATER_SCREENSHOT_DIR` to keep
-//! them. Needs Chromium (see `tests/support/browser.rs`).
+//! them. Needs Chromium (see `highwater_testkit::browser`).
 
 use std::path::Path;
 use std::sync::OnceLock;

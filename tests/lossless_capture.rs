@@ -3,13 +3,11 @@
 //! in a forked child, in thread-exit destructors, and when a signal handler allocates while the
 //! interrupted code is inside a push (re-entry: counted, never written into the ring).
 //!
-//! Every test runs in its own child process under the watchdog of `common::isolated`, so a hang
+//! Every test runs in its own child process under the watchdog of `highwater_testkit::child::isolated`, so a hang
 //! fails the test instead of CI. Counts come from the counting harness, outside highwater.
 
 // Tests drive the operating system directly; the library goes through its `sys` module.
 #![allow(clippy::disallowed_methods)]
-
-mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -17,8 +15,9 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{gettid, isolated, Counting, Watched, ALLOC, FREE, KIND_NAMES, REALLOC};
 use highwater::{Alloc, CaptureMode, Session};
+use highwater_testkit::child::isolated;
+use highwater_testkit::counting::{gettid, Counting, Watched, ALLOC, FREE, KIND_NAMES, REALLOC};
 
 /// The inner allocator: the system's, except inside this file's signal handler, which takes
 /// blocks from a bump arena (the system allocator is not async-signal-safe: a handler that
@@ -210,14 +209,15 @@ fn a_signal_handler_allocating_mid_push_is_counted_exactly() {
             let session = Session::builder().write_profile(false).start().unwrap();
             // What this thread performs between here and `finish` (which runs paused) is in the
             // session; the thread's counters also hold its whole life before.
-            let before = common::performed(&[tid]);
+            let before = highwater_testkit::counting::performed(&[tid]);
             allocate_under_alarm(20, 20_000, 0, 20_000_000);
-            let after = common::performed(&[tid]);
+            let after = highwater_testkit::counting::performed(&[tid]);
             let profile = session.finish().unwrap();
 
             let performed: [u64; 3] = std::array::from_fn(|kind| after[kind] - before[kind]);
-            let (recorded, dropped, _, _) = common::recorded_and_dropped(&profile, tid);
-            let (loose, _) = common::unattributed(&profile);
+            let (recorded, dropped, _, _) =
+                highwater_testkit::counting::recorded_and_dropped(&profile, tid);
+            let (loose, _) = highwater_testkit::counting::unattributed(&profile);
             let capture = &profile.capture;
             assert_eq!(capture.mode, CaptureMode::Lossless);
             assert_eq!(capture.unattributed_dropped, 0, "{capture:?}");
@@ -277,16 +277,17 @@ fn a_signal_handler_allocating_mid_unwind_is_counted_exactly() {
                 .sample_bytes(1)
                 .start()
                 .unwrap();
-            let before = common::performed(&[tid]);
+            let before = highwater_testkit::counting::performed(&[tid]);
             // Every 100 µs: an unwind takes microseconds (tens in a debug build), so a tighter
             // timer leaves the thread nothing but handlers to run.
             let round = allocate_under_alarm(100, 2_000, 20_000, 5_000_000);
-            let after = common::performed(&[tid]);
+            let after = highwater_testkit::counting::performed(&[tid]);
             let profile = session.finish().unwrap();
 
             let performed: [u64; 3] = std::array::from_fn(|kind| after[kind] - before[kind]);
-            let (recorded, dropped, _, _) = common::recorded_and_dropped(&profile, tid);
-            let (loose, _) = common::unattributed(&profile);
+            let (recorded, dropped, _, _) =
+                highwater_testkit::counting::recorded_and_dropped(&profile, tid);
+            let (loose, _) = highwater_testkit::counting::unattributed(&profile);
             let capture = &profile.capture;
             assert_eq!(capture.unattributed_dropped, 0, "{capture:?}");
             assert_eq!(dropped, [0; 3], "a lossless ring dropped: {capture:?}");
@@ -349,7 +350,7 @@ fn a_signal_handler_allocating_mid_measurement_is_counted_as_missed() {
             let (performed, m) = highwater::measure(|| {
                 // The signal is blocked while the harness's counters are read, so the handler
                 // runs only between the two readings.
-                let before = common::performed(&[tid]);
+                let before = highwater_testkit::counting::performed(&[tid]);
                 mask_alarm(false);
                 let mut round = 0usize;
                 while HANDLED.load(Ordering::Relaxed) < 20_000 && round < 50_000_000 {
@@ -357,7 +358,7 @@ fn a_signal_handler_allocating_mid_measurement_is_counted_as_missed() {
                     round += 1;
                 }
                 mask_alarm(true);
-                let after = common::performed(&[tid]);
+                let after = highwater_testkit::counting::performed(&[tid]);
                 let performed: [u64; 3] = std::array::from_fn(|kind| after[kind] - before[kind]);
                 performed
             });
@@ -395,9 +396,9 @@ fn a_signal_handler_allocating_mid_measurement_is_counted_as_missed() {
 }
 
 /// Counters of `tid`, summed over its rows.
-fn counters(tid: u64, pick: fn(&common::Row) -> &[AtomicU64; 3]) -> [u64; 3] {
+fn counters(tid: u64, pick: fn(&highwater_testkit::counting::Row) -> &[AtomicU64; 3]) -> [u64; 3] {
     let mut total = [0; 3];
-    for row in common::rows_of(tid) {
+    for row in highwater_testkit::counting::rows_of(tid) {
         for (kind, sum) in total.iter_mut().enumerate() {
             *sum += pick(row)[kind].load(Ordering::SeqCst);
         }
@@ -456,7 +457,8 @@ fn stopping_while_producers_wait_ends_and_loses_nothing() {
             );
             assert_eq!(profile.summary.dropped_events, 0, "{:?}", profile.capture);
             for (i, &tid) in tids.iter().enumerate() {
-                let (recorded, dropped, _, _) = common::recorded_and_dropped(&profile, tid);
+                let (recorded, dropped, _, _) =
+                    highwater_testkit::counting::recorded_and_dropped(&profile, tid);
                 assert_eq!(dropped, [0; 3]);
                 for kind in [ALLOC, FREE, REALLOC] {
                     assert!(
@@ -577,7 +579,7 @@ fn thread_exit_destructors_wait_and_end() {
             .collect();
         let tids: Vec<u64> = workers.into_iter().map(|w| w.join().unwrap()).collect();
         let profile = session.finish().unwrap();
-        let dropped = common::check_workers(&profile, &tids, None, None);
+        let dropped = highwater_testkit::counting::check_workers(&profile, &tids, None, None);
         let attributed: u64 = profile
             .capture
             .threads

@@ -3,8 +3,6 @@
 //! null (after which Rust would abort). Checkpoints are otherwise off here: a refusal writes one
 //! anyway. The live bytes are checked against the counting allocator's own figure.
 
-mod common;
-
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 
@@ -43,11 +41,12 @@ unsafe impl GlobalAlloc for Refusing {
 }
 
 #[global_allocator]
-static ALLOC: Alloc<common::Counting<Refusing>> = Alloc::new(common::Counting(Refusing));
+static ALLOC: Alloc<highwater_testkit::counting::Counting<Refusing>> =
+    Alloc::new(highwater_testkit::counting::Counting(Refusing));
 
 #[test]
 fn a_null_from_the_inner_allocator_is_checkpointed_with_what_was_live() {
-    common::isolated(
+    highwater_testkit::child::isolated(
         "a_null_from_the_inner_allocator_is_checkpointed_with_what_was_live",
         || {
             let dir = tempfile::tempdir().unwrap();
@@ -56,10 +55,10 @@ fn a_null_from_the_inner_allocator_is_checkpointed_with_what_was_live() {
             // for it however busy the machine is (the default 5 s was once not enough).
             let session = Session::builder()
                 .output(&path)
-                .oom_wait(common::WATCHDOG)
+                .oom_wait(highwater_testkit::child::WATCHDOG)
                 .start()
                 .unwrap();
-            common::open_window();
+            highwater_testkit::counting::open_window();
             let weights = {
                 let _init = highwater::profile!("init", Category::Parameter);
                 black_box(vec![1u8; 3 << 20])
@@ -67,9 +66,9 @@ fn a_null_from_the_inner_allocator_is_checkpointed_with_what_was_live() {
             let (refused, live_then) = {
                 let _step = highwater::profile!("train_step", Step::Forward);
                 // Interning the op's name allocates, paused: not the program's memory.
-                let _op = common::uncounted(|| highwater::ops::op("matmul"));
+                let _op = highwater_testkit::counting::uncounted(|| highwater::ops::op("matmul"));
                 let activations = black_box(vec![2u8; 1 << 20]);
-                let live_then = common::window_live();
+                let live_then = highwater_testkit::counting::window_live();
                 let layout = Layout::from_size_align(REFUSED_FROM + 7, 8).unwrap();
                 // SAFETY: a non-zero size; a null result is handled below. `black_box`: an
                 // optimised build may otherwise assume the allocation succeeds, or drop it.
@@ -79,8 +78,9 @@ fn a_null_from_the_inner_allocator_is_checkpointed_with_what_was_live() {
             };
             assert!(refused.is_null());
             // Read while the session still records: this is the checkpoint the refusal wrote.
-            let checkpoint = common::uncounted(|| Profile::load(&path)).unwrap();
-            common::close_window();
+            let checkpoint =
+                highwater_testkit::counting::uncounted(|| Profile::load(&path)).unwrap();
+            highwater_testkit::counting::close_window();
             assert!(checkpoint.meta.partial, "{:?}", checkpoint.meta);
             assert_eq!(checkpoint.summary.oom_count, 1);
             let oom = &checkpoint.oom_events[0];
@@ -117,7 +117,7 @@ fn a_null_from_the_inner_allocator_is_checkpointed_with_what_was_live() {
 
 #[test]
 fn a_refused_realloc_keeps_the_old_block_and_is_recorded() {
-    common::isolated(
+    highwater_testkit::child::isolated(
         "a_refused_realloc_keeps_the_old_block_and_is_recorded",
         || {
             let session = Session::builder().write_profile(false).start().unwrap();
@@ -141,7 +141,7 @@ fn a_refused_realloc_keeps_the_old_block_and_is_recorded() {
 /// all of them, and the final profile holds every one.
 #[test]
 fn refusals_a_program_recovers_from_do_not_each_wait_for_a_checkpoint() {
-    common::isolated(
+    highwater_testkit::child::isolated(
         "refusals_a_program_recovers_from_do_not_each_wait_for_a_checkpoint",
         || {
             let dir = tempfile::tempdir().unwrap();
@@ -176,11 +176,11 @@ fn refusals_a_program_recovers_from_do_not_each_wait_for_a_checkpoint() {
 fn a_process_that_aborts_on_a_failed_allocation_leaves_a_checkpoint_that_says_so() {
     const NAME: &str =
         "a_process_that_aborts_on_a_failed_allocation_leaves_a_checkpoint_that_says_so";
-    if common::is_child(NAME) {
+    if highwater_testkit::child::is_child(NAME) {
         let path = std::env::var_os("HW_OOM_OUT").unwrap();
         let _session = Session::builder()
             .output(path)
-            .oom_wait(common::WATCHDOG)
+            .oom_wait(highwater_testkit::child::WATCHDOG)
             .start()
             .unwrap();
         let _weights = black_box(vec![1u8; 2 << 20]);
@@ -192,10 +192,10 @@ fn a_process_that_aborts_on_a_failed_allocation_leaves_a_checkpoint_that_says_so
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("run.json");
-    let output = common::run_child(
+    let output = highwater_testkit::child::run_child(
         NAME,
         &[("HW_OOM_OUT", path.to_str().unwrap())],
-        common::WATCHDOG,
+        highwater_testkit::child::WATCHDOG,
     );
     use std::os::unix::process::ExitStatusExt;
     assert_eq!(output.status.signal(), Some(libc::SIGABRT), "{output:?}");

@@ -5,17 +5,16 @@
 //! The inner allocator serves the buffers from one shared last-in-first-out pool, so a freed
 //! buffer is usually the next one any thread gets, and counts how often the thread that gets a
 //! block is not the one that freed it. Threads pass buffers around a ring through channels.
-//! The test runs in a child process under a watchdog (`common::isolated`).
-
-mod common;
+//! The test runs in a child process under a watchdog (`highwater_testkit::child::isolated`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::UnsafeCell;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use common::{gettid, isolated, Counting, Watched};
 use highwater::{Alloc, Session, Step};
+use highwater_testkit::child::isolated;
+use highwater_testkit::counting::{gettid, Counting, Watched};
 
 /// Bytes of the buffers passed around (what the program asks for).
 const BUFFER: usize = 1000;
@@ -152,7 +151,7 @@ fn snapshots_during_cross_thread_reuse_need_no_repair() {
 fn pass_buffers_around(snapshots: bool) {
     {
         {
-            common::wait_for_other_threads_to_sleep();
+            highwater_testkit::counting::wait_for_other_threads_to_sleep();
             // Call-site sampling off: a snapshot that symbolises sites (the first one in a
             // process loads the line tables) would leave too few snapshots in the workload.
             let session = Session::builder()
@@ -160,7 +159,7 @@ fn pass_buffers_around(snapshots: bool) {
                 .sample_bytes(0)
                 .start()
                 .unwrap();
-            common::open_window();
+            highwater_testkit::counting::open_window();
             let (senders, receivers): (Vec<_>, Vec<_>) = (0..THREADS)
                 .map(|_| std::sync::mpsc::sync_channel::<Vec<u8>>(64))
                 .unzip();
@@ -205,7 +204,8 @@ fn pass_buffers_around(snapshots: bool) {
             if snapshots {
                 let mut taken = 0;
                 while workers.iter().any(|w| !w.is_finished()) {
-                    let snapshot = common::uncounted(|| session.snapshot().unwrap());
+                    let snapshot =
+                        highwater_testkit::counting::uncounted(|| session.snapshot().unwrap());
                     assert_eq!(
                         snapshot.summary.reorder_repairs, 0,
                         "snapshot {taken} needed ordering repairs"
@@ -230,7 +230,7 @@ fn pass_buffers_around(snapshots: bool) {
             for worker in workers {
                 worker.join().unwrap();
             }
-            common::close_window();
+            highwater_testkit::counting::close_window();
             let profile = session.finish().unwrap();
 
             let handoffs = HANDOFFS.load(Ordering::SeqCst);
@@ -244,8 +244,14 @@ fn pass_buffers_around(snapshots: bool) {
                 "the exact comparison needs every event"
             );
             let recorded: Vec<u64> = profile.capture.threads.iter().map(|t| t.os_tid).collect();
-            let rows = || recorded.iter().flat_map(|&tid| common::rows_of(tid));
-            let sum = |field: fn(&common::Row) -> u64| rows().map(field).sum::<u64>();
+            let rows = || {
+                recorded
+                    .iter()
+                    .flat_map(|&tid| highwater_testkit::counting::rows_of(tid))
+            };
+            let sum = |field: fn(&highwater_testkit::counting::Row) -> u64| {
+                rows().map(field).sum::<u64>()
+            };
             let allocs = sum(|r| r.window_allocs.load(Ordering::SeqCst));
             let known = sum(|r| r.window_known_frees.load(Ordering::SeqCst));
             let unknown = sum(|r| r.window_unknown_frees.load(Ordering::SeqCst));

@@ -7,16 +7,15 @@
 //! Here the inner allocator holds the reallocating thread inside its realloc, after it freed the
 //! old block, while another thread is handed that block and the test thread takes a snapshot:
 //! the interleaving a descheduled thread produces under heavy load, made deterministic. The
-//! test runs in a child process under a watchdog (`common::isolated`).
-
-mod common;
+//! test runs in a child process under a watchdog (`highwater_testkit::child::isolated`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{gettid, isolated};
 use highwater::{Alloc, Session};
+use highwater_testkit::child::isolated;
+use highwater_testkit::counting::gettid;
 
 /// Size of the block that is reallocated, and of the allocation that reuses its address: a
 /// size nothing else in the test asks for.
@@ -109,7 +108,7 @@ fn a_reused_old_block_waits_for_the_realloc_that_freed_it() {
     isolated(
         "a_reused_old_block_waits_for_the_realloc_that_freed_it",
         || {
-            common::wait_for_other_threads_to_sleep();
+            highwater_testkit::counting::wait_for_other_threads_to_sleep();
             let session = Session::builder().write_profile(false).start().unwrap();
             let reallocating = std::thread::spawn(|| {
                 // SAFETY: a non-zero size; the block is reallocated with its own layout and

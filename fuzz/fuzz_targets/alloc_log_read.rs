@@ -2,7 +2,7 @@
 //! panic, a hang or an allocation sized by the input. The log reader takes a path (it streams
 //! from the file), so each input goes through one scratch file per fuzzing process.
 //!
-//! CI runs the same property as a proptest: tests/reliability_alloc_log_read.rs.
+//! CI runs the same property as a proptest: tests/offline/reliability_alloc_log_read.rs.
 
 #![no_main]
 

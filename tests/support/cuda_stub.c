@@ -1,6 +1,6 @@
 /* A stand-in for the CUDA driver and CUPTI, for tests on machines without a GPU.
  *
- * Built twice by tests/cuda_capture.rs, as libcuda.so.1 and as libcupti.so, and found through
+ * Built twice by tests/recording/cuda_capture.rs, as libcuda.so.1 and as libcupti.so, and found through
  * LD_LIBRARY_PATH. It implements the few calls highwater makes at session start and inside its
  * callback, with results the test sets, and lets the test deliver callback records to the
  * subscriber exactly as CUPTI would: on the calling thread, one record at a time.

@@ -12,9 +12,18 @@
 //!   examples and tests train; a global allocator that notices the hook allocating; the call
 //!   sites behind a category's bytes at the peak; a torchrun-style launch of candle worker
 //!   processes.
+//! - `counting`, `child`, `exact` (feature `session`): allocators that count what highwater
+//!   should have seen, independently of it; a test re-run in a child process with a watchdog;
+//!   the exactness check of the workload tests.
 
 pub mod browser;
+#[cfg(all(feature = "session", not(highwater_loom)))]
+pub mod child;
+#[cfg(all(feature = "session", not(highwater_loom)))]
+pub mod counting;
 pub mod cpu;
+#[cfg(all(feature = "session", not(highwater_loom)))]
+pub mod exact;
 // The loom build of the library has no session to record with.
 #[cfg(all(feature = "session", not(highwater_loom)))]
 pub mod launch;

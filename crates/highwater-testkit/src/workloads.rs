@@ -1,5 +1,5 @@
 //! Allocation-heavy workloads of the kind a training binary's data pipeline runs, shared by the
-//! workload tests (`tests/workload_*.rs`), the `workload` example and
+//! workload tests (`tests/recording/workload_*.rs`), the `workload` example and
 //! `scripts/compare_profilers.py`:
 //!
 //! - [`parse_trees`]: `syn` parses real Rust sources several times over, keeping every tree

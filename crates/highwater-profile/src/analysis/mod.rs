@@ -16,7 +16,7 @@
 //! - `sites`: call-site samples, their weights, and the call sites of the profile;
 //! - `temporary`: which bytes live at the peak were freed inside the span that allocated them;
 //!
-//! `tests/analysis_matches_brute_force.rs` holds the analysis to a brute-force model built from
+//! `tests/offline/analysis_matches_brute_force.rs` holds the analysis to a brute-force model built from
 //! these public types alone.
 //!
 //! [`Profile`]: crate::Profile
