@@ -5,7 +5,7 @@
 use rustc_hash::FxHashMap;
 
 use super::super::event::DeviceId;
-use super::slab::Block;
+use super::map::Block;
 use super::{LiveEntry, LiveSet, Origin};
 use crate::model::Category;
 

@@ -12,7 +12,7 @@ const UNINDEXED_BUCKETS: usize = 256;
 const NOTHING_KNOWN: u64 = u64::MAX;
 
 /// Heap addresses known not to be in the index: per bucket, the last freed from the index or
-/// moved away by [`LiveSet::rekey`], until a block enters the index there.
+/// moved away by [`LiveMap::rekey`](super::LiveMap::rekey), until a block enters the index there.
 ///
 /// Every short-lived block handed over with its free asks whether its address is indexed,
 /// for a block the program never freed (a free highwater could not see) is ended when its
@@ -65,7 +65,7 @@ pub(super) const UNIT_SHIFT: u32 = 4;
 /// Blocks from which the heap's table and slab outgrow the caches.
 pub(super) const PREFETCH_FROM: usize = 1 << 15;
 
-/// Slab blocks whose reads are in flight while [`LiveSet::make_room`] inserts one.
+/// Slab blocks whose reads are in flight while [`LiveMap::make_room`](super::LiveMap::make_room) inserts one.
 pub(super) const GROWTH_AHEAD: usize = 16;
 
 /// The index hash of an address: neighbouring addresses get neighbouring buckets.

@@ -1,21 +1,7 @@
-//! The live blocks themselves: 32 bytes each, in a slab that grows a page at a time.
+//! The live blocks themselves, in a slab that grows a page at a time.
 
 use super::free_slots::FreeSlots;
-
-/// A live block in the slab. 32 bytes.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Block {
-    /// Address or tensor id.
-    pub(super) addr: u64,
-    pub(super) size: u64,
-    pub(super) ts: u64,
-    /// Its [`Context`] id.
-    pub(super) context: u32,
-    /// Peaks marked before it became what it is.
-    pub(super) epoch: u32,
-}
-
-const _: () = assert!(std::mem::size_of::<Block>() == 32);
+use super::Block;
 
 /// Blocks per slab page: the slab grows a page at a time, never by doubling.
 pub(super) const PAGE: usize = 4096;

@@ -1,0 +1,352 @@
+//! The live map: live blocks by (device, address), and nothing else. It knows no peaks and no
+//! contexts; [`LiveSet`](super::LiveSet) builds those on it.
+//!
+//! Each device has a hash table of `u32` entries, each a block's slab index and a fingerprint
+//! of its address ([`Packing`]); the blocks themselves sit in a [`Slab`]. Each layer beyond a
+//! plain table of slab indexes stays because the real workloads' work is slower without it
+//! (BENCHMARKS.md, "What the live map's layers earn", measures each turned off alone and the
+//! small ones together): the index [`hash`] that keeps neighbouring addresses in neighbouring
+//! buckets, the fingerprints packed beside the slab index, the choice of a likely-cached free
+//! slot (`free_slots`), the memo of addresses known not to be indexed ([`Unindexed`]), the
+//! table rebuild that fetches its slab reads ahead ([`LiveMap::make_room`]), and asking for a
+//! block a few events before its free ([`LiveMap::prefetch_block`]).
+
+mod free_slots;
+mod index;
+mod slab;
+#[cfg(test)]
+mod tests;
+
+use hashbrown::hash_table::Entry;
+use hashbrown::HashTable;
+
+use super::super::event::DeviceId;
+use index::{hash, Packing, Unindexed, GROWTH_AHEAD, PREFETCH_FROM};
+use slab::{prefetch, Slab};
+
+/// A live block, as the map stores it in its slab: 32 bytes. The map reads its address and time;
+/// the context and epoch are the live set's.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Block {
+    /// Address or tensor id.
+    pub(super) addr: u64,
+    pub(super) size: u64,
+    pub(super) ts: u64,
+    /// Its context id (see `contexts`).
+    pub(super) context: u32,
+    /// Peaks marked before it became what it is.
+    pub(super) epoch: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Block>() == 32);
+
+/// Where a live block sits in the map, valid until the map next changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Slot(u32);
+
+/// Why a block was not taken out of the map.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Missed {
+    /// The block at the key was made after the given time: it belongs to a later life of the
+    /// address, and stays.
+    Straggler,
+    /// Nothing is live at the key.
+    Unknown,
+}
+
+/// Live blocks keyed by (device, address).
+#[derive(Debug)]
+pub(super) struct LiveMap {
+    /// Per device (by id): each live block's slab index and address fingerprint, hashed by
+    /// address.
+    index: Vec<HashTable<u32>>,
+    /// Per device: the blocks its table held room for when [`LiveMap::make_room`] last built
+    /// it (removals since may have left tombstones, which take room until the next build).
+    index_room: Vec<usize>,
+    packing: Packing,
+    slab: Slab,
+    /// Heap addresses known not to be in the index.
+    unindexed: Unindexed,
+    len: usize,
+}
+
+impl Default for LiveMap {
+    fn default() -> LiveMap {
+        LiveMap {
+            index: Vec::new(),
+            index_room: Vec::new(),
+            packing: Packing::NARROWEST,
+            slab: Slab::default(),
+            unindexed: Unindexed::default(),
+            len: 0,
+        }
+    }
+}
+
+impl LiveMap {
+    /// Live blocks.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Makes `block` live at `(device, block.addr)`; returns the block it replaced there, if
+    /// the key was live already.
+    pub(super) fn insert(&mut self, device: DeviceId, block: Block) -> Option<Block> {
+        let addr = block.addr;
+        let slot = self.table_for(device, addr);
+        // One probe: the slot index the block will get is known before it is stored.
+        let next = self.slab.next_index();
+        if next > self.packing.slot_mask {
+            self.widen_packing(next);
+        }
+        let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
+        let found = match index[slot].entry(
+            hash(addr),
+            |&v| packing.is(slab, v, addr),
+            |&v| packing.rehash(slab, v),
+        ) {
+            Entry::Occupied(found) => packing.slot(*found.get()),
+            Entry::Vacant(vacant) => {
+                vacant.insert(packing.pack(next, addr));
+                let at = slab.insert(block);
+                debug_assert_eq!(at, next);
+                self.len += 1;
+                return None;
+            }
+        };
+        Some(std::mem::replace(self.slab.get_mut(found), block))
+    }
+
+    /// Takes out the block at `(device, addr)` for a free stamped `ts`.
+    pub(super) fn remove(&mut self, device: DeviceId, addr: u64, ts: u64) -> Result<Block, Missed> {
+        let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
+        let table = index
+            .get_mut(usize::from(device.0))
+            .ok_or(Missed::Unknown)?;
+        let found = table
+            .find_entry(hash(addr), |&v| packing.is(slab, v, addr))
+            .map_err(|_| Missed::Unknown)?;
+        let at = packing.slot(*found.get());
+        if ts < slab.get(at).ts {
+            return Err(Missed::Straggler);
+        }
+        found.remove();
+        if device == DeviceId::CPU {
+            self.unindexed.note(addr);
+        }
+        self.len -= 1;
+        Ok(slab.remove(at))
+    }
+
+    /// Moves the block at `(device, from)` to the key `to`, unchanged but for its address, for
+    /// a given-up address that may be reused before the block ends; `ts` is judged as a free's
+    /// would be. Returns the block that was live at `to`, taken out, if any.
+    pub(super) fn rekey(
+        &mut self,
+        device: DeviceId,
+        from: u64,
+        to: u64,
+        ts: u64,
+    ) -> Result<Option<Block>, Missed> {
+        let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
+        let table = index
+            .get_mut(usize::from(device.0))
+            .ok_or(Missed::Unknown)?;
+        let found = table
+            .find_entry(hash(from), |&v| packing.is(slab, v, from))
+            .map_err(|_| Missed::Unknown)?;
+        let at = packing.slot(*found.get());
+        if ts < slab.get(at).ts {
+            return Err(Missed::Straggler);
+        }
+        found.remove();
+        // Noted before `to` is forgotten: a move to the same key leaves it indexed.
+        if device == DeviceId::CPU {
+            self.unindexed.note(from);
+        }
+        let slot = self.table_for(device, to);
+        let (table, slab, packing) = (&mut self.index[slot], &mut self.slab, self.packing);
+        let moved = packing.pack(at, to);
+        let displaced = match table.entry(
+            hash(to),
+            |&v| packing.is(slab, v, to),
+            |&v| packing.rehash(slab, v),
+        ) {
+            Entry::Occupied(mut taken) => {
+                Some(packing.slot(std::mem::replace(taken.get_mut(), moved)))
+            }
+            Entry::Vacant(vacant) => {
+                vacant.insert(moved);
+                None
+            }
+        };
+        slab.get_mut(at).addr = to;
+        Ok(displaced.map(|displaced| {
+            self.len -= 1;
+            self.slab.remove(displaced)
+        }))
+    }
+
+    /// Where the block at `(device, addr)` is, if one is live there.
+    pub(super) fn find(&self, device: DeviceId, addr: u64) -> Option<Slot> {
+        if device == DeviceId::CPU && self.unindexed.knows(addr) {
+            return None;
+        }
+        let table = self.index.get(usize::from(device.0))?;
+        let packing = self.packing;
+        table
+            .find(hash(addr), |&v| packing.is(&self.slab, v, addr))
+            .map(|&v| Slot(packing.slot(v)))
+    }
+
+    #[inline]
+    pub(super) fn block(&self, slot: Slot) -> &Block {
+        self.slab.get(slot.0)
+    }
+
+    #[inline]
+    pub(super) fn block_mut(&mut self, slot: Slot) -> &mut Block {
+        self.slab.get_mut(slot.0)
+    }
+
+    /// Whether the heap's table holds more blocks than the caches do, so that asking for a
+    /// block ahead ([`LiveMap::prefetch_block`]) pays for the asking.
+    #[inline]
+    pub(super) fn outgrows_caches(&self) -> bool {
+        self.index
+            .get(usize::from(DeviceId::CPU.0))
+            .is_some_and(|table| table.len() >= PREFETCH_FROM)
+    }
+
+    /// Asks for the slab block a lookup of `(device, addr)` will compare, a few events before
+    /// the one that looks it up: the table's entries are compared by fingerprint only, so no
+    /// slab line is waited for here, and the block's wait overlaps the events in between.
+    #[inline]
+    pub(super) fn prefetch_block(&self, device: DeviceId, addr: u64) {
+        if device == DeviceId::CPU && self.unindexed.knows(addr) {
+            return;
+        }
+        let Some(table) = self.index.get(usize::from(device.0)) else {
+            return;
+        };
+        let packing = self.packing;
+        if let Some(&entry) = table.find(hash(addr), |&v| packing.may_be(v, addr)) {
+            prefetch(self.slab.get(packing.slot(entry)));
+        }
+    }
+
+    /// The blocks live on `device`.
+    pub(super) fn blocks_on(&self, device: DeviceId) -> impl Iterator<Item = &Block> + '_ {
+        self.index
+            .get(usize::from(device.0))
+            .into_iter()
+            .flat_map(move |table| {
+                table
+                    .iter()
+                    .map(move |&v| self.slab.get(self.packing.slot(v)))
+            })
+    }
+
+    /// Every live block, with its device.
+    pub(super) fn blocks(&self) -> impl Iterator<Item = (DeviceId, &Block)> + '_ {
+        (0..self.index.len()).flat_map(move |device| {
+            let device = DeviceId(u16::try_from(device).unwrap_or(u16::MAX));
+            self.blocks_on(device).map(move |block| (device, block))
+        })
+    }
+
+    /// Calls `change` on every live block.
+    pub(super) fn for_each_block_mut(&mut self, mut change: impl FnMut(&mut Block)) {
+        for table in &self.index {
+            for &v in table {
+                change(self.slab.get_mut(self.packing.slot(v)));
+            }
+        }
+    }
+
+    /// The index of `device`'s table, about to take a block at `addr`: a heap address is no
+    /// longer known as not indexed, and the table has room for one more entry.
+    #[inline]
+    fn table_for(&mut self, device: DeviceId, addr: u64) -> usize {
+        if device == DeviceId::CPU {
+            self.unindexed.forget(addr);
+        }
+        let slot = usize::from(device.0);
+        if slot >= self.index.len() {
+            self.index.resize_with(slot + 1, HashTable::new);
+            self.index_room.resize(slot + 1, 0);
+        }
+        let table = &self.index[slot];
+        if table.len() == table.capacity() {
+            self.make_room(slot);
+        }
+        slot
+    }
+
+    /// Builds table `slot` anew before it runs out of room, as the table would itself (twice
+    /// the buckets unless one more block fits in half of its room, else as many, without the
+    /// tombstones of removed ones), but fetching the slab blocks it rehashes ahead. Unlike
+    /// the table's own rehash in place, a rebuild at the same size holds both tables for a
+    /// moment, as growth does.
+    ///
+    /// The table's own growth reads each entry's slab block for its address, in bucket order:
+    /// pages in hash order, so on a live set larger than the caches nearly every read waits
+    /// for memory. Here the reads of the next [`GROWTH_AHEAD`] entries are in flight while one
+    /// is inserted.
+    #[cold]
+    #[inline(never)]
+    fn make_room(&mut self, slot: usize) {
+        let old = std::mem::take(&mut self.index[slot]);
+        let room = self.index_room[slot];
+        let wanted = if old.len() + 1 > room / 2 {
+            room + 1
+        } else {
+            room
+        };
+        let mut built = HashTable::with_capacity(wanted.max(1));
+        let (slab, packing) = (&self.slab, self.packing);
+        let rehash = |entry: &u32| packing.rehash(slab, *entry);
+        let mut insert = |entry: u32| {
+            built.insert_unique(rehash(&entry), entry, rehash);
+        };
+        // Entries wait in `ahead` while their slab blocks are fetched.
+        let mut ahead = [0u32; GROWTH_AHEAD];
+        for (n, &entry) in old.iter().enumerate() {
+            let at = n % GROWTH_AHEAD;
+            if n >= GROWTH_AHEAD {
+                insert(ahead[at]);
+            }
+            prefetch(slab.get(packing.slot(entry)));
+            ahead[at] = entry;
+        }
+        let held = old.len();
+        for n in held.saturating_sub(GROWTH_AHEAD)..held {
+            insert(ahead[n % GROWTH_AHEAD]);
+        }
+        self.index_room[slot] = built.capacity();
+        self.index[slot] = built;
+    }
+
+    /// Repacks every index entry so that slab index `slot` fits (rare: the slab index gains
+    /// four bits at a time).
+    #[cold]
+    fn widen_packing(&mut self, slot: u32) {
+        let wider = self.packing.to_hold(slot);
+        for table in &mut self.index {
+            for entry in table.iter_mut() {
+                *entry = self.packing.widen(wider, *entry);
+            }
+        }
+        self.packing = wider;
+    }
+
+    /// Heap bytes the map holds (tables and slab).
+    #[cfg(test)]
+    pub(super) fn heap_bytes(&self) -> usize {
+        let tables: usize = self.index.iter().map(HashTable::allocation_size).sum();
+        tables
+            + self.index.capacity() * std::mem::size_of::<HashTable<u32>>()
+            + self.slab.heap_bytes()
+    }
+}

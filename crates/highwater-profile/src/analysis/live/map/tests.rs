@@ -1,0 +1,230 @@
+//! The live map's unit tests: the index hash, the packing, the table rebuilds, the memo and the
+//! slab, on the map alone.
+
+use super::index::{hash, Packing};
+use super::slab::Slab;
+use super::*;
+
+/// A block at `addr` made at `ts`, of `size` bytes.
+fn block(addr: u64, size: u64, ts: u64) -> Block {
+    Block {
+        addr,
+        size,
+        ts,
+        ..Block::default()
+    }
+}
+
+#[test]
+fn neighbouring_addresses_get_neighbouring_buckets_with_different_tags() {
+    const LOW: u64 = (1 << 57) - 1;
+    let page = 0x7f12_3456_7000u64;
+    let first = hash(page);
+    for unit in 1..256u64 {
+        let h = hash(page + unit * 16);
+        assert_eq!(
+            h & LOW,
+            (first & LOW) + unit,
+            "unit {unit}: the next bucket"
+        );
+        if unit < 128 {
+            assert_ne!(h >> 57, first >> 57, "unit {unit}: its own tag");
+        }
+    }
+    // Pages spread over the windows of a 2^26-bucket table.
+    let windows: std::collections::HashSet<u64> = (0..4096u64)
+        .map(|p| (hash(page + p * 4096) & LOW) >> 8)
+        .collect();
+    assert!(windows.len() > 4000, "{} windows", windows.len());
+    // Small ids (device tensor ids) in one page still get a hash each.
+    let ids: std::collections::HashSet<u64> = (0..4096u64).map(hash).collect();
+    assert_eq!(ids.len(), 4096);
+}
+
+#[test]
+fn a_packed_entry_keeps_its_slot_and_tells_most_other_addresses_apart() {
+    let packing = Packing::NARROWEST;
+    let addr = 0x7f3a_1c00_0040;
+    let entry = packing.pack(0xbeef, addr);
+    assert_eq!(packing.slot(entry), 0xbeef);
+    assert!(packing.may_be(entry, addr));
+    // Neighbours, the addresses a probe meets, are told apart without the slab.
+    let told_apart = (1..=1000u64)
+        .filter(|i| !packing.may_be(entry, addr + i * 16))
+        .count();
+    assert!(
+        told_apart >= 990,
+        "{told_apart} of 1000 neighbours told apart"
+    );
+}
+
+#[test]
+fn widening_a_packing_keeps_every_entry_matching_its_address() {
+    let narrow = Packing::NARROWEST;
+    let wide = narrow.to_hold(1 << 20);
+    assert!(wide.slot_mask >= 1 << 20 && wide != narrow);
+    assert_eq!(
+        narrow.to_hold(5),
+        narrow,
+        "a slot that fits changes nothing"
+    );
+    assert_eq!(narrow.to_hold(u32::MAX).slot_mask, u32::MAX);
+    for (slot, addr) in [
+        (0, 0x1000),
+        (0xffff, 0x7fff_ffff_fff0),
+        (77, 0xdead_beef_0000),
+    ] {
+        let entry = narrow.widen(wide, narrow.pack(slot, addr));
+        assert_eq!(wide.slot(entry), slot);
+        assert!(wide.may_be(entry, addr));
+        assert_eq!(
+            entry,
+            wide.pack(slot, addr),
+            "as if packed wide from the start"
+        );
+    }
+}
+
+#[test]
+fn blocks_stay_findable_when_the_slab_outgrows_the_packing() {
+    // 2^16 slots fit the narrowest packing; go past it with blocks freed and moved on
+    // both sides of the widening.
+    const BLOCKS: u64 = 70_000;
+    let mut map = LiveMap::default();
+    let addr = |i: u64| 0x5500_0000_0000 + i * 32;
+    for i in 0..BLOCKS {
+        map.insert(DeviceId::CPU, block(addr(i), 8 + i % 64, i));
+        if i == 40_000 {
+            assert!(matches!(
+                map.rekey(DeviceId::CPU, addr(7), addr(BLOCKS + 7), i),
+                Ok(None)
+            ));
+        }
+    }
+    assert!(map.packing != Packing::NARROWEST, "the packing widened");
+    assert!(matches!(
+        map.rekey(DeviceId::CPU, addr(9), addr(BLOCKS + 9), BLOCKS),
+        Ok(None)
+    ));
+    for i in 0..BLOCKS {
+        let key = if i == 7 || i == 9 {
+            addr(BLOCKS + i)
+        } else {
+            addr(i)
+        };
+        match map.remove(DeviceId::CPU, key, BLOCKS + 1) {
+            Ok(ended) => assert_eq!(ended.size, 8 + i % 64, "block {i}"),
+            Err(missed) => panic!("block {i} not found: {missed:?}"),
+        }
+    }
+    assert_eq!(map.len(), 0);
+    assert_eq!(
+        map.remove(DeviceId::CPU, addr(3), BLOCKS + 2).err(),
+        Some(Missed::Unknown)
+    );
+}
+
+/// An address remembered as not indexed (its block was freed) is forgotten when a block
+/// there enters the index again: a new block at the address still ends that one, as a block
+/// never freed is ended when its address is reused.
+#[test]
+fn an_address_remembered_as_unindexed_is_forgotten_when_indexed_again() {
+    let mut map = LiveMap::default();
+    let reused = 0x4400_0000_0000;
+    map.insert(DeviceId::CPU, block(reused, 16, 1));
+    assert!(!map.unindexed.knows(reused));
+    assert!(map.remove(DeviceId::CPU, reused, 2).is_ok());
+    assert!(map.unindexed.knows(reused));
+    assert!(map.find(DeviceId::CPU, reused).is_none());
+    // Made again and never freed: the next block there ends it.
+    assert!(map.insert(DeviceId::CPU, block(reused, 24, 3)).is_none());
+    assert!(!map.unindexed.knows(reused));
+    assert!(map.find(DeviceId::CPU, reused).is_some());
+    let displaced = map.insert(DeviceId::CPU, block(reused, 32, 100));
+    assert_eq!(displaced.map(|old| old.size), Some(24));
+    // Moved away, it is remembered again.
+    let elsewhere = 0x4500_0000_0000;
+    assert!(matches!(
+        map.rekey(DeviceId::CPU, reused, elsewhere, 200),
+        Ok(None)
+    ));
+    assert!(map.unindexed.knows(reused));
+    assert!(map.find(DeviceId::CPU, elsewhere).is_some());
+}
+
+/// Tables are built anew by `make_room` as they fill: the table never grows by itself (the
+/// room `make_room` recorded is its whole room), at most doubles its room at a time, and keeps
+/// every block.
+#[test]
+fn tables_built_anew_grow_by_doubling_at_most_and_keep_every_block() {
+    let mut map = LiveMap::default();
+    // Addresses spread over many pages, so the blocks land all over the table.
+    let addr = |i: u64| 0x6600_0000_0000 + (i.wrapping_mul(0x9e37_79b9) % (1 << 30)) * 16;
+    let mut inserted = std::collections::HashSet::new();
+    let mut room = 0;
+    for i in 0..50_000 {
+        let key = addr(i);
+        if !inserted.insert(key) {
+            continue;
+        }
+        map.insert(DeviceId::CPU, block(key, 16, i));
+        let table = &map.index[0];
+        assert_eq!(map.index_room[0], table.capacity(), "grown by itself");
+        assert!(table.capacity() >= inserted.len());
+        if table.capacity() != room {
+            assert!(
+                room == 0 || table.capacity() <= 2 * room + 8,
+                "room {room} became {}",
+                table.capacity()
+            );
+            room = table.capacity();
+        }
+    }
+    for &key in &inserted {
+        assert!(map.find(DeviceId::CPU, key).is_some(), "{key:#x} lost");
+    }
+}
+
+/// Blocks freed and made at a steady count leave tombstones; building the table anew
+/// clears them: the table doubles at most once past its size when filled (its room then
+/// holds the blocks with half to spare), however long the churn goes on.
+#[test]
+fn churn_at_a_steady_size_grows_the_table_at_most_once() {
+    const LIVE: u64 = 6_000;
+    let mut map = LiveMap::default();
+    let addr = |i: u64| 0x7700_0000_0000 + (i.wrapping_mul(0x9e37_79b9) % (1 << 32)) * 16;
+    for i in 0..LIVE {
+        map.insert(DeviceId::CPU, block(addr(i), 16, i));
+    }
+    let filled = map.index[0].allocation_size();
+    for i in LIVE..40 * LIVE {
+        assert!(map.remove(DeviceId::CPU, addr(i - LIVE), i).is_ok());
+        assert!(map.insert(DeviceId::CPU, block(addr(i), 16, i)).is_none());
+    }
+    assert!(
+        map.index[0].allocation_size() <= 2 * filled,
+        "{} bytes, {filled} when filled",
+        map.index[0].allocation_size()
+    );
+    for i in 39 * LIVE..40 * LIVE {
+        assert!(map.find(DeviceId::CPU, addr(i)).is_some());
+    }
+}
+
+#[test]
+fn the_slab_reuses_a_free_slot_before_a_fresh_one() {
+    let mut slab = Slab::default();
+    let slots: Vec<u32> = (0..5000).map(|i| slab.insert(block(i, 0, 0))).collect();
+    assert_eq!(slots, (0..5000).collect::<Vec<u32>>());
+    for slot in [4999, 17, 4096, 3] {
+        assert_eq!(slab.remove(slot).addr, u64::from(slot));
+    }
+    // The freed last first.
+    assert_eq!(slab.next_index(), 3);
+    let reused: Vec<u32> = (0..5)
+        .map(|i| slab.insert(block(10_000 + i, 0, 0)))
+        .collect();
+    assert_eq!(reused, [3, 4096, 17, 4999, 5000]);
+    assert_eq!(slab.get(17).addr, 10_002);
+    assert_eq!(slab.next_index(), 5001);
+}
