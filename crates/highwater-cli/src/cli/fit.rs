@@ -4,12 +4,12 @@
 use std::path::Path;
 
 use highwater_device::{figures, fit, Allocator, DeviceKind, Edits, FitAnswer, FitQuery};
-use highwater_export::html::fit::{section, DeviceFigures};
 use highwater_profile::model::Category;
 use highwater_profile::units::{format_bytes, format_factor};
 use highwater_profile::Profile;
 use serde_json::json;
 
+use super::fit_page::{section, DeviceFigures};
 use super::replay::{self, DoesNotFit};
 
 /// What to search.

@@ -6,6 +6,7 @@ mod check;
 mod diff;
 mod export;
 mod fit;
+mod fit_page;
 mod parse;
 mod ranks;
 mod replay;

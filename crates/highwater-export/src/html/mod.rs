@@ -27,7 +27,6 @@
 //! grouped by device in one pass, whatever the number of devices.
 
 #[cfg(not(highwater_loom))]
-pub mod fit;
 pub mod ranks;
 
 use std::path::Path;
@@ -87,7 +86,7 @@ pub fn render(profile: &Profile) -> String {
     render_with(profile, "")
 }
 
-/// [`render`] with `extra` (trusted markup, such as [`fit::section`]) added after the last
+/// [`render`] with `extra` (trusted markup, such as the `highwater fit` command's section) added after the last
 /// section.
 pub fn render_with(profile: &Profile, extra: &str) -> String {
     page::render(profile, extra)

@@ -1,38 +1,32 @@
-//! The "will it fit?" section of the HTML report: per device, the lower bound, the offline
-//! packing and each allocator's peak with its overhead; for a fit search, the curve of
-//! peak against the scale factor with the device's capacity drawn across it.
+//! The "will it fit?" section `highwater fit --html` adds to the HTML report: per device, the
+//! lower bound, the offline packing and each allocator's peak with its overhead; for a fit
+//! search, the curve of peak against the scale factor with the device's capacity drawn across
+//! it.
 //!
 //! The curve is inline SVG (a few dozen points), so the section needs no script.
 
 use std::fmt::Write as _;
 
-use super::escape_html;
-use highwater_device::{Figures, FitAnswer};
+use highwater_device::{CurvePoint, Figures, FitAnswer};
+use highwater_export::html::escape_html;
 use highwater_profile::units::format_bytes;
 
 /// One device's figures, named.
 #[derive(Debug, Clone, Copy)]
-pub struct DeviceFigures<'a> {
+pub(crate) struct DeviceFigures<'a> {
     /// The device (or stream) name, such as `cuda:0` or `cpu`.
-    pub device: &'a str,
+    pub(crate) device: &'a str,
     /// Its figures.
-    pub figures: &'a Figures,
+    pub(crate) figures: &'a Figures,
 }
 
 /// The section: a table per device, then the fit curve when `answer` is given. `note` (such as
 /// what the CPU proxy assumes) is shown above the tables.
-///
-/// # Examples
-///
-/// ```
-/// use highwater_device::{figures, Allocator, SimOp, Trace};
-/// use highwater_export::html::fit::{section, DeviceFigures};
-/// let trace = Trace::new(&[SimOp::alloc(0, 1, 4096)]);
-/// let f = figures(&trace, 1 << 30, &[Allocator::pytorch()]);
-/// let html = section(&[DeviceFigures { device: "cuda:0", figures: &f }], None, "");
-/// assert!(html.contains("Lower bound") && html.contains("pytorch"));
-/// ```
-pub fn section(devices: &[DeviceFigures<'_>], answer: Option<&FitAnswer>, note: &str) -> String {
+pub(crate) fn section(
+    devices: &[DeviceFigures<'_>],
+    answer: Option<&FitAnswer>,
+    note: &str,
+) -> String {
     let mut out = String::from(
         "<section id=\"fit\"><h2>Will it fit?</h2><p class=\"note\">Lower bound: the most \
          bytes live at once. Offline packing: the run planned with every lifetime known in \
@@ -142,7 +136,7 @@ fn curve(out: &mut String, answer: &FitAnswer) {
         * 1.05;
     let x = |v: f64| PAD + v / max_x * (W - 2.0 * PAD);
     let y = |v: u64| H - PAD + -(v as f64 / max_y) * (H - 2.0 * PAD);
-    let path = |value: &dyn Fn(&highwater_device::CurvePoint) -> u64| {
+    let path = |value: &dyn Fn(&CurvePoint) -> u64| {
         points
             .iter()
             .enumerate()
@@ -210,5 +204,28 @@ fn curve(out: &mut String, answer: &FitAnswer) {
             "<p id=\"fit-answer\">The run does not fit at any factor: what is not grown is too \
              large on its own.</p>",
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use highwater_device::{figures, Allocator, SimOp, Trace};
+
+    use super::*;
+
+    #[test]
+    fn the_section_names_the_lower_bound_and_each_allocator() {
+        let trace = Trace::new(&[SimOp::alloc(0, 1, 4096)]);
+        let f = figures(&trace, 1 << 30, &[Allocator::pytorch()]);
+        let html = section(
+            &[DeviceFigures {
+                device: "cuda:0",
+                figures: &f,
+            }],
+            None,
+            "",
+        );
+        assert!(html.contains("Lower bound") && html.contains("pytorch"));
+        assert!(!html.contains("fit-curve"), "no curve without a search");
     }
 }
