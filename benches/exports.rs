@@ -21,20 +21,24 @@ fn profile_with_devices(devices: u64, pools: bool) -> Profile {
     for i in 0..devices {
         let device = format!("dev:{i}");
         if pools {
-            profile.pool_timeline.push(highwater::profile::PoolPoint {
-                timestamp_ns: i,
-                device,
-                capacity_bytes: 1 << 30,
-                reserved_bytes: i,
-                largest_free_bytes: 0,
-                fragmentation: 0.0,
+            profile.pool_timeline.push({
+                let mut pool_point = highwater::profile::PoolPoint::default();
+                pool_point.timestamp_ns = i;
+                pool_point.device = device;
+                pool_point.capacity_bytes = 1 << 30;
+                pool_point.reserved_bytes = i;
+                pool_point.largest_free_bytes = 0;
+                pool_point.fragmentation = 0.0;
+                pool_point
             });
         } else {
-            profile.timeline.push(highwater::profile::TimelinePoint {
-                timestamp_ns: i,
-                device,
-                live_bytes: i,
-                by_category: Default::default(),
+            profile.timeline.push({
+                let mut timeline_point = highwater::profile::TimelinePoint::default();
+                timeline_point.timestamp_ns = i;
+                timeline_point.device = device;
+                timeline_point.live_bytes = i;
+                timeline_point.by_category = Default::default();
+                timeline_point
             });
         }
     }
@@ -43,13 +47,15 @@ fn profile_with_devices(devices: u64, pools: bool) -> Profile {
 
 /// A log naming `devices` devices with one allocation and one free on each.
 fn log_with_devices(devices: usize) -> AllocLog {
-    let record = |device: usize, alloc: bool| AllocRecord {
-        device: device as u16,
-        ts_ns: device as u64,
-        key: device as u64,
-        bytes: 4096,
-        alloc,
-        category: None,
+    let record = |device: usize, alloc: bool| {
+        AllocRecord::new(
+            device as u16,
+            device as u64,
+            device as u64,
+            4096,
+            alloc,
+            None,
+        )
     };
     AllocLog {
         devices: (0..devices).map(|i| format!("dev:{i}")).collect(),

@@ -118,12 +118,11 @@ impl Checkpointer {
     /// one interval from now.
     fn mark(&mut self, mut profile: Profile) -> Profile {
         self.next_due = self.every.map(|every| Instant::now() + every);
-        profile.meta = RunMeta {
-            threads: profile.meta.threads,
-            partial: true,
-            checkpoint_unix_ms: Some(unix_ms_now()),
-            ..self.meta.clone()
-        };
+        let threads = profile.meta.threads;
+        profile.meta = self.meta.clone();
+        profile.meta.threads = threads;
+        profile.meta.partial = true;
+        profile.meta.checkpoint_unix_ms = Some(unix_ms_now());
         profile.warnings.push(Warning::Partial {
             recorded_ns: profile.summary.duration_ns,
         });
@@ -189,11 +188,9 @@ mod tests {
     fn a_checkpoint_is_partial_and_lands_atomically() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("p.json");
-        let meta = RunMeta {
-            program: "train".into(),
-            pid: 42,
-            ..RunMeta::default()
-        };
+        let mut meta = RunMeta::default();
+        meta.program = "train".into();
+        meta.pid = 42;
         let mut checkpointer = Checkpointer::start(CheckpointConfig {
             every: Some(Duration::from_secs(3600)),
             path: path.clone(),

@@ -238,10 +238,9 @@ fn snapshot_of(generation: u64) -> Result<Profile, Error> {
     };
     let mut profile = profile.recv().map_err(|_| Error::CollectorLost)?;
     // The session's run facts, with the collector's count of threads so far.
-    profile.meta = RunMeta {
-        threads: profile.meta.threads,
-        ..meta
-    };
+    let threads = profile.meta.threads;
+    profile.meta = meta;
+    profile.meta.threads = threads;
     Ok(profile)
 }
 
@@ -366,10 +365,9 @@ fn finish_running(running: Running) -> Result<Profile, Error> {
         disarm_signals();
         return Err(Error::CollectorLost);
     };
-    profile.meta = RunMeta {
-        threads: profile.meta.threads,
-        ..running.meta
-    };
+    let threads = profile.meta.threads;
+    profile.meta = running.meta;
+    profile.meta.threads = threads;
     let folded = names::folded().saturating_sub(running.folded_names_before);
     if folded > 0 {
         profile.warnings.push(Warning::NamesFolded {

@@ -194,14 +194,16 @@ impl Module {
         if let Ok(mut found) = file.find_frames(probe) {
             while let Ok(Some(frame)) = found.next() {
                 let location = frame.location;
-                frames.push(Frame {
-                    pc,
-                    function: frame
+                frames.push({
+                    let mut made = Frame::default();
+                    made.pc = pc;
+                    made.function = frame
                         .function
-                        .and_then(|name| name.demangle().ok().map(|name| name.into_owned())),
-                    file: location.as_ref().and_then(|l| l.file).map(str::to_owned),
-                    line: location.as_ref().and_then(|l| l.line),
-                    inlined: true,
+                        .and_then(|name| name.demangle().ok().map(|name| name.into_owned()));
+                    made.file = location.as_ref().and_then(|l| l.file).map(str::to_owned);
+                    made.line = location.as_ref().and_then(|l| l.line);
+                    made.inlined = true;
+                    made
                 });
             }
         }
@@ -213,10 +215,11 @@ impl Module {
                     outer.function = symbol;
                 }
             }
-            None if symbol.is_some() => frames.push(Frame {
-                pc,
-                function: symbol,
-                ..Frame::default()
+            None if symbol.is_some() => frames.push({
+                let mut frame = Frame::default();
+                frame.pc = pc;
+                frame.function = symbol;
+                frame
             }),
             None => {}
         }

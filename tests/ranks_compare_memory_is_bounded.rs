@@ -6,7 +6,7 @@ use std::path::Path;
 
 use highwater::profile::model::Category;
 use highwater::profile::ranks::{compare, CompareOptions};
-use highwater::profile::{SpanEvent, TimelinePoint};
+use highwater::profile::TimelinePoint;
 use highwater::Profile;
 use highwater_testkit::ranks::as_rank;
 use highwater_testkit::sample::sample_profile;
@@ -23,18 +23,21 @@ fn big_profile() -> Profile {
     let mut profile = sample_profile();
     let last = profile.timeline.last().unwrap().clone();
     for i in 1..=12_000u64 {
-        profile.timeline.push(TimelinePoint {
-            timestamp_ns: last.timestamp_ns + i,
-            device: "cpu".into(),
-            live_bytes: 1 << 20,
-            by_category: [(Category::Other, 1 << 20)].into_iter().collect(),
+        profile.timeline.push({
+            let mut timeline_point = TimelinePoint::default();
+            timeline_point.timestamp_ns = last.timestamp_ns + i;
+            timeline_point.device = "cpu".into();
+            timeline_point.live_bytes = 1 << 20;
+            timeline_point.by_category = [(Category::Other, 1 << 20)].into_iter().collect();
+            timeline_point
         });
     }
     let event = profile.span_events[0].clone();
-    profile.span_events.extend((0..8_000).map(|i| SpanEvent {
-        start_ns: event.start_ns + i,
-        duration_ns: 1,
-        ..event.clone()
+    profile.span_events.extend((0..8_000).map(|i| {
+        let mut span_event = event.clone();
+        span_event.start_ns = event.start_ns + i;
+        span_event.duration_ns = 1;
+        span_event
     }));
     profile
 }

@@ -73,12 +73,10 @@ impl Merger {
         // Re-entrant records have no ring to be charged to: they join the unattributed ones in
         // `dropped_by_kind` and have their own total.
         let loose = std::array::from_fn(|kind| unattributed[kind] + reentrant[kind]);
-        let capture = CaptureStats {
-            unattributed_dropped: unattributed_total,
-            reentrant_dropped: reentrant_total,
-            producer_waits: capture::take_waits(),
-            ..self.capture_stats(loose)
-        };
+        let mut capture = self.capture_stats(loose);
+        capture.unattributed_dropped = unattributed_total;
+        capture.reentrant_dropped = reentrant_total;
+        capture.producer_waits = capture::take_waits();
         let mut profile = self.with_capture(profile, capture);
         let events = capture::table_full_drops();
         if events > 0 {
@@ -97,14 +95,12 @@ impl Merger {
     }
 
     pub(super) fn capture_stats(&self, unattributed: [u64; RawKind::COUNT]) -> CaptureStats {
-        let mut stats = CaptureStats {
-            mode: session_capture_mode(),
-            ring_events: capture::ring_capacity(),
-            unattributed_dropped: unattributed.iter().sum(),
-            late_events: self.merge.late(),
-            threads: self.threads.clone(),
-            ..CaptureStats::default()
-        };
+        let mut stats = CaptureStats::default();
+        stats.mode = session_capture_mode();
+        stats.ring_events = capture::ring_capacity();
+        stats.unattributed_dropped = unattributed.iter().sum();
+        stats.late_events = self.merge.late();
+        stats.threads = self.threads.clone();
         let sum = |field: fn(&ThreadCapture) -> u64| self.threads.iter().map(field).sum::<u64>();
         let loose = |kind: RawKind| unattributed[kind as usize];
         let loose_other = (0..RawKind::COUNT as u8)

@@ -211,11 +211,8 @@ impl Merger {
                     let thread = self.thread_count;
                     self.thread_count += 1;
                     if self.threads.len() < MAX_THREAD_ROWS {
-                        self.threads.push(ThreadCapture {
-                            thread,
-                            os_tid: slot.owner_tid(),
-                            ..ThreadCapture::default()
-                        });
+                        self.threads
+                            .push(ThreadCapture::new(thread, slot.owner_tid()));
                     } else if let Some(rest) = self.threads.last_mut() {
                         rest.threads += 1;
                     }

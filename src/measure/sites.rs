@@ -310,12 +310,7 @@ pub(crate) fn name_sites(sites: &[SiteFigures]) -> Vec<NamedSite> {
             let frames = resolved
                 .next()
                 .filter(|frames| !frames.is_empty())
-                .unwrap_or_else(|| {
-                    vec![Frame {
-                        pc,
-                        ..Frame::default()
-                    }]
-                });
+                .unwrap_or_else(|| vec![Frame::at(pc)]);
             (pc, frames)
         })
         .collect();

@@ -347,25 +347,24 @@ impl SessionBuilder {
         capture::oom::new_session();
         enable_asymmetric_barrier();
         let calibration = clock::Calibration::measure(Duration::from_millis(5));
-        let meta = RunMeta {
-            program: program_name(),
-            highwater_version: env!("CARGO_PKG_VERSION").to_string(),
-            started_unix_ms: crate::checkpoint::unix_ms_now(),
-            clock: clock_name.to_string(),
-            threads: 0,
-            alloc_log: alloc_log
-                .as_ref()
-                .map(|path| path.to_string_lossy().into_owned()),
-            pid: std::process::id(),
-            partial: false,
-            checkpoint_unix_ms: None,
-            host,
-            rank: settings.rank.as_ref().map(|r| r.rank),
-            local_rank: settings.rank.as_ref().and_then(|r| r.local_rank),
-            world_size: settings.rank.as_ref().map(|r| r.world_size),
-            launcher: settings.rank.as_ref().map(|r| r.launcher.to_string()),
-            run_id: settings.run_id.clone(),
-        };
+        let mut meta = RunMeta::default();
+        meta.program = program_name();
+        meta.highwater_version = env!("CARGO_PKG_VERSION").to_string();
+        meta.started_unix_ms = crate::checkpoint::unix_ms_now();
+        meta.clock = clock_name.to_string();
+        meta.threads = 0;
+        meta.alloc_log = alloc_log
+            .as_ref()
+            .map(|path| path.to_string_lossy().into_owned());
+        meta.pid = std::process::id();
+        meta.partial = false;
+        meta.checkpoint_unix_ms = None;
+        meta.host = host;
+        meta.rank = settings.rank.as_ref().map(|r| r.rank);
+        meta.local_rank = settings.rank.as_ref().and_then(|r| r.local_rank);
+        meta.world_size = settings.rank.as_ref().map(|r| r.world_size);
+        meta.launcher = settings.rank.as_ref().map(|r| r.launcher.to_string());
+        meta.run_id = settings.run_id.clone();
         warnings.extend(device_capture(settings.cuda));
         let (collector, control) = collector::spawn(CollectorConfig {
             calibration,

@@ -51,128 +51,144 @@ fn rich_profile() -> Profile {
     summary.event_count = 25;
     summary.oom_count = 1;
     let mut profile = Profile::empty();
-    profile.meta = RunMeta {
-        program: "train".into(),
-        highwater_version: "0.1.0".into(),
-        started_unix_ms: 1_700_000_000_000,
-        clock: "tsc".into(),
-        threads: 3,
-        alloc_log: Some("run.hwlog".into()),
-        pid: 4242,
-        partial: true,
-        checkpoint_unix_ms: Some(1_700_000_009_000),
-        ..RunMeta::default()
-    };
+    profile.meta = RunMeta::default();
+    profile.meta.program = "train".into();
+    profile.meta.highwater_version = "0.1.0".into();
+    profile.meta.started_unix_ms = 1_700_000_000_000;
+    profile.meta.clock = "tsc".into();
+    profile.meta.threads = 3;
+    profile.meta.alloc_log = Some("run.hwlog".into());
+    profile.meta.pid = 4242;
+    profile.meta.partial = true;
+    profile.meta.checkpoint_unix_ms = Some(1_700_000_009_000);
     profile.summary = summary;
     profile.timeline = vec![
-        TimelinePoint {
-            timestamp_ns: 1_500,
-            device: "cpu".into(),
-            live_bytes: 4 << 20,
-            by_category: categories.clone(),
+        {
+            let mut timeline_point = TimelinePoint::default();
+            timeline_point.timestamp_ns = 1_500;
+            timeline_point.device = "cpu".into();
+            timeline_point.live_bytes = 4 << 20;
+            timeline_point.by_category = categories.clone();
+            timeline_point
         };
         3
     ];
-    profile.peak_breakdown = vec![PeakRow {
-        span_path: "step/forward".into(),
-        op: Some("matmul".into()),
-        shape: Some(vec![32, 1024]),
-        dtype: Some("f32".into()),
-        category: Category::Activation,
-        device: "cuda:0".into(),
-        bytes: 3 << 20,
-        count: 2,
-        top_sites: Vec::new(),
+    profile.peak_breakdown = vec![{
+        let mut peak_row = PeakRow::default();
+        peak_row.span_path = "step/forward".into();
+        peak_row.op = Some("matmul".into());
+        peak_row.shape = Some(vec![32, 1024]);
+        peak_row.dtype = Some("f32".into());
+        peak_row.category = Category::Activation;
+        peak_row.device = "cuda:0".into();
+        peak_row.bytes = 3 << 20;
+        peak_row.count = 2;
+        peak_row.top_sites = Vec::new();
+        peak_row
     }];
-    profile.largest_at_peak = vec![LiveAllocation {
-        bytes: 2 << 20,
-        device: "cpu".into(),
-        category: highwater::Category::Gradient,
-        span_path: "step/backward".into(),
-        op: None,
-        shape: Some(vec![7]),
-        timestamp_ns: 1_200,
-        thread: 1,
+    profile.largest_at_peak = vec![{
+        let mut live_allocation = LiveAllocation::default();
+        live_allocation.bytes = 2 << 20;
+        live_allocation.device = "cpu".into();
+        live_allocation.category = highwater::Category::Gradient;
+        live_allocation.span_path = "step/backward".into();
+        live_allocation.op = None;
+        live_allocation.shape = Some(vec![7]);
+        live_allocation.timestamp_ns = 1_200;
+        live_allocation.thread = 1;
+        live_allocation
     }];
     profile.spans = vec![
-        SpanMetrics {
-            id: 0,
-            parent: None,
-            name: "step".into(),
-            step: Some(highwater::Step::Forward),
-            category: Some(highwater::Category::Parameter),
-            calls: 2,
-            total_ns: 4_000,
-            bytes_allocated: 5 << 20,
-            alloc_count: 10,
-            peak_bytes: 4 << 20,
-            residual_bytes: 1024,
+        {
+            let mut span_metrics = SpanMetrics::default();
+            span_metrics.id = 0;
+            span_metrics.parent = None;
+            span_metrics.name = "step".into();
+            span_metrics.step = Some(highwater::Step::Forward);
+            span_metrics.category = Some(highwater::Category::Parameter);
+            span_metrics.calls = 2;
+            span_metrics.total_ns = 4_000;
+            span_metrics.bytes_allocated = 5 << 20;
+            span_metrics.alloc_count = 10;
+            span_metrics.peak_bytes = 4 << 20;
+            span_metrics.residual_bytes = 1024;
+            span_metrics
         },
-        SpanMetrics {
-            id: 1,
-            parent: Some(0),
-            name: "forward".into(),
-            ..SpanMetrics::default()
+        {
+            let mut span_metrics = SpanMetrics::default();
+            span_metrics.id = 1;
+            span_metrics.parent = Some(0);
+            span_metrics.name = "forward".into();
+            span_metrics
         },
     ];
-    profile.iterations = vec![IterationResidual {
-        index: 0,
-        span: "step".into(),
-        end_timestamp_ns: 4_000,
-        live_bytes: 1024,
-        delta_bytes: -512,
+    profile.iterations = vec![{
+        let mut iteration_residual = IterationResidual::default();
+        iteration_residual.index = 0;
+        iteration_residual.span = "step".into();
+        iteration_residual.end_timestamp_ns = 4_000;
+        iteration_residual.live_bytes = 1024;
+        iteration_residual.delta_bytes = -512;
+        iteration_residual
     }];
-    profile.devices = vec![DeviceStats {
-        device: "cuda:0".into(),
-        capacity_bytes: Some(16 << 30),
-        peak_bytes: 3 << 20,
-        peak_timestamp_ns: 1_500,
-        peak_by_category: [(highwater::Category::Activation, 3 << 20)].into(),
-        alloc_count: 2,
-        free_count: 2,
-        final_live_bytes: 0,
-        peak_reserved_bytes: Some(4 << 20),
-        max_fragmentation: Some(0.25),
-        reserved_peak_bytes: Some(6 << 20),
-        reserved_final_bytes: Some(2 << 20),
-        context_bytes: Some(500 << 20),
+    profile.devices = vec![{
+        let mut device_stats = DeviceStats::default();
+        device_stats.device = "cuda:0".into();
+        device_stats.capacity_bytes = Some(16 << 30);
+        device_stats.peak_bytes = 3 << 20;
+        device_stats.peak_timestamp_ns = 1_500;
+        device_stats.peak_by_category = [(highwater::Category::Activation, 3 << 20)].into();
+        device_stats.alloc_count = 2;
+        device_stats.free_count = 2;
+        device_stats.final_live_bytes = 0;
+        device_stats.peak_reserved_bytes = Some(4 << 20);
+        device_stats.max_fragmentation = Some(0.25);
+        device_stats.reserved_peak_bytes = Some(6 << 20);
+        device_stats.reserved_final_bytes = Some(2 << 20);
+        device_stats.context_bytes = Some(500 << 20);
+        device_stats
     }];
-    profile.pool_timeline = vec![PoolPoint {
-        timestamp_ns: 1_000,
-        device: "cuda:0".into(),
-        capacity_bytes: 16 << 30,
-        reserved_bytes: 4 << 20,
-        largest_free_bytes: 1 << 30,
-        fragmentation: 0.5,
+    profile.pool_timeline = vec![{
+        let mut pool_point = PoolPoint::default();
+        pool_point.timestamp_ns = 1_000;
+        pool_point.device = "cuda:0".into();
+        pool_point.capacity_bytes = 16 << 30;
+        pool_point.reserved_bytes = 4 << 20;
+        pool_point.largest_free_bytes = 1 << 30;
+        pool_point.fragmentation = 0.5;
+        pool_point
     }];
-    profile.reserved_timeline = vec![ReservedPoint {
-        timestamp_ns: 1_200,
-        device: "cuda:0".into(),
-        reserved_bytes: 6 << 20,
+    profile.reserved_timeline = vec![{
+        let mut reserved_point = ReservedPoint::default();
+        reserved_point.timestamp_ns = 1_200;
+        reserved_point.device = "cuda:0".into();
+        reserved_point.reserved_bytes = 6 << 20;
+        reserved_point
     }];
-    profile.capture = CaptureStats {
-        mode: CaptureMode::DropWhenFull,
-        ring_events: 1 << 18,
-        dropped_by_kind: [("alloc".to_string(), 2)].into(),
-        unattributed_dropped: 1,
-        reentrant_dropped: 0,
-        producer_waits: 0,
-        late_events: 3,
-        threads: vec![ThreadCapture {
-            threads: 1,
-            thread: 0,
-            os_tid: 4242,
-            allocs: 10,
-            frees: 8,
-            reallocs: 1,
-            span_events: 4,
-            other_events: 1,
-            dropped_allocs: 2,
-            dropped_frees: 0,
-            dropped_reallocs: 0,
-            dropped_other: 0,
-        }],
-    };
+    profile.capture = CaptureStats::default();
+    profile.capture.mode = CaptureMode::DropWhenFull;
+    profile.capture.ring_events = 1 << 18;
+    profile.capture.dropped_by_kind = [("alloc".to_string(), 2)].into();
+    profile.capture.unattributed_dropped = 1;
+    profile.capture.reentrant_dropped = 0;
+    profile.capture.producer_waits = 0;
+    profile.capture.late_events = 3;
+    profile.capture.threads = vec![{
+        let mut thread_capture = ThreadCapture::default();
+        thread_capture.threads = 1;
+        thread_capture.thread = 0;
+        thread_capture.os_tid = 4242;
+        thread_capture.allocs = 10;
+        thread_capture.frees = 8;
+        thread_capture.reallocs = 1;
+        thread_capture.span_events = 4;
+        thread_capture.other_events = 1;
+        thread_capture.dropped_allocs = 2;
+        thread_capture.dropped_frees = 0;
+        thread_capture.dropped_reallocs = 0;
+        thread_capture.dropped_other = 0;
+        thread_capture
+    }];
     profile.warnings = vec![
         Warning::DroppedEvents {
             events: 2,
@@ -182,35 +198,40 @@ fn rich_profile() -> Profile {
             text: "a sentence from an older profile".into(),
         },
     ];
-    profile.span_events = vec![SpanEvent {
-        thread: 0,
-        span: 1,
-        start_ns: 100,
-        duration_ns: 900,
-        depth: 1,
+    profile.span_events = vec![{
+        let mut span_event = SpanEvent::default();
+        span_event.thread = 0;
+        span_event.span = 1;
+        span_event.start_ns = 100;
+        span_event.duration_ns = 900;
+        span_event.depth = 1;
+        span_event
     }];
-    profile.oom_events = vec![OomEvent {
-        timestamp_ns: 8_000,
-        source: OomSource::Heap,
-        device: "cpu".into(),
-        requested_bytes: 1 << 40,
-        largest_free_bytes: None,
-        thread: 0,
-        span_path: "step/forward".into(),
-        op: Some("matmul".into()),
-        live_bytes: 2048,
-        live_by_category: [(Category::Activation, 2048)].into(),
-        total_live_bytes: 2048,
-        pool_capacity_bytes: None,
-        pool_reserved_bytes: None,
-        live: vec![PeakRow {
-            span_path: "step/forward".into(),
-            category: Category::Activation,
-            device: "cpu".into(),
-            bytes: 2048,
-            count: 2,
-            ..PeakRow::default()
-        }],
+    profile.oom_events = vec![{
+        let mut oom_event = OomEvent::default();
+        oom_event.timestamp_ns = 8_000;
+        oom_event.source = OomSource::Heap;
+        oom_event.device = "cpu".into();
+        oom_event.requested_bytes = 1 << 40;
+        oom_event.largest_free_bytes = None;
+        oom_event.thread = 0;
+        oom_event.span_path = "step/forward".into();
+        oom_event.op = Some("matmul".into());
+        oom_event.live_bytes = 2048;
+        oom_event.live_by_category = [(Category::Activation, 2048)].into();
+        oom_event.total_live_bytes = 2048;
+        oom_event.pool_capacity_bytes = None;
+        oom_event.pool_reserved_bytes = None;
+        oom_event.live = vec![{
+            let mut peak_row = PeakRow::default();
+            peak_row.span_path = "step/forward".into();
+            peak_row.category = Category::Activation;
+            peak_row.device = "cpu".into();
+            peak_row.bytes = 2048;
+            peak_row.count = 2;
+            peak_row
+        }];
+        oom_event
     }];
     profile
 }

@@ -266,10 +266,8 @@ fn build(profile: &Profile) -> proto::Profile {
     }
     let sampling = &profile.sampling;
     if sampling.unlisted_peak_bytes > 0 || sampling.unlisted_alloc_bytes > 0 {
-        let unlisted = Frame {
-            function: Some(UNLISTED_SITES.to_string()),
-            ..Frame::default()
-        };
+        let mut unlisted = Frame::default();
+        unlisted.function = Some(UNLISTED_SITES.to_string());
         let location = b.location(0, std::slice::from_ref(&unlisted));
         samples.push(proto::Sample {
             location_id: vec![location],
@@ -495,35 +493,39 @@ mod tests {
     #[test]
     fn what_a_site_holds_beyond_its_shares_is_an_unlabelled_sample() {
         let mut profile = Profile::empty();
-        profile.sites = vec![CallSite {
-            frames: vec![Frame {
-                pc: 0x10,
-                function: Some("f".into()),
-                ..Frame::default()
-            }],
-            peak_bytes: 1000,
-            peak_count: 10,
-            alloc_bytes: 5000,
-            alloc_count: 50,
-            shares: vec![
-                SiteShare {
-                    category: Category::Activation,
-                    peak_bytes: 600,
-                    peak_count: 2,
-                    alloc_bytes: 3000,
-                    alloc_count: 30,
-                    ..SiteShare::default()
+        profile.sites = vec![{
+            let mut call_site = CallSite::default();
+            call_site.frames = vec![{
+                let mut frame = Frame::default();
+                frame.pc = 0x10;
+                frame.function = Some("f".into());
+                frame
+            }];
+            call_site.peak_bytes = 1000;
+            call_site.peak_count = 10;
+            call_site.alloc_bytes = 5000;
+            call_site.alloc_count = 50;
+            call_site.shares = vec![
+                {
+                    let mut site_share = SiteShare::default();
+                    site_share.category = Category::Activation;
+                    site_share.peak_bytes = 600;
+                    site_share.peak_count = 2;
+                    site_share.alloc_bytes = 3000;
+                    site_share.alloc_count = 30;
+                    site_share
                 },
-                SiteShare {
-                    category: Category::Gradient,
-                    peak_bytes: 300,
-                    peak_count: 7,
-                    alloc_bytes: 1000,
-                    alloc_count: 10,
-                    ..SiteShare::default()
+                {
+                    let mut site_share = SiteShare::default();
+                    site_share.category = Category::Gradient;
+                    site_share.peak_bytes = 300;
+                    site_share.peak_count = 7;
+                    site_share.alloc_bytes = 1000;
+                    site_share.alloc_count = 10;
+                    site_share
                 },
-            ],
-            ..CallSite::default()
+            ];
+            call_site
         }];
         profile.sampling.unlisted_peak_bytes = 7;
         let p = decode(&render(&profile));
@@ -549,13 +551,15 @@ mod tests {
     #[test]
     fn an_unsymbolised_frame_is_named_by_its_address() {
         let mut profile = Profile::empty();
-        profile.sites = vec![CallSite {
-            frames: vec![Frame {
-                pc: 0xabc,
-                ..Frame::default()
-            }],
-            peak_bytes: 1,
-            ..CallSite::default()
+        profile.sites = vec![{
+            let mut call_site = CallSite::default();
+            call_site.frames = vec![{
+                let mut frame = Frame::default();
+                frame.pc = 0xabc;
+                frame
+            }];
+            call_site.peak_bytes = 1;
+            call_site
         }];
         let p = decode(&render(&profile));
         assert_eq!(text(&p, p.function[0].name), "0xabc");

@@ -103,7 +103,11 @@ fn is_runtime(frame: &Frame) -> bool {
 /// use highwater_export::stacks::interesting;
 /// use highwater_profile::Frame;
 ///
-/// let frame = |name: &str| Frame { function: Some(name.into()), ..Frame::default() };
+/// let frame = |name: &str| {
+///     let mut frame = Frame::at(0x1000);
+///     frame.function = Some(name.into());
+///     frame
+/// };
 /// let stack = [
 ///     frame("alloc::raw_vec::RawVecInner<A>::try_allocate_in"),
 ///     frame("train::model::forward"),
@@ -254,11 +258,10 @@ mod tests {
     use super::*;
 
     fn frame(name: Option<&str>) -> Frame {
-        Frame {
-            pc: 0x1000,
-            function: name.map(String::from),
-            ..Frame::default()
-        }
+        let mut frame = Frame::default();
+        frame.pc = 0x1000;
+        frame.function = name.map(String::from);
+        frame
     }
 
     #[test]

@@ -324,14 +324,7 @@ mod tests {
     use super::*;
 
     fn record(key: u64, bytes: u64, alloc: bool) -> AllocRecord {
-        AllocRecord {
-            device: 0,
-            ts_ns: key * 1000,
-            key,
-            bytes,
-            alloc,
-            category: None,
-        }
+        AllocRecord::new(0, key * 1000, key, bytes, alloc, None)
     }
 
     #[test]
@@ -436,9 +429,10 @@ mod tests {
         let log = AllocLog {
             devices: (0..devices).map(|i| format!("dev:{i}")).collect(),
             records: (0..devices)
-                .map(|i| AllocRecord {
-                    device: i as u16,
-                    ..record(i as u64, 64, true)
+                .map(|i| {
+                    let mut alloc_record = record(i as u64, 64, true);
+                    alloc_record.device = i as u16;
+                    alloc_record
                 })
                 .collect(),
         };

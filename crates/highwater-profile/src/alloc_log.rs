@@ -48,6 +48,7 @@ pub const MAX_RECORD_BYTES: u64 = i64::MAX as u64;
 
 /// One entry of a log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AllocRecord {
     /// Index into [`AllocLog::devices`].
     pub device: u16,
@@ -62,6 +63,28 @@ pub struct AllocRecord {
     /// The block's category, when known: the one it became live with, or the last one a
     /// category record gave it while it was live.
     pub category: Option<Category>,
+}
+
+impl AllocRecord {
+    /// A record of `bytes` at `key` on device `device` (an index into [`AllocLog::devices`]),
+    /// `ts_ns` into the session: became live when `alloc`, else died.
+    pub fn new(
+        device: u16,
+        ts_ns: u64,
+        key: u64,
+        bytes: u64,
+        alloc: bool,
+        category: Option<Category>,
+    ) -> AllocRecord {
+        AllocRecord {
+            device,
+            ts_ns,
+            key,
+            bytes,
+            alloc,
+            category,
+        }
+    }
 }
 
 /// A log read back.

@@ -144,6 +144,7 @@ pub const MAX_OOM_ROWS: usize = 16;
 
 /// One refused allocation, with what was live at that moment.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct OomEvent {
     /// When it was refused, ns since the session started.
     pub timestamp_ns: u64,
@@ -189,6 +190,7 @@ pub const MAX_ITERATIONS: usize = 4096;
 /// [`SpanMetrics`] aggregates all instances of a node; these keep the individual intervals so a
 /// trace viewer can draw them.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SpanEvent {
     /// The thread that entered the span (the same numbering as [`LiveAllocation::thread`]).
     pub thread: u32,
@@ -205,6 +207,7 @@ pub struct SpanEvent {
 
 /// About the run that produced a profile.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RunMeta {
     /// The program's name (first command-line argument's file name).
     pub program: String,
@@ -327,6 +330,7 @@ pub struct Summary {
 
 /// One point of the memory curve of one device.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TimelinePoint {
     /// ns since the session started.
     pub timestamp_ns: u64,
@@ -340,6 +344,7 @@ pub struct TimelinePoint {
 
 /// Live-at-peak bytes of one (span path, op, category, device) group.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PeakRow {
     /// Span names from the outermost, joined with `/`; empty outside every span.
     pub span_path: String,
@@ -365,6 +370,7 @@ pub struct PeakRow {
 
 /// One allocation live at the peak.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct LiveAllocation {
     /// Bytes.
     pub bytes: u64,
@@ -386,6 +392,7 @@ pub struct LiveAllocation {
 
 /// Memory metrics of one node of the span tree (all instances of a span at one path).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SpanMetrics {
     /// Index of this node in [`Profile::spans`].
     pub id: u32,
@@ -421,7 +428,8 @@ impl SpanMetrics {
     ///
     /// ```
     /// use highwater_profile::SpanMetrics;
-    /// let step = SpanMetrics { calls: 200, residual_bytes: 800 << 20, ..SpanMetrics::default() };
+    /// let mut step = SpanMetrics::default();
+    /// (step.calls, step.residual_bytes) = (200, 800 << 20);
     /// assert_eq!(step.residual_per_call(), 4 << 20);
     /// ```
     pub fn residual_per_call(&self) -> u64 {
@@ -435,6 +443,7 @@ impl SpanMetrics {
 
 /// Live bytes at the end of one top-level iteration span.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct IterationResidual {
     /// Iteration number, from 0.
     pub index: u64,
@@ -450,6 +459,7 @@ pub struct IterationResidual {
 
 /// Per-device figures.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct DeviceStats {
     /// Device name (`cpu`, `cuda:0`, `tpu:3`).
     pub device: String,
@@ -488,6 +498,7 @@ pub struct DeviceStats {
 
 /// What a device driver's memory pools held at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ReservedPoint {
     /// ns since the session started.
     pub timestamp_ns: u64,
@@ -499,6 +510,7 @@ pub struct ReservedPoint {
 
 /// A device pool's state at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PoolPoint {
     /// ns since the session started.
     pub timestamp_ns: u64,
@@ -571,6 +583,7 @@ pub struct ParseCaptureModeError;
 
 /// How capture went: what each thread recorded and what was lost.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CaptureStats {
     /// What a thread did when its ring was full: waited for the collector (`"lossless"`) or
     /// dropped the event (`"drop_when_full"`). Profiles written before this field existed were
@@ -609,6 +622,7 @@ pub const MAX_THREAD_ROWS: usize = 1024;
 
 /// What one thread (or, in a last row, many threads) recorded and lost.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ThreadCapture {
     /// The thread's number in this profile's events (of a row that sums many, the first's).
     pub thread: u32,
@@ -655,6 +669,17 @@ impl Default for ThreadCapture {
             dropped_frees: 0,
             dropped_reallocs: 0,
             dropped_other: 0,
+        }
+    }
+}
+
+impl ThreadCapture {
+    /// The row of profile thread `thread`, OS thread `os_tid`, with nothing counted yet.
+    pub fn new(thread: u32, os_tid: u64) -> ThreadCapture {
+        ThreadCapture {
+            thread,
+            os_tid,
+            ..ThreadCapture::default()
         }
     }
 }

@@ -78,17 +78,15 @@ pub fn as_rank(mut profile: Profile, rank: u32, world: u32, run_id: &str, extra:
     if extra == 0 {
         return profile;
     }
-    profile.peak_breakdown.insert(
-        0,
-        PeakRow {
-            span_path: format!("stage{rank}/extra_layers"),
-            op: Some("matmul".into()),
-            category: Category::Activation,
-            device,
-            bytes: extra,
-            count: 1,
-            ..PeakRow::default()
-        },
-    );
+    profile.peak_breakdown.insert(0, {
+        let mut peak_row = PeakRow::default();
+        peak_row.span_path = format!("stage{rank}/extra_layers");
+        peak_row.op = Some("matmul".into());
+        peak_row.category = Category::Activation;
+        peak_row.device = device;
+        peak_row.bytes = extra;
+        peak_row.count = 1;
+        peak_row
+    });
     profile
 }

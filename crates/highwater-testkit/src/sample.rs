@@ -133,18 +133,20 @@ fn span(
     bytes: (u64, u64, u64),
 ) -> u32 {
     let id = spans.len() as u32;
-    spans.push(SpanMetrics {
-        id,
-        parent,
-        name: name.to_string(),
-        step,
-        category: None,
-        calls,
-        total_ns,
-        bytes_allocated: bytes.0,
-        alloc_count: bytes.0 / (3 * MIB) + calls,
-        peak_bytes: bytes.1,
-        residual_bytes: bytes.2,
+    spans.push({
+        let mut span_metrics = SpanMetrics::default();
+        span_metrics.id = id;
+        span_metrics.parent = parent;
+        span_metrics.name = name.to_string();
+        span_metrics.step = step;
+        span_metrics.category = None;
+        span_metrics.calls = calls;
+        span_metrics.total_ns = total_ns;
+        span_metrics.bytes_allocated = bytes.0;
+        span_metrics.alloc_count = bytes.0 / (3 * MIB) + calls;
+        span_metrics.peak_bytes = bytes.1;
+        span_metrics.residual_bytes = bytes.2;
+        span_metrics
     });
     id
 }
@@ -171,11 +173,14 @@ fn peak_window(timeline: &[TimelinePoint], device: &str, peak_ts: u64) -> Vec<Ti
                 let to = b.by_category.get(&category).copied().unwrap_or(0) as f64;
                 (from + (to - from) * j as f64 / FINE_STEPS as f64) as u64
             });
-            fine.push(TimelinePoint {
-                timestamp_ns: a.timestamp_ns + (b.timestamp_ns - a.timestamp_ns) * j / FINE_STEPS,
-                device: device.to_string(),
-                live_bytes: values.iter().sum(),
-                by_category: by_category(values),
+            fine.push({
+                let mut timeline_point = TimelinePoint::default();
+                timeline_point.timestamp_ns =
+                    a.timestamp_ns + (b.timestamp_ns - a.timestamp_ns) * j / FINE_STEPS;
+                timeline_point.device = device.to_string();
+                timeline_point.live_bytes = values.iter().sum();
+                timeline_point.by_category = by_category(values);
+                timeline_point
             });
         }
     }
@@ -195,11 +200,9 @@ pub fn sample_profile() -> Profile {
     let mut final_live = 0u64;
     let mut final_by_category: BTreeMap<Category, u64> = BTreeMap::new();
     for device in &DEVICES {
-        let mut stats = DeviceStats {
-            device: device.name.to_string(),
-            capacity_bytes: device.capacity,
-            ..DeviceStats::default()
-        };
+        let mut stats = DeviceStats::default();
+        stats.device = device.name.to_string();
+        stats.capacity_bytes = device.capacity;
         let mut max_reserved = 0u64;
         let mut max_fragmentation = 0f64;
         for iteration in 0..ITERATIONS {
@@ -213,11 +216,13 @@ pub fn sample_profile() -> Profile {
                     stats.peak_timestamp_ns = t;
                     stats.peak_by_category = by_category(values);
                 }
-                timeline.push(TimelinePoint {
-                    timestamp_ns: t,
-                    device: device.name.to_string(),
-                    live_bytes: live,
-                    by_category: by_category(values),
+                timeline.push({
+                    let mut timeline_point = TimelinePoint::default();
+                    timeline_point.timestamp_ns = t;
+                    timeline_point.device = device.name.to_string();
+                    timeline_point.live_bytes = live;
+                    timeline_point.by_category = by_category(values);
+                    timeline_point
                 });
                 if let Some(capacity) = device.capacity {
                     // A caching pool: reserved rounds live up to 2 MiB blocks and keeps a cache.
@@ -227,13 +232,16 @@ pub fn sample_profile() -> Profile {
                     let free = capacity - reserved;
                     max_reserved = max_reserved.max(reserved);
                     max_fragmentation = max_fragmentation.max(fragmentation);
-                    pool_timeline.push(PoolPoint {
-                        timestamp_ns: t,
-                        device: device.name.to_string(),
-                        capacity_bytes: capacity,
-                        reserved_bytes: reserved,
-                        largest_free_bytes: (free as f64 * (1.0 - fragmentation)) as u64,
-                        fragmentation,
+                    pool_timeline.push({
+                        let mut pool_point = PoolPoint::default();
+                        pool_point.timestamp_ns = t;
+                        pool_point.device = device.name.to_string();
+                        pool_point.capacity_bytes = capacity;
+                        pool_point.reserved_bytes = reserved;
+                        pool_point.largest_free_bytes =
+                            (free as f64 * (1.0 - fragmentation)) as u64;
+                        pool_point.fragmentation = fragmentation;
+                        pool_point
                     });
                 }
             }
@@ -273,20 +281,21 @@ pub fn sample_profile() -> Profile {
     let largest_at_peak = peak_breakdown
         .iter()
         .take(10)
-        .map(|row| LiveAllocation {
-            bytes: row.bytes / row.count.max(1),
-            device: row.device.clone(),
-            category: row.category,
-            span_path: row.span_path.clone(),
-            op: row.op.clone(),
-            shape: row.shape.clone(),
-            // Weights and optimizer state are made early; the rest in the peak's iteration.
-            timestamp_ns: match row.category {
+        .map(|row| {
+            let mut live_allocation = LiveAllocation::default();
+            live_allocation.bytes = row.bytes / row.count.max(1);
+            live_allocation.device = row.device.clone();
+            live_allocation.category = row.category;
+            live_allocation.span_path = row.span_path.clone();
+            live_allocation.op = row.op.clone();
+            live_allocation.shape = row.shape.clone();
+            live_allocation.timestamp_ns = match row.category {
                 Category::Parameter => ITERATION_NS / 20,
                 Category::Optimizer => ITERATION_NS * 85 / 100,
                 _ => peak_ts.saturating_sub(ITERATION_NS / 10),
-            },
-            thread: 1,
+            };
+            live_allocation.thread = 1;
+            live_allocation
         })
         .collect();
 
@@ -307,12 +316,14 @@ pub fn sample_profile() -> Profile {
                     .map(|d| live_at(d, index - 1, 1.0).iter().sum::<u64>())
                     .sum()
             };
-            IterationResidual {
-                index,
-                span: "step".to_string(),
-                end_timestamp_ns: (index + 1) * ITERATION_NS - 1,
-                live_bytes: live,
-                delta_bytes: live as i64 - previous as i64,
+            {
+                let mut iteration_residual = IterationResidual::default();
+                iteration_residual.index = index;
+                iteration_residual.span = "step".to_string();
+                iteration_residual.end_timestamp_ns = (index + 1) * ITERATION_NS - 1;
+                iteration_residual.live_bytes = live;
+                iteration_residual.delta_bytes = live as i64 - previous as i64;
+                iteration_residual
             }
         })
         .collect();
@@ -336,18 +347,16 @@ pub fn sample_profile() -> Profile {
     summary.duration_ns = duration_ns;
     summary.event_count = 2 * alloc_count + 5_000;
     let mut profile = Profile::empty();
-    profile.meta = RunMeta {
-        program: "train_gpt".to_string(),
-        highwater_version: "0.1.0".to_string(),
-        started_unix_ms: 1_764_489_600_000,
-        clock: "tsc".to_string(),
-        threads: 3,
-        alloc_log: None,
-        pid: 0,
-        partial: false,
-        checkpoint_unix_ms: None,
-        ..RunMeta::default()
-    };
+    profile.meta = RunMeta::default();
+    profile.meta.program = "train_gpt".to_string();
+    profile.meta.highwater_version = "0.1.0".to_string();
+    profile.meta.started_unix_ms = 1_764_489_600_000;
+    profile.meta.clock = "tsc".to_string();
+    profile.meta.threads = 3;
+    profile.meta.alloc_log = None;
+    profile.meta.pid = 0;
+    profile.meta.partial = false;
+    profile.meta.checkpoint_unix_ms = None;
     profile.summary = summary;
     profile.timeline = timeline;
     profile.peak_window = peak_window;
@@ -400,17 +409,21 @@ pub fn sample_profile_with_driver() -> Profile {
         .map(|p| {
             let reserved_bytes = p.live_bytes + p.live_bytes / 4;
             peak = peak.max(reserved_bytes);
-            ReservedPoint {
-                timestamp_ns: p.timestamp_ns,
-                device: p.device.clone(),
-                reserved_bytes,
+            {
+                let mut reserved_point = ReservedPoint::default();
+                reserved_point.timestamp_ns = p.timestamp_ns;
+                reserved_point.device = p.device.clone();
+                reserved_point.reserved_bytes = reserved_bytes;
+                reserved_point
             }
         })
         .collect();
-    profile.reserved_timeline.push(ReservedPoint {
-        timestamp_ns: profile.summary.duration_ns,
-        device: "cuda:0".into(),
-        reserved_bytes: GIB,
+    profile.reserved_timeline.push({
+        let mut reserved_point = ReservedPoint::default();
+        reserved_point.timestamp_ns = profile.summary.duration_ns;
+        reserved_point.device = "cuda:0".into();
+        reserved_point.reserved_bytes = GIB;
+        reserved_point
     });
     let cuda0 = profile
         .devices
@@ -426,16 +439,18 @@ pub fn sample_profile_with_driver() -> Profile {
 /// Live-at-peak rows on `device` whose bytes add up to `by_category` exactly.
 fn peak_rows(by_category: &BTreeMap<Category, u64>, device: &str) -> Vec<PeakRow> {
     let get = |c: Category| by_category.get(&c).copied().unwrap_or(0);
-    let row = |path: String, op: &str, shape: &[u64], category, bytes: u64, count| PeakRow {
-        span_path: path,
-        op: Some(op.to_string()),
-        shape: Some(shape.to_vec()),
-        dtype: Some("bf16".to_string()),
-        category,
-        device: device.to_string(),
-        bytes,
-        count,
-        top_sites: Vec::new(),
+    let row = |path: String, op: &str, shape: &[u64], category, bytes: u64, count| {
+        let mut peak_row = PeakRow::default();
+        peak_row.span_path = path;
+        peak_row.op = Some(op.to_string());
+        peak_row.shape = Some(shape.to_vec());
+        peak_row.dtype = Some("bf16".to_string());
+        peak_row.category = category;
+        peak_row.device = device.to_string();
+        peak_row.bytes = bytes;
+        peak_row.count = count;
+        peak_row.top_sites = Vec::new();
+        peak_row
     };
     let mut rows = Vec::new();
     // Activations: per layer, attention and MLP intermediates; later layers a little bigger.
@@ -519,16 +534,18 @@ fn peak_rows(by_category: &BTreeMap<Category, u64>, device: &str) -> Vec<PeakRow
     }
     let other = get(Category::Other);
     if other > 0 {
-        rows.push(PeakRow {
-            span_path: String::new(),
-            op: None,
-            shape: None,
-            dtype: None,
-            category: Category::Other,
-            device: device.to_string(),
-            bytes: other,
-            count: 412,
-            top_sites: Vec::new(),
+        rows.push({
+            let mut peak_row = PeakRow::default();
+            peak_row.span_path = String::new();
+            peak_row.op = None;
+            peak_row.shape = None;
+            peak_row.dtype = None;
+            peak_row.category = Category::Other;
+            peak_row.device = device.to_string();
+            peak_row.bytes = other;
+            peak_row.count = 412;
+            peak_row.top_sites = Vec::new();
+            peak_row
         });
     }
     rows.retain(|r| r.bytes > 0);
@@ -680,12 +697,14 @@ fn span_tree_and_events() -> (Vec<SpanMetrics>, Vec<SpanEvent>) {
     let ids: std::collections::HashMap<String, u32> =
         tree.span_paths().into_iter().zip(0..).collect();
     let mut push = |thread, _name: &str, path: String, start_ns, duration_ns, depth| {
-        events.push(SpanEvent {
-            thread,
-            span: ids[&path],
-            start_ns,
-            duration_ns,
-            depth,
+        events.push({
+            let mut span_event = SpanEvent::default();
+            span_event.thread = thread;
+            span_event.span = ids[&path];
+            span_event.start_ns = start_ns;
+            span_event.duration_ns = duration_ns;
+            span_event.depth = depth;
+            span_event
         });
     };
     for i in 0..n {

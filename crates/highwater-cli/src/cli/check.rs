@@ -349,11 +349,12 @@ mod tests {
         profile.iterations = live
             .iter()
             .enumerate()
-            .map(|(index, &live_bytes)| IterationResidual {
-                index: index as u64,
-                span: "train_step".into(),
-                live_bytes,
-                ..IterationResidual::default()
+            .map(|(index, &live_bytes)| {
+                let mut iteration_residual = IterationResidual::default();
+                iteration_residual.index = index as u64;
+                iteration_residual.span = "train_step".into();
+                iteration_residual.live_bytes = live_bytes;
+                iteration_residual
             })
             .collect();
         profile

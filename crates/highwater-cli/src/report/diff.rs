@@ -204,15 +204,14 @@ mod tests {
 
     /// Span node `id` at `path`; its parent is node 0 unless it is top level.
     fn span(id: u32, path: &str, peak: u64, residual: u64, allocated: u64) -> SpanMetrics {
-        SpanMetrics {
-            id,
-            parent: path.contains('/').then_some(0),
-            name: path.rsplit('/').next().unwrap_or(path).to_string(),
-            peak_bytes: peak,
-            residual_bytes: residual,
-            bytes_allocated: allocated,
-            ..SpanMetrics::default()
-        }
+        let mut span_metrics = SpanMetrics::default();
+        span_metrics.id = id;
+        span_metrics.parent = path.contains('/').then_some(0);
+        span_metrics.name = path.rsplit('/').next().unwrap_or(path).to_string();
+        span_metrics.peak_bytes = peak;
+        span_metrics.residual_bytes = residual;
+        span_metrics.bytes_allocated = allocated;
+        span_metrics
     }
 
     #[test]

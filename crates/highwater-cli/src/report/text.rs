@@ -679,33 +679,36 @@ pub(crate) mod tests {
     pub(crate) fn with_a_refusal() -> Profile {
         let mut profile = sample_profile();
         profile.summary.oom_count = 3;
-        profile.oom_events.push(OomEvent {
-            timestamp_ns: 2_000_000_000,
-            source: OomSource::Pool,
-            device: "tpu:0".into(),
-            requested_bytes: 20 << 30,
-            largest_free_bytes: Some(16 << 30),
-            thread: 1,
-            span_path: "step/forward".into(),
-            op: Some("matmul".into()),
-            live_bytes: 6 << 30,
-            live_by_category: [
+        profile.oom_events.push({
+            let mut oom_event = OomEvent::default();
+            oom_event.timestamp_ns = 2_000_000_000;
+            oom_event.source = OomSource::Pool;
+            oom_event.device = "tpu:0".into();
+            oom_event.requested_bytes = 20 << 30;
+            oom_event.largest_free_bytes = Some(16 << 30);
+            oom_event.thread = 1;
+            oom_event.span_path = "step/forward".into();
+            oom_event.op = Some("matmul".into());
+            oom_event.live_bytes = 6 << 30;
+            oom_event.live_by_category = [
                 (Category::Parameter, 4 << 30),
                 (Category::Activation, 2 << 30),
             ]
             .into_iter()
-            .collect(),
-            total_live_bytes: 7 << 30,
-            pool_capacity_bytes: Some(32 << 30),
-            pool_reserved_bytes: Some(8 << 30),
-            live: vec![PeakRow {
-                span_path: "init".into(),
-                category: Category::Parameter,
-                device: "tpu:0".into(),
-                bytes: 4 << 30,
-                count: 2,
-                ..PeakRow::default()
-            }],
+            .collect();
+            oom_event.total_live_bytes = 7 << 30;
+            oom_event.pool_capacity_bytes = Some(32 << 30);
+            oom_event.pool_reserved_bytes = Some(8 << 30);
+            oom_event.live = vec![{
+                let mut peak_row = PeakRow::default();
+                peak_row.span_path = "init".into();
+                peak_row.category = Category::Parameter;
+                peak_row.device = "tpu:0".into();
+                peak_row.bytes = 4 << 30;
+                peak_row.count = 2;
+                peak_row
+            }];
+            oom_event
         });
         profile
     }

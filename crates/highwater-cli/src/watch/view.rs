@@ -240,12 +240,11 @@ mod tests {
     use highwater_testkit::sample::sample_profile;
 
     fn point(ts: u64, device: &str, live: u64) -> TimelinePoint {
-        TimelinePoint {
-            timestamp_ns: ts,
-            device: device.to_string(),
-            live_bytes: live,
-            ..TimelinePoint::default()
-        }
+        let mut timeline_point = TimelinePoint::default();
+        timeline_point.timestamp_ns = ts;
+        timeline_point.device = device.to_string();
+        timeline_point.live_bytes = live;
+        timeline_point
     }
 
     #[test]

@@ -170,11 +170,12 @@ fn a_span_chain_deeper_than_any_profile_is_refused() {
     for (depth, says) in [(10_000u32, "nested"), (40_000, "nodes")] {
         let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
         let spans: Vec<highwater_profile::SpanMetrics> = (0..depth)
-            .map(|id| highwater_profile::SpanMetrics {
-                id,
-                parent: id.checked_sub(1),
-                name: format!("level{id}"),
-                ..Default::default()
+            .map(|id| {
+                let mut span_metrics = highwater_profile::SpanMetrics::default();
+                span_metrics.id = id;
+                span_metrics.parent = id.checked_sub(1);
+                span_metrics.name = format!("level{id}");
+                span_metrics
             })
             .collect();
         value["spans"] = serde_json::to_value(spans).unwrap();

@@ -489,11 +489,13 @@ mod tests {
         let mut profile = sample_profile();
         let n = 50_000u64;
         profile.timeline = (0..n)
-            .map(|i| TimelinePoint {
-                timestamp_ns: i,
-                device: "cpu".into(),
-                live_bytes: if i == 31_337 { 1 << 40 } else { i % 1000 },
-                by_category: [(Category::Other, i % 1000)].into_iter().collect(),
+            .map(|i| {
+                let mut timeline_point = TimelinePoint::default();
+                timeline_point.timestamp_ns = i;
+                timeline_point.device = "cpu".into();
+                timeline_point.live_bytes = if i == 31_337 { 1 << 40 } else { i % 1000 };
+                timeline_point.by_category = [(Category::Other, i % 1000)].into_iter().collect();
+                timeline_point
             })
             .collect();
         let data = chart_data(&profile);

@@ -502,14 +502,12 @@ mod tests {
             let mut site = template.clone();
             site.id = profile.sites.len() as u32;
             site.peak_bytes = 1;
-            site.frames.insert(
-                0,
-                Frame {
-                    pc: u64::from(i) + 1,
-                    function: Some(format!("tiny_{i}")),
-                    ..Frame::default()
-                },
-            );
+            site.frames.insert(0, {
+                let mut frame = Frame::default();
+                frame.pc = u64::from(i) + 1;
+                frame.function = Some(format!("tiny_{i}"));
+                frame
+            });
             profile.sites.push(site);
         }
         let flame = flame(&profile).unwrap();

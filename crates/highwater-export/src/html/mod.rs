@@ -168,23 +168,25 @@ mod tests {
         assert!(!render(&profile).contains("id=\"oom\""));
         let device = profile.summary.peak_device.clone();
         profile.summary.oom_count = 1;
-        profile.oom_events.push(highwater_profile::OomEvent {
-            timestamp_ns: 1_500_000_000,
-            source: highwater_profile::model::OomSource::Heap,
-            device: device.clone(),
-            requested_bytes: 3 << 30,
-            span_path: "step/<forward>".into(),
-            live_bytes: 4 << 20,
-            total_live_bytes: 5 << 20,
-            live: vec![PeakRow {
-                span_path: "init".into(),
-                category: Category::Parameter,
-                device: device.clone(),
-                bytes: 3 << 20,
-                count: 1,
-                ..PeakRow::default()
-            }],
-            ..Default::default()
+        profile.oom_events.push({
+            let mut oom_event = highwater_profile::OomEvent::default();
+            oom_event.timestamp_ns = 1_500_000_000;
+            oom_event.source = highwater_profile::model::OomSource::Heap;
+            oom_event.device = device.clone();
+            oom_event.requested_bytes = 3 << 30;
+            oom_event.span_path = "step/<forward>".into();
+            oom_event.live_bytes = 4 << 20;
+            oom_event.total_live_bytes = 5 << 20;
+            oom_event.live = vec![{
+                let mut peak_row = PeakRow::default();
+                peak_row.span_path = "init".into();
+                peak_row.category = Category::Parameter;
+                peak_row.device = device.clone();
+                peak_row.bytes = 3 << 20;
+                peak_row.count = 1;
+                peak_row
+            }];
+            oom_event
         });
         let page = render(&profile);
         let section = &page[page.find("<section id=\"oom\">").unwrap()..];
@@ -271,11 +273,13 @@ mod tests {
     fn long_curves_keep_the_page_small() {
         let mut profile = sample_profile();
         profile.timeline = (0..50_000u64)
-            .map(|i| TimelinePoint {
-                timestamp_ns: i,
-                device: "cpu".into(),
-                live_bytes: i % 1000,
-                by_category: [(Category::Other, i % 1000)].into_iter().collect(),
+            .map(|i| {
+                let mut timeline_point = TimelinePoint::default();
+                timeline_point.timestamp_ns = i;
+                timeline_point.device = "cpu".into();
+                timeline_point.live_bytes = i % 1000;
+                timeline_point.by_category = [(Category::Other, i % 1000)].into_iter().collect();
+                timeline_point
             })
             .collect();
         let small = render(&sample_profile()).len();
@@ -289,21 +293,25 @@ mod tests {
         let devices = 100_000u64;
         let mut profile = sample_profile();
         profile.timeline = (0..devices)
-            .map(|i| TimelinePoint {
-                timestamp_ns: i,
-                device: format!("dev:{i}"),
-                live_bytes: i,
-                by_category: [(Category::Other, i)].into_iter().collect(),
+            .map(|i| {
+                let mut timeline_point = TimelinePoint::default();
+                timeline_point.timestamp_ns = i;
+                timeline_point.device = format!("dev:{i}");
+                timeline_point.live_bytes = i;
+                timeline_point.by_category = [(Category::Other, i)].into_iter().collect();
+                timeline_point
             })
             .collect();
         profile.pool_timeline = (0..devices)
-            .map(|i| PoolPoint {
-                timestamp_ns: i,
-                device: format!("pool:{i}"),
-                capacity_bytes: 1 << 30,
-                reserved_bytes: i,
-                largest_free_bytes: 0,
-                fragmentation: 0.0,
+            .map(|i| {
+                let mut pool_point = PoolPoint::default();
+                pool_point.timestamp_ns = i;
+                pool_point.device = format!("pool:{i}");
+                pool_point.capacity_bytes = 1 << 30;
+                pool_point.reserved_bytes = i;
+                pool_point.largest_free_bytes = 0;
+                pool_point.fragmentation = 0.0;
+                pool_point
             })
             .collect();
         profile.summary.peak_device = "dev:99999".into();

@@ -16,6 +16,7 @@ pub const MAX_CALL_SITES: usize = 1000;
 
 /// How call sites were sampled in a run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SiteSampling {
     /// Mean bytes between samples (`R`); `0` when sampling was off, `1` when every allocation's
     /// stack was recorded.
@@ -53,6 +54,7 @@ pub struct SiteSampling {
 
 /// One distinct stack that allocated, with estimated figures.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct CallSite {
     /// Index of this site in [`Profile::sites`](crate::Profile::sites).
     pub id: u32,
@@ -90,6 +92,7 @@ pub const MAX_SITE_SHARES: usize = 16;
 
 /// The part of one call site's estimates made in one (span, op, category).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SiteShare {
     /// Index into [`Profile::spans`](crate::Profile::spans), `None` outside every span.
     pub span: Option<u32>,
@@ -116,6 +119,7 @@ pub struct SiteShare {
 
 /// One frame of a call site's stack.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Frame {
     /// Program counter (return address, as recorded), in the running process.
     pub pc: u64,
@@ -127,4 +131,14 @@ pub struct Frame {
     pub line: Option<u32>,
     /// Whether this frame was inlined into the next one (both share `pc`).
     pub inlined: bool,
+}
+
+impl Frame {
+    /// The frame at program counter `pc`, not symbolised.
+    pub fn at(pc: u64) -> Frame {
+        Frame {
+            pc,
+            ..Frame::default()
+        }
+    }
 }

@@ -9,6 +9,7 @@ use super::SpanMetrics;
 
 /// One node of the span tree in display order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TreeRow {
     /// Index into the span list.
     pub index: usize,

@@ -17,6 +17,7 @@ pub const CURVE_POINTS: usize = 2_000;
 
 /// One rank's live bytes on its peak device, on a shared axis.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct RankCurve {
     /// The rank.
     pub rank: u32,

@@ -54,6 +54,7 @@ pub enum PeakWhen {
 
 /// A span path and bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SpanBytes {
     /// Span names from the outermost, joined with `/`; empty outside every span.
     pub path: String,

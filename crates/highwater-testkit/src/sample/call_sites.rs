@@ -362,10 +362,11 @@ fn pc_of(function: Option<&str>, line: u32) -> u64 {
 fn frames_of(specs: &[FrameSpec]) -> Vec<Frame> {
     let mut frames: Vec<Frame> = specs
         .iter()
-        .map(|&(function, file, line, inlined)| Frame {
-            pc: pc_of(function, line),
-            function: function.map(String::from),
-            file: (!file.is_empty()).then(|| {
+        .map(|&(function, file, line, inlined)| {
+            let mut frame = Frame::default();
+            frame.pc = pc_of(function, line);
+            frame.function = function.map(String::from);
+            frame.file = (!file.is_empty()).then(|| {
                 if file.starts_with("candle-") {
                     format!("{REGISTRY}/{file}")
                 } else if file.starts_with("src/") {
@@ -373,9 +374,10 @@ fn frames_of(specs: &[FrameSpec]) -> Vec<Frame> {
                 } else {
                     file.to_string()
                 }
-            }),
-            line: (line > 0).then_some(line),
-            inlined,
+            });
+            frame.line = (line > 0).then_some(line);
+            frame.inlined = inlined;
+            frame
         })
         .collect();
     for i in (0..frames.len().saturating_sub(1)).rev() {
@@ -446,27 +448,24 @@ pub(super) fn call_sites(
             Some((_, site)) => site,
             None => {
                 let frames = frames_of(&stack_of(row.op.as_deref()));
-                sites.push((
-                    row.op.clone(),
-                    CallSite {
-                        frames,
-                        ..CallSite::default()
-                    },
-                ));
+                sites.push((row.op.clone(), {
+                    let mut call_site = CallSite::default();
+                    call_site.frames = frames;
+                    call_site
+                }));
                 &mut sites.last_mut().unwrap().1
             }
         };
         let span = span_of(&row.span_path);
-        let share = SiteShare {
-            span,
-            op: row.op.clone(),
-            category: row.category,
-            peak_bytes: peak,
-            peak_count: count,
-            peak_temporary_bytes: 0,
-            alloc_bytes: peak * runs,
-            alloc_count: count * runs,
-        };
+        let mut share = SiteShare::default();
+        share.span = span;
+        share.op = row.op.clone();
+        share.category = row.category;
+        share.peak_bytes = peak;
+        share.peak_count = count;
+        share.peak_temporary_bytes = 0;
+        share.alloc_bytes = peak * runs;
+        share.alloc_count = count * runs;
         match site
             .shares
             .iter_mut()
@@ -493,47 +492,47 @@ pub(super) fn call_sites(
     {
         let bytes = site.peak_bytes / 8;
         for layer in 0..LAYERS {
-            let share = SiteShare {
-                span: span_of(&format!("step/backward/layer{layer}")),
-                op: Some("matmul".to_string()),
-                category: Category::Activation,
-                peak_bytes: 0,
-                peak_count: 0,
-                peak_temporary_bytes: 0,
-                alloc_bytes: bytes * ITERATIONS,
-                alloc_count: 2 * ITERATIONS,
-            };
+            let mut share = SiteShare::default();
+            share.span = span_of(&format!("step/backward/layer{layer}"));
+            share.op = Some("matmul".to_string());
+            share.category = Category::Activation;
+            share.peak_bytes = 0;
+            share.peak_count = 0;
+            share.peak_temporary_bytes = 0;
+            share.alloc_bytes = bytes * ITERATIONS;
+            share.alloc_count = 2 * ITERATIONS;
             if layer + 1 < LAYERS {
                 site.shares.push(share);
             } else {
-                site.shares.push(SiteShare {
-                    span: None,
-                    op: None,
-                    category: Category::Other,
-                    ..share
+                site.shares.push({
+                    let mut site_share = share;
+                    site_share.span = None;
+                    site_share.op = None;
+                    site_share.category = Category::Other;
+                    site_share
                 });
             }
         }
     }
     // AdamW's update temporaries: allocated every step, none live at the peak.
     let update = 3 * GIB / 10;
-    sites.push((
-        Some("mul".to_string()),
-        CallSite {
-            frames: frames_of(&stack_of(Some("mul"))),
-            shares: vec![SiteShare {
-                span: span_of("step/optimizer/adam"),
-                op: Some("mul".to_string()),
-                category: Category::Optimizer,
-                peak_bytes: 0,
-                peak_count: 0,
-                peak_temporary_bytes: 0,
-                alloc_bytes: update * ITERATIONS,
-                alloc_count: 36 * ITERATIONS,
-            }],
-            ..CallSite::default()
-        },
-    ));
+    sites.push((Some("mul".to_string()), {
+        let mut call_site = CallSite::default();
+        call_site.frames = frames_of(&stack_of(Some("mul")));
+        call_site.shares = vec![{
+            let mut site_share = SiteShare::default();
+            site_share.span = span_of("step/optimizer/adam");
+            site_share.op = Some("mul".to_string());
+            site_share.category = Category::Optimizer;
+            site_share.peak_bytes = 0;
+            site_share.peak_count = 0;
+            site_share.peak_temporary_bytes = 0;
+            site_share.alloc_bytes = update * ITERATIONS;
+            site_share.alloc_count = 36 * ITERATIONS;
+            site_share
+        }];
+        call_site
+    }));
     let mut sites: Vec<CallSite> = sites.into_iter().map(|(_, site)| site).collect();
     for site in &mut sites {
         site.alloc_bytes = site.shares.iter().map(|s| s.alloc_bytes).sum();
@@ -552,23 +551,21 @@ pub(super) fn call_sites(
             row.top_sites = vec![site.id];
         }
     }
-    let sampling = SiteSampling {
-        mean_bytes: SAMPLE_BYTES,
-        unwinder: "frame-pointers".to_string(),
-        samples: sites.iter().map(|s| s.samples).sum::<u64>() + 140,
-        // As a profile written before stacks were counted by unwinder has it.
-        samples_by_unwinder: Default::default(),
-        truncated_stacks: 3,
-        stacks_without_hook: 0,
-        max_depth: sites
-            .iter()
-            .map(|s| s.frames.len() as u32)
-            .max()
-            .unwrap_or(0),
-        distinct_sites: sites.len() as u64 + 37,
-        unlisted_peak_bytes: unlisted_peak,
-        unlisted_alloc_bytes: 20 * unlisted_peak,
-        symbolize_ns: 48_000_000,
-    };
+    let mut sampling = SiteSampling::default();
+    sampling.mean_bytes = SAMPLE_BYTES;
+    sampling.unwinder = "frame-pointers".to_string();
+    sampling.samples = sites.iter().map(|s| s.samples).sum::<u64>() + 140;
+    sampling.samples_by_unwinder = Default::default();
+    sampling.truncated_stacks = 3;
+    sampling.stacks_without_hook = 0;
+    sampling.max_depth = sites
+        .iter()
+        .map(|s| s.frames.len() as u32)
+        .max()
+        .unwrap_or(0);
+    sampling.distinct_sites = sites.len() as u64 + 37;
+    sampling.unlisted_peak_bytes = unlisted_peak;
+    sampling.unlisted_alloc_bytes = 20 * unlisted_peak;
+    sampling.symbolize_ns = 48_000_000;
     (sites, sampling)
 }
