@@ -8,7 +8,7 @@
 use std::hint::black_box;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use highwater::profile::Warning;
@@ -39,15 +39,8 @@ fn allocate(session: Session, stop: &Path) {
 }
 
 fn start_child(name: &str, dir: &Path, env: &[(&str, &str)]) -> Child {
-    let mut command = Command::new(std::env::current_exe().unwrap());
+    let mut command = highwater_testkit::child::command(name);
     command
-        .args([
-            "--exact",
-            &highwater_testkit::child::test_path(name),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("HW_CHILD", name)
         .env("HW_DIR", dir)
         .env("HIGHWATER_OUT", dir.join("p.json"))
         .stdout(Stdio::null())

@@ -9,11 +9,12 @@
 
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use highwater::profile::Warning;
 use highwater::{Profile, Session};
+use highwater_testkit::child::is_child;
 
 const WATCHDOG: Duration = Duration::from_secs(90);
 
@@ -40,10 +41,6 @@ const LAUNCHER_VARS: [&str; 19] = [
     "HIGHWATER_RUN_ID",
     "HIGHWATER_OUT",
 ];
-
-fn is_child(name: &str) -> bool {
-    std::env::var("HW_CHILD").as_deref() == Ok(name)
-}
 
 fn var(name: &str) -> String {
     std::env::var(name).unwrap_or_default()
@@ -97,15 +94,8 @@ fn child() {
 }
 
 fn spawn(name: &str, dir: &Path, index: usize, children: usize, env: &[(&str, String)]) -> Child {
-    let mut command = Command::new(std::env::current_exe().unwrap());
+    let mut command = highwater_testkit::child::command(name);
     command
-        .args([
-            "--exact",
-            &highwater_testkit::child::test_path(name),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("HW_CHILD", name)
         .env("HW_DIR", dir)
         .env("HW_INDEX", index.to_string())
         .env("HW_CHILDREN", children.to_string())

@@ -4,30 +4,19 @@
 //! binary as a child with `HW_CHILD` naming the case.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use highwater::profile::Warning;
 use highwater::{Error, Profile, Session, Step};
+use highwater_testkit::child::is_child;
 
 /// Runs test `name` of this binary in a child process with `HW_CHILD=name` and extra `env`.
 fn child(name: &str, env: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command
-        .args([
-            "--exact",
-            &highwater_testkit::child::test_path(name),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("HW_CHILD", name);
+    let mut command = highwater_testkit::child::command(name);
     for (key, value) in env {
         command.env(key, value);
     }
     command.output().unwrap()
-}
-
-fn is_child(name: &str) -> bool {
-    std::env::var("HW_CHILD").as_deref() == Ok(name)
 }
 
 fn allocate_a_little() -> Vec<Vec<u8>> {

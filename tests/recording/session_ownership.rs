@@ -408,14 +408,7 @@ fn a_non_utf8_output_path_is_kept_exactly() {
     let dir = tempfile::tempdir().unwrap();
     let file = std::ffi::OsStr::from_bytes(b"profile-\xff\xfe.json");
     let path = dir.path().join(file);
-    let output = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            &highwater_testkit::child::test_path(name),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("HW_CHILD", name)
+    let output = highwater_testkit::child::command(name)
         .env("HIGHWATER_OUT", &path)
         .output()
         .unwrap();

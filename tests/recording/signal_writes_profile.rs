@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -52,17 +52,8 @@ fn allocate_until_killed() -> ! {
 /// Runs child `name`, waits for `ready`, sends `signal`, and returns how it ended and what it
 /// printed.
 fn signal_child(name: &str, env: &[(&str, &str)], signal: libc::c_int) -> (ExitStatus, String) {
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command
-        .args([
-            "--exact",
-            &highwater_testkit::child::test_path(name),
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("HW_CHILD", name)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut command = highwater_testkit::child::command(name);
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
     for (key, value) in env {
         command.env(key, value);
     }

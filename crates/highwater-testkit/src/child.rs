@@ -38,9 +38,9 @@ pub struct ChildOutput {
     pub elapsed: Duration,
 }
 
-/// Runs test `name` of this binary in a child process with `HW_CHILD=name` and `env`, and waits
-/// at most `limit`. On timeout the child is killed and the test fails with what it printed.
-pub fn run_child(name: &str, env: &[(&str, &str)], limit: Duration) -> ChildOutput {
+/// A command that runs test `name` of this binary alone, as a child (`HW_CHILD=name`), its
+/// output shown.
+pub fn command(name: &str) -> Command {
     let mut command = Command::new(std::env::current_exe().expect("test binary path"));
     command
         // `--include-ignored`: an ignored test the parent was asked to run runs in the child.
@@ -51,9 +51,15 @@ pub fn run_child(name: &str, env: &[(&str, &str)], limit: Duration) -> ChildOutp
             "--test-threads=1",
             "--include-ignored",
         ])
-        .env("HW_CHILD", name)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env("HW_CHILD", name);
+    command
+}
+
+/// Runs test `name` of this binary in a child process with `HW_CHILD=name` and `env`, and waits
+/// at most `limit`. On timeout the child is killed and the test fails with what it printed.
+pub fn run_child(name: &str, env: &[(&str, &str)], limit: Duration) -> ChildOutput {
+    let mut command = command(name);
+    command.stdout(Stdio::piped()).stderr(Stdio::piped());
     for (key, value) in env {
         command.env(key, value);
     }
