@@ -1,22 +1,14 @@
 //! Bad input never panics: every command over a corpus of broken and hostile profiles exits
 //! with code 2 and one line on stderr that names the file.
 
+use crate::highwater;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data")
         .join(name)
-}
-
-fn highwater(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_highwater"))
-        .args(args)
-        .env("RUST_BACKTRACE", "1")
-        .output()
-        .expect("run highwater")
 }
 
 /// Runs every command with `bad` as its input and checks each is refused cleanly.

@@ -2,31 +2,14 @@
 //! exit codes and a closed stdout.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
+use crate::{highwater, stdout};
 use highwater::{Category, Profile};
 use highwater_profile::units::format_bytes;
 use highwater_profile::Warning;
 use highwater_testkit::sample::{sample_profile, sample_profile_with_drops};
 use serde_json::Value;
-
-fn highwater(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_highwater"))
-        .args(args)
-        .env("RUST_BACKTRACE", "1")
-        .output()
-        .expect("run highwater")
-}
-
-fn stdout(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "exit {:?}, stderr: {}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout.clone()).expect("utf-8 output")
-}
 
 fn write_profile(dir: &Path, name: &str, profile: &Profile) -> PathBuf {
     let path = dir.join(name);

@@ -1,8 +1,6 @@
 //! A checkpoint (`meta.partial`, as a killed run leaves it) is read by every command and
 //! export, and each says it is partial.
 
-use std::process::Command;
-
 use highwater_profile::Warning;
 use highwater_testkit::sample::sample_profile;
 
@@ -46,10 +44,7 @@ fn every_command_reads_a_checkpoint_and_says_so() {
         &["top", "--json", path],
     ];
     for args in commands {
-        let output = Command::new(env!("CARGO_BIN_EXE_highwater"))
-            .args(args)
-            .output()
-            .unwrap();
+        let output = crate::highwater(args);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success(), "{args:?}: {stderr}");
         assert!(
@@ -57,10 +52,7 @@ fn every_command_reads_a_checkpoint_and_says_so() {
             "{args:?} does not say the profile is partial: {stderr}"
         );
     }
-    let summary = Command::new(env!("CARGO_BIN_EXE_highwater"))
-        .args(["summary", path])
-        .output()
-        .unwrap();
+    let summary = crate::highwater(&["summary", path]);
     let text = String::from_utf8_lossy(&summary.stdout);
     assert!(
         text.contains("checkpoint taken 4.00 s into a run"),

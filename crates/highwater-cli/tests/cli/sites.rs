@@ -3,29 +3,13 @@
 //! site that does not exist, a bad option or a profile without call sites.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
+use crate::{highwater, stdout};
 use highwater_export::stacks::estimate;
 use highwater_profile::Profile;
 use highwater_testkit::sample::sample_profile;
 use serde_json::Value;
-
-fn highwater(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_highwater"))
-        .args(args)
-        .output()
-        .expect("run highwater")
-}
-
-fn stdout(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "exit {:?}, stderr: {}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout.clone()).expect("utf-8 output")
-}
 
 /// The exit code and standard error of a run that must fail.
 fn failure(output: &Output) -> (i32, String) {
