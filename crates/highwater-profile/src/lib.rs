@@ -7,14 +7,17 @@
 //! allocator hook, no clocks. The command-line tool and the exporters read profiles through it.
 //!
 //! - [`Profile`] and its parts: peak, live-at-peak rows, spans, devices, call sites, warnings;
-//!   [`Profile::load`] reads one with every field checked, [`Profile::write`] writes one.
+//!   [`Profile::write`] writes one; with the `read` feature, [`Profile::load`] reads one with
+//!   every field checked.
 //! - [`model`]: the vocabulary every part shares ([`model::Category`], [`model::Step`],
 //!   [`model::SpanLabel`]).
 //! - [`analysis`]: the state machine every figure comes from.
 //! - [`alloc_log`]: the allocation log, every allocation and free of a run, for replays.
-//! - [`ranks`]: the profiles of a multi-process run's ranks, compared.
+//! - [`ranks`]: the profiles of a multi-process run's ranks, compared (`read`).
 //! - [`units`]: how figures are written for people (`1.5 MiB`, `2.3 ms`).
 //! - [`fileio`]: how every highwater file is written and read.
+
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod profile;
 

@@ -6,12 +6,14 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::model::{Category, OomSource, Step};
 
 mod file;
 mod invariants;
+#[cfg(feature = "read")]
+mod read;
 mod sites;
 #[cfg(test)]
 mod tests;
@@ -19,7 +21,8 @@ mod tree;
 mod warning;
 
 pub use file::ProfileError;
-pub(crate) use file::{check_schema, read_profile_bytes};
+#[cfg(feature = "read")]
+pub(crate) use read::{check_schema, read_profile_bytes};
 pub use sites::{CallSite, Frame, SiteSampling, SiteShare, MAX_CALL_SITES, MAX_SITE_SHARES};
 pub use tree::{span_tree, TreeRow};
 pub use warning::{NotRecordedReason, Warning};
@@ -63,7 +66,8 @@ pub const MAX_PROFILE_BYTES: u64 = 256 << 20;
 ///
 /// New schema versions add fields, so it cannot be built by a struct literal outside this
 /// crate: start from [`Profile::empty`] and set fields.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct Profile {
     /// Format identifier, always [`SCHEMA`].
@@ -143,7 +147,8 @@ pub const MAX_OOM_EVENTS: usize = 16;
 pub const MAX_OOM_ROWS: usize = 16;
 
 /// One refused allocation, with what was live at that moment.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct OomEvent {
     /// When it was refused, ns since the session started.
@@ -189,7 +194,8 @@ pub const MAX_ITERATIONS: usize = 4096;
 ///
 /// [`SpanMetrics`] aggregates all instances of a node; these keep the individual intervals so a
 /// trace viewer can draw them.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct SpanEvent {
     /// The thread that entered the span (the same numbering as [`LiveAllocation::thread`]).
@@ -206,7 +212,8 @@ pub struct SpanEvent {
 }
 
 /// About the run that produced a profile.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct RunMeta {
     /// The program's name (first command-line argument's file name).
@@ -262,7 +269,8 @@ pub struct RunMeta {
 
 /// The headline figures of a profile. Like [`Profile`], it gains fields as the schema grows:
 /// build one from `Summary::default()`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct Summary {
     /// Highest live bytes reached on any one device.
@@ -329,7 +337,8 @@ pub struct Summary {
 }
 
 /// One point of the memory curve of one device.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct TimelinePoint {
     /// ns since the session started.
@@ -343,7 +352,8 @@ pub struct TimelinePoint {
 }
 
 /// Live-at-peak bytes of one (span path, op, category, device) group.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct PeakRow {
     /// Span names from the outermost, joined with `/`; empty outside every span.
@@ -369,7 +379,8 @@ pub struct PeakRow {
 }
 
 /// One allocation live at the peak.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct LiveAllocation {
     /// Bytes.
@@ -391,7 +402,8 @@ pub struct LiveAllocation {
 }
 
 /// Memory metrics of one node of the span tree (all instances of a span at one path).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct SpanMetrics {
     /// Index of this node in [`Profile::spans`].
@@ -442,7 +454,8 @@ impl SpanMetrics {
 }
 
 /// Live bytes at the end of one top-level iteration span.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct IterationResidual {
     /// Iteration number, from 0.
@@ -458,7 +471,8 @@ pub struct IterationResidual {
 }
 
 /// Per-device figures.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct DeviceStats {
     /// Device name (`cpu`, `cuda:0`, `tpu:3`).
@@ -497,7 +511,8 @@ pub struct DeviceStats {
 }
 
 /// What a device driver's memory pools held at one moment.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct ReservedPoint {
     /// ns since the session started.
@@ -509,7 +524,8 @@ pub struct ReservedPoint {
 }
 
 /// A device pool's state at one moment.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct PoolPoint {
     /// ns since the session started.
@@ -540,7 +556,8 @@ pub struct PoolPoint {
 /// assert_eq!("Lossless".parse(), Ok(CaptureMode::Lossless));
 /// assert!("sometimes".parse::<CaptureMode>().is_err());
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum CaptureMode {
@@ -582,7 +599,8 @@ impl std::str::FromStr for CaptureMode {
 pub struct ParseCaptureModeError;
 
 /// How capture went: what each thread recorded and what was lost.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct CaptureStats {
     /// What a thread did when its ring was full: waited for the collector (`"lossless"`) or
@@ -621,7 +639,8 @@ pub struct CaptureStats {
 pub const MAX_THREAD_ROWS: usize = 1024;
 
 /// What one thread (or, in a last row, many threads) recorded and lost.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct ThreadCapture {
     /// The thread's number in this profile's events (of a row that sums many, the first's).
@@ -685,6 +704,7 @@ impl ThreadCapture {
 }
 
 /// The serde default of a count that was always one before it was written.
+#[cfg(feature = "read")]
 fn one() -> u64 {
     1
 }

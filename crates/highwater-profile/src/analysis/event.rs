@@ -4,18 +4,20 @@
 //! one order; tests write them by hand; a recorded run can be saved and replayed. Strings are
 //! interned by the [`Timeline`](super::Timeline) that consumes them ([`NameId`], [`DeviceId`]).
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::model::OomSource;
 use crate::model::{Category, SpanLabel};
 
 /// An interned string (span name, op name, dtype) in a [`Timeline`](super::Timeline)'s table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 pub struct NameId(pub u32);
 
 /// An interned device name in a [`Timeline`](super::Timeline)'s table; `cpu` is always
 /// [`DeviceId::CPU`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 pub struct DeviceId(pub u16);
 
 impl DeviceId {
@@ -24,18 +26,21 @@ impl DeviceId {
 }
 
 /// An interned tensor shape in a [`Timeline`](super::Timeline)'s table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 pub struct ShapeId(pub u32);
 
 /// An interned call stack (program counters) in a [`Timeline`](super::Timeline)'s table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 pub struct StackId(pub u32);
 
 /// A span instance, unique within its thread for the session; `0` means "no span".
 pub type SpanSeq = u32;
 
 /// One thing that happened on one thread.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 pub struct Event {
     /// When it happened, in nanoseconds since the session started.
     pub ts_ns: u64,
@@ -48,7 +53,8 @@ pub struct Event {
 }
 
 /// What an [`Event`] records.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventKind {
     /// A block of `size` bytes became live at `addr` on `device`.

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::model::Category;
 
@@ -15,7 +15,8 @@ use crate::model::Category;
 pub const MAX_CALL_SITES: usize = 1000;
 
 /// How call sites were sampled in a run.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct SiteSampling {
     /// Mean bytes between samples (`R`); `0` when sampling was off, `1` when every allocation's
@@ -53,7 +54,8 @@ pub struct SiteSampling {
 }
 
 /// One distinct stack that allocated, with estimated figures.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct CallSite {
     /// Index of this site in [`Profile::sites`](crate::Profile::sites).
@@ -91,7 +93,8 @@ pub struct CallSite {
 pub const MAX_SITE_SHARES: usize = 16;
 
 /// The part of one call site's estimates made in one (span, op, category).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct SiteShare {
     /// Index into [`Profile::spans`](crate::Profile::spans), `None` outside every span.
@@ -118,7 +121,8 @@ pub struct SiteShare {
 }
 
 /// One frame of a call site's stack.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct Frame {
     /// Program counter (return address, as recorded), in the running process.

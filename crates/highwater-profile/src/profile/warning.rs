@@ -7,13 +7,16 @@
 
 use std::fmt;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::Serialize;
+#[cfg(feature = "read")]
+use serde::{Deserialize, Deserializer};
 
 use super::CaptureMode;
 use crate::units::format_bytes_delta;
 
 /// Why a session did not record device memory ([`Warning::DeviceMemoryNotRecorded`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum NotRecordedReason {
@@ -72,7 +75,8 @@ const CONSEQUENCE: &str = "a dropped allocation is missing from the figures and 
 /// );
 /// assert!(warning.to_string().starts_with("7 events were dropped"));
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[serde(tag = "code", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Warning {
@@ -465,6 +469,7 @@ impl fmt::Display for Warning {
 /// profiles held before warnings had a type (as [`Warning::Note`]), and — by the compatibility
 /// rule of [`SCHEMA`](super::SCHEMA) — warnings of codes a newer writer added (as a
 /// [`Warning::Note`] that shows the code and its figures).
+#[cfg(feature = "read")]
 pub(super) fn deserialize_list<'de, D>(deserializer: D) -> Result<Vec<Warning>, D::Error>
 where
     D: Deserializer<'de>,

@@ -1,4 +1,4 @@
-//! A rank's memory curve on an axis every rank shares: iterations.
+//! Building a rank's memory curve ([`RankCurve`]) on an axis every rank shares: iterations.
 //!
 //! Ranks start at different moments and run at different speeds, so their clocks do not line
 //! up; their iterations do. Each point's time is mapped to an iteration coordinate: iteration
@@ -7,27 +7,8 @@
 //! the time after the last into one unit after it. A rank without iterations is drawn over the
 //! run's length instead (`[0, 1)`).
 
-use serde::{Deserialize, Serialize};
-
+use super::RankCurve;
 use crate::{IterationResidual, SpanEvent, SpanMetrics};
-
-/// Most points a curve keeps by default (enough to zoom into a few iterations of a long run);
-/// each bucket keeps its highest point, and the peak is always kept.
-pub const CURVE_POINTS: usize = 2_000;
-
-/// One rank's live bytes on its peak device, on a shared axis.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct RankCurve {
-    /// The rank.
-    pub rank: u32,
-    /// The axis: iterations, or the fraction of the run (for a rank without iterations).
-    pub by_iteration: bool,
-    /// Each point's position on the axis, ascending.
-    pub x: Vec<f32>,
-    /// Each point's live bytes.
-    pub bytes: Vec<u64>,
-}
 
 /// What the mapping from time to the iteration axis is built from.
 pub(crate) struct Axis {

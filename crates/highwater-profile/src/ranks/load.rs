@@ -8,9 +8,9 @@ use std::sync::Mutex;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
-use super::curve::{curve, Axis, RankCurve};
+use super::curve::{curve, Axis};
 use super::row::RankRow;
-use super::{CompareOptions, RanksError};
+use super::{CompareOptions, RankCurve, RanksError};
 use crate::profile::{check_schema, read_profile_bytes};
 use crate::{
     DeviceStats, IterationResidual, PeakRow, Profile, ProfileError, RunMeta, SpanEvent,

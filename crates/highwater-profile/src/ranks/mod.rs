@@ -26,20 +26,41 @@
 //! overlapped in time. A set of profiles holding several runs is refused, naming them, unless
 //! [`CompareOptions::run`] picks one.
 
+#[cfg(feature = "read")]
 mod curve;
+#[cfg(feature = "read")]
 mod group;
+#[cfg(feature = "read")]
 mod load;
 mod row;
 
 use std::fmt;
 use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::ProfileError;
 
-pub use curve::{RankCurve, CURVE_POINTS};
 pub use row::{PeakWhen, RankRow, SpanBytes, GROWTH_WARMUPS};
+
+/// Most points a curve keeps by default (enough to zoom into a few iterations of a long run);
+/// each bucket keeps its highest point, and the peak is always kept.
+pub const CURVE_POINTS: usize = 2_000;
+
+/// One rank's live bytes on its peak device, on a shared axis.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
+#[non_exhaustive]
+pub struct RankCurve {
+    /// The rank.
+    pub rank: u32,
+    /// The axis: iterations, or the fraction of the run (for a rank without iterations).
+    pub by_iteration: bool,
+    /// Each point's position on the axis, ascending.
+    pub x: Vec<f32>,
+    /// Each point's live bytes.
+    pub bytes: Vec<u64>,
+}
 
 /// Writes a path as a string, its non-UTF-8 bytes replaced, so a row of a file with such a
 /// name still prints as JSON.
@@ -89,7 +110,8 @@ impl CompareOptions {
 }
 
 /// One run found among the profiles.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct RunSummary {
     /// What names the run for [`CompareOptions::run`]: its run id, else
@@ -134,7 +156,8 @@ impl fmt::Display for RunSummary {
 }
 
 /// The heaviest rank against the rest.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct Imbalance {
     /// The heaviest rank's peak over the mean peak: 1.0 when balanced.
@@ -152,7 +175,8 @@ pub struct Imbalance {
 }
 
 /// One run's ranks compared.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct RunComparison {
     /// The run.
@@ -173,7 +197,8 @@ pub struct RunComparison {
 }
 
 /// Each rank against one device's capacity.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct DeviceCheck {
     /// The device kind (`h100`, `tpu-v5e`).
@@ -190,7 +215,8 @@ pub struct DeviceCheck {
 }
 
 /// One rank against a device.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct RankHeadroom {
     /// The rank.
@@ -205,7 +231,8 @@ pub struct RankHeadroom {
 }
 
 /// A rank's allocation log replayed through an allocator on the device (the `fit` search).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct RankFit {
     /// The log replayed.
@@ -425,6 +452,8 @@ fn list(runs: &[RunSummary]) -> String {
 /// [`RanksError`], naming the file or the runs: an unreadable file or one that is not a valid
 /// profile, a profile without a rank, two profiles of one rank, profiles of several runs (unless
 /// [`CompareOptions::run`] picks one), an empty directory.
+#[cfg(feature = "read")]
+#[cfg_attr(docsrs, doc(cfg(feature = "read")))]
 pub fn compare(inputs: &[PathBuf], options: &CompareOptions) -> Result<RunComparison, RanksError> {
     let files = expand(inputs)?;
     let loaded = load::load_all(&files, options)?;
@@ -433,6 +462,7 @@ pub fn compare(inputs: &[PathBuf], options: &CompareOptions) -> Result<RunCompar
 
 /// The profile files `inputs` name, each with the directory it was found in (if any), in
 /// order, each once.
+#[cfg(feature = "read")]
 fn expand(inputs: &[PathBuf]) -> Result<Vec<(PathBuf, Option<PathBuf>)>, RanksError> {
     let mut files: Vec<(PathBuf, Option<PathBuf>)> = Vec::new();
     for input in inputs {

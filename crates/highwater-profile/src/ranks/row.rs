@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::model::{Category, Step};
 use crate::Profile;
@@ -12,7 +12,8 @@ use crate::Profile;
 pub const GROWTH_WARMUPS: u64 = 1;
 
 /// When in the run a rank peaked, in iterations of its top-level span.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[serde(tag = "at", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum PeakWhen {
@@ -53,7 +54,8 @@ pub enum PeakWhen {
 }
 
 /// A span path and bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct SpanBytes {
     /// Span names from the outermost, joined with `/`; empty outside every span.
@@ -66,7 +68,8 @@ pub struct SpanBytes {
 ///
 /// Every field is read from that rank's profile alone ([`RankRow::from_profile`]), so a row
 /// equals what the profile says whichever way it was loaded.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "read", derive(serde::Deserialize))]
 #[non_exhaustive]
 pub struct RankRow {
     /// The profile file.
