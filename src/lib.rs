@@ -66,77 +66,59 @@
 extern crate self as highwater;
 
 mod capture;
-#[cfg(not(highwater_loom))]
-pub mod device;
 #[cfg(unix)]
 mod sys;
 
 /// The profile document, its vocabulary and the analysis that builds it (the
 /// `highwater-profile` crate): the types a [`Profile`] is made of.
 pub use highwater_profile as profile;
-// The parts of the lower crates this library builds on, by their short names.
-#[cfg(not(highwater_loom))]
-use highwater_export as export;
 use highwater_profile::model;
-#[cfg(not(highwater_loom))]
-use highwater_profile::{alloc_log, analysis, fileio, units};
-
-#[cfg(not(highwater_loom))]
-mod alloc;
-#[cfg(all(feature = "candle", not(highwater_loom)))]
-#[cfg_attr(docsrs, doc(cfg(feature = "candle")))]
-pub mod candle;
-#[cfg(not(highwater_loom))]
-mod checkpoint;
-#[cfg(not(highwater_loom))]
-mod collector;
-#[cfg(not(highwater_loom))]
-mod config;
-#[cfg(all(feature = "cuda", not(highwater_loom)))]
-mod cuda;
-#[cfg(not(highwater_loom))]
-mod error;
-#[cfg(not(highwater_loom))]
-mod fork_lock;
-#[cfg(not(highwater_loom))]
-mod measure;
-#[cfg(not(highwater_loom))]
-pub mod ops;
-#[cfg(not(highwater_loom))]
-mod outputs;
-#[cfg(not(highwater_loom))]
-mod rank;
-#[cfg(not(highwater_loom))]
-mod session;
-#[cfg(all(not(highwater_loom), target_os = "linux"))]
-mod signal;
-#[cfg(not(highwater_loom))]
-mod span;
-#[cfg(not(highwater_loom))]
-mod symbolize;
-#[cfg(all(feature = "tracing", not(highwater_loom)))]
-mod tracing_layer;
-
-#[cfg(not(highwater_loom))]
-pub use alloc::Alloc;
-#[cfg(not(highwater_loom))]
-pub use checkpoint::DEFAULT_CHECKPOINT_INTERVAL;
-#[cfg(not(highwater_loom))]
-pub use error::Error;
 pub use highwater_profile::model::{Category, ParseLabelError, SpanLabel, Step};
 pub use highwater_profile::{CaptureMode, Profile};
-#[cfg(not(highwater_loom))]
-pub use measure::{
-    measure, Budget, BudgetExceeded, IterationReport, LeakCheck, LeakDetected, Measurement,
-    SiteFigures, SpanFigures,
-};
-#[cfg(not(highwater_loom))]
-pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};
-#[cfg(not(highwater_loom))]
-pub use span::SpanGuard;
-#[cfg(all(feature = "tracing", not(highwater_loom)))]
-#[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
-pub use tracing_layer::TracingLayer;
+
+// Under loom only capture's ring, registry, gate and tickets are built (`capture::sync`).
+capture::sync::outside_loom! {
+    pub mod device;
+    // The parts of the lower crates this library builds on, by their short names.
+    use highwater_export as export;
+    use highwater_profile::{alloc_log, analysis, fileio, units};
+
+    mod alloc;
+    #[cfg(feature = "candle")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "candle")))]
+    pub mod candle;
+    mod checkpoint;
+    mod collector;
+    mod config;
+    #[cfg(feature = "cuda")]
+    mod cuda;
+    mod error;
+    mod fork_lock;
+    mod measure;
+    pub mod ops;
+    mod outputs;
+    mod rank;
+    mod session;
+    #[cfg(target_os = "linux")]
+    mod signal;
+    mod span;
+    mod symbolize;
+    #[cfg(feature = "tracing")]
+    mod tracing_layer;
+
+    pub use alloc::Alloc;
+    pub use checkpoint::DEFAULT_CHECKPOINT_INTERVAL;
+    pub use error::Error;
+    pub use measure::{
+        measure, Budget, BudgetExceeded, IterationReport, LeakCheck, LeakDetected, Measurement,
+        SiteFigures, SpanFigures,
+    };
+    pub use session::{Session, SessionBuilder, DEFAULT_OUTPUT};
+    pub use span::SpanGuard;
+    #[cfg(feature = "tracing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+    pub use tracing_layer::TracingLayer;
+}
 
 /// The README's Rust examples, compiled and run as doctests so they cannot rot.
 #[cfg(doctest)]

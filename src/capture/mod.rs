@@ -10,51 +10,35 @@
 
 pub(crate) mod frames;
 pub(crate) mod gate;
+pub(crate) mod oom;
 pub(crate) mod raw;
 pub(crate) mod registry;
 pub(crate) mod ring;
-pub(crate) mod sync;
-#[cfg(not(highwater_loom))]
-pub(crate) mod wake;
-
-#[cfg(not(highwater_loom))]
-pub(crate) mod clock;
-#[cfg(not(highwater_loom))]
-mod hook;
-#[cfg(not(highwater_loom))]
-pub(crate) mod lifecycle;
-#[cfg(not(highwater_loom))]
-pub(crate) mod names;
-pub(crate) mod oom;
-#[cfg(not(highwater_loom))]
-pub(crate) mod recent;
 pub(crate) mod sample;
-#[cfg(not(highwater_loom))]
-pub(crate) mod stack;
-#[cfg(all(
-    not(highwater_loom),
-    any(target_arch = "x86_64", target_arch = "aarch64")
-))]
-pub(crate) mod unwind;
-#[cfg(all(
-    not(highwater_loom),
-    not(any(target_arch = "x86_64", target_arch = "aarch64"))
-))]
-mod unwind_unsupported;
-#[cfg(all(
-    not(highwater_loom),
-    not(any(target_arch = "x86_64", target_arch = "aarch64"))
-))]
-pub(crate) use unwind_unsupported as unwind;
+pub(crate) mod sync;
 
-#[cfg(not(highwater_loom))]
-pub(crate) use gate::{open_gate, recording};
-#[cfg(not(highwater_loom))]
-pub(crate) use hook::*;
-#[cfg(not(highwater_loom))]
-pub(crate) use registry::{DEFAULT_THREAD_LIMIT, MAX_THREADS};
-#[cfg(not(highwater_loom))]
-pub(crate) use sample::DEFAULT_SAMPLE_BYTES;
+sync::outside_loom! {
+    pub(crate) mod wake;
+    pub(crate) mod clock;
+    mod hook;
+    pub(crate) mod lifecycle;
+    pub(crate) mod names;
+    pub(crate) mod recent;
+    pub(crate) mod stack;
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    pub(crate) mod unwind;
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    mod unwind_unsupported;
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    pub(crate) use unwind_unsupported as unwind;
 
-#[cfg(all(test, highwater_loom))]
-mod loom_models;
+    pub(crate) use gate::{open_gate, recording};
+    pub(crate) use hook::*;
+    pub(crate) use registry::{DEFAULT_THREAD_LIMIT, MAX_THREADS};
+    pub(crate) use sample::DEFAULT_SAMPLE_BYTES;
+}
+
+sync::only_in_loom! {
+    #[cfg(test)]
+    mod loom_models;
+}

@@ -8,7 +8,7 @@
 //! only after the collector has seen everything the previous owner wrote.
 
 use super::ring::Ring;
-use super::sync::WaitWord;
+use super::sync::{const_outside_loom, only_in_loom, outside_loom, WaitWord};
 use super::sync::{AtomicU32, AtomicU64, Ordering};
 
 /// The table's size: the most threads a session can be set to record at the same time
@@ -69,21 +69,14 @@ pub(crate) struct Registry<S = [Slot; MAX_THREADS]> {
 }
 
 impl Slot {
-    #[cfg(not(highwater_loom))]
-    const fn new() -> Slot {
-        Slot {
-            state: AtomicU32::new(FREE),
-            owner_tid: AtomicU64::new(0),
-            ring: Ring::new(),
-        }
-    }
-
-    #[cfg(highwater_loom)]
-    pub(crate) fn new() -> Slot {
-        Slot {
-            state: AtomicU32::new(FREE),
-            owner_tid: AtomicU64::new(0),
-            ring: Ring::new(),
+    const_outside_loom! {
+        /// A free slot with an empty ring.
+        pub(crate) fn new() -> Slot {
+            Slot {
+                state: AtomicU32::new(FREE),
+                owner_tid: AtomicU64::new(0),
+                ring: Ring::new(),
+            }
         }
     }
 
@@ -107,32 +100,34 @@ impl Slot {
     }
 }
 
-#[cfg(not(highwater_loom))]
-impl Registry {
-    /// An empty table.
-    pub(crate) const fn new() -> Registry {
-        #[allow(clippy::declare_interior_mutable_const)]
-        const SLOT: Slot = Slot::new();
-        Registry {
-            slots: [SLOT; MAX_THREADS],
-            bound: AtomicU32::new(0),
-            generation: WaitWord::new(0),
-            retired: AtomicU32::new(0),
-            limit: AtomicU32::new(DEFAULT_THREAD_LIMIT as u32),
+outside_loom! {
+    impl Registry {
+        /// An empty table.
+        pub(crate) const fn new() -> Registry {
+            #[allow(clippy::declare_interior_mutable_const)]
+            const SLOT: Slot = Slot::new();
+            Registry {
+                slots: [SLOT; MAX_THREADS],
+                bound: AtomicU32::new(0),
+                generation: WaitWord::new(0),
+                retired: AtomicU32::new(0),
+                limit: AtomicU32::new(DEFAULT_THREAD_LIMIT as u32),
+            }
         }
     }
 }
 
 impl<S: AsRef<[Slot]>> Registry<S> {
-    /// A table over the given slots (loom models use a few).
-    #[cfg(highwater_loom)]
-    pub(crate) fn with_slots(slots: S) -> Registry<S> {
-        Registry {
-            slots,
-            bound: AtomicU32::new(0),
-            generation: WaitWord::new(0),
-            retired: AtomicU32::new(0),
-            limit: AtomicU32::new(DEFAULT_THREAD_LIMIT as u32),
+    only_in_loom! {
+        /// A table over the given slots (loom models use a few).
+        pub(crate) fn with_slots(slots: S) -> Registry<S> {
+            Registry {
+                slots,
+                bound: AtomicU32::new(0),
+                generation: WaitWord::new(0),
+                retired: AtomicU32::new(0),
+                limit: AtomicU32::new(DEFAULT_THREAD_LIMIT as u32),
+            }
         }
     }
 
@@ -268,33 +263,12 @@ impl<S: AsRef<[Slot]>> Registry<S> {
     }
 }
 
-/// The process's table.
-#[cfg(not(highwater_loom))]
-pub(crate) static REGISTRY: Registry = Registry::new();
+outside_loom! {
+    /// The process's table.
+    pub(crate) static REGISTRY: Registry = Registry::new();
+}
 
-#[cfg(all(test, not(highwater_loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_collector_looks_only_at_slots_up_to_the_highest_ever_claimed() {
-        static TABLE: Registry = Registry::new();
-        assert!(TABLE.claimed().is_empty());
-        assert_eq!(TABLE.claim(), Some(0));
-        assert_eq!(TABLE.claim(), Some(1));
-        assert_eq!(TABLE.claimed().len(), 2);
-        // A slot handed back stays in view (a last drain may still be due), and the next claim
-        // takes it again rather than a new one.
-        TABLE.retire(0);
-        TABLE.free(0);
-        assert_eq!(TABLE.claimed().len(), 2);
-        assert_eq!(TABLE.claimed()[0].state(), SlotState::Free);
-        assert_eq!(TABLE.claim(), Some(0));
-        assert_eq!(TABLE.claimed().len(), 2);
-        assert_eq!(TABLE.claim(), Some(2));
-        assert_eq!(TABLE.claimed().len(), 3);
-        assert!(TABLE.slots()[3..]
-            .iter()
-            .all(|slot| slot.state() == SlotState::Free));
-    }
+outside_loom! {
+    #[cfg(test)]
+    mod tests;
 }

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use super::gate::{GateProtocol, Sound};
 use super::raw::{RawEvent, RawKind};
-use super::sync::WaitWord;
+use super::sync::{const_outside_loom, outside_loom, zeroed_counters, WaitWord};
 use super::sync::{
     fence, read_mark, AtomicBool, AtomicPtr, AtomicU64, Ordering, SlotCell, SPIN_READS,
 };
@@ -151,45 +151,24 @@ pub(crate) struct Ring {
 }
 
 impl Ring {
-    /// An empty ring with no storage yet.
-    #[cfg(not(highwater_loom))]
-    pub(crate) const fn new() -> Ring {
-        #[allow(clippy::declare_interior_mutable_const)]
-        const ZERO: AtomicU64 = AtomicU64::new(0);
-        Ring {
-            slots: AtomicPtr::new(std::ptr::null_mut()),
-            capacity: AtomicU64::new(0),
-            producer: ProducerSide {
-                head: AtomicU64::new(0),
-                refresh_at: AtomicU64::new(0),
-                busy: AtomicU64::new(0),
-                dropped: [ZERO; RawKind::COUNT],
-                drop_skips: AtomicU64::new(0),
-            },
-            consumer: ConsumerSide {
-                tail: AtomicU64::new(0),
-                parked: WaitWord::new(0),
-            },
-        }
-    }
-
-    /// An empty ring with no storage yet.
-    #[cfg(highwater_loom)]
-    pub(crate) fn new() -> Ring {
-        Ring {
-            slots: AtomicPtr::new(std::ptr::null_mut()),
-            capacity: AtomicU64::new(0),
-            producer: ProducerSide {
-                head: AtomicU64::new(0),
-                refresh_at: AtomicU64::new(0),
-                busy: AtomicU64::new(0),
-                dropped: std::array::from_fn(|_| AtomicU64::new(0)),
-                drop_skips: AtomicU64::new(0),
-            },
-            consumer: ConsumerSide {
-                tail: AtomicU64::new(0),
-                parked: WaitWord::new(0),
-            },
+    const_outside_loom! {
+        /// An empty ring with no storage yet.
+        pub(crate) fn new() -> Ring {
+            Ring {
+                slots: AtomicPtr::new(std::ptr::null_mut()),
+                capacity: AtomicU64::new(0),
+                producer: ProducerSide {
+                    head: AtomicU64::new(0),
+                    refresh_at: AtomicU64::new(0),
+                    busy: AtomicU64::new(0),
+                    dropped: zeroed_counters(),
+                    drop_skips: AtomicU64::new(0),
+                },
+                consumer: ConsumerSide {
+                    tail: AtomicU64::new(0),
+                    parked: WaitWord::new(0),
+                },
+            }
         }
     }
 
@@ -437,7 +416,8 @@ impl Ring {
     /// # Safety
     ///
     /// The caller is the only consumer of this ring (the collector), and storage is installed.
-    #[cfg_attr(not(highwater_loom), allow(dead_code))]
+    // The loom models and the tests drain whole rings; the collector drains in chunks.
+    #[allow(dead_code)]
     pub(crate) unsafe fn drain(&self, out: &mut impl Extend<RawEvent>) -> u64 {
         // SAFETY: the caller's contract is this one's.
         unsafe { self.drain_at_most(out, u64::MAX) }
@@ -491,13 +471,14 @@ impl Ring {
         std::array::from_fn(|kind| self.producer.dropped[kind].load(Ordering::Relaxed))
     }
 
-    /// In a forked child: the producer (a thread of the parent) did not survive the fork, so it
-    /// is not between a gate check and its publish, whatever its flag said at the fork. Without
-    /// this, the stopper in the child's own session would wait for it forever. (Its unpublished
-    /// event, if any, was never visible: `head` did not move.)
-    #[cfg(not(highwater_loom))]
-    pub(crate) fn clear_busy_after_fork(&self) {
-        self.producer.busy.store(0, Ordering::Relaxed);
+    outside_loom! {
+        /// In a forked child: the producer (a thread of the parent) did not survive the fork, so it
+        /// is not between a gate check and its publish, whatever its flag said at the fork. Without
+        /// this, the stopper in the child's own session would wait for it forever. (Its unpublished
+        /// event, if any, was never visible: `head` did not move.)
+        pub(crate) fn clear_busy_after_fork(&self) {
+            self.producer.busy.store(0, Ordering::Relaxed);
+        }
     }
 
     /// Whether the producer is between a gate check and its publish (waiting for room
@@ -508,7 +489,7 @@ impl Ring {
     }
 }
 
-#[cfg(all(test, not(highwater_loom)))]
+#[cfg(test)]
 impl Ring {
     /// Moves an empty ring's positions to `position`, as if `position` events had passed
     /// through it: lets a test reach the `u64` wrap without pushing 2^64 events.
@@ -520,7 +501,7 @@ impl Ring {
     }
 }
 
-#[cfg(all(test, not(highwater_loom)))]
+#[cfg(test)]
 mod tests {
     use std::cell::Cell;
 

@@ -1,9 +1,47 @@
 //! The one place that chooses std or loom primitives, so the ring, the registry and the waiting
 //! protocols can be model-checked unchanged under `RUSTFLAGS="--cfg highwater_loom"`: the
 //! atomics, a ring slot's cell, and [`WaitWord`], a futex (loom: a mutex and a condition
-//! variable).
+//! variable). It also says what else exists under loom: other files mark items with
+//! [`outside_loom`], [`only_in_loom`] and [`const_outside_loom`] instead of naming the cfg.
 
 use std::time::Duration;
+
+/// Items of the library proper: left out of the loom models, which build only the ring, the
+/// registry, the gate and the refusal tickets on these primitives. Every other file says what
+/// exists under loom through this macro and [`only_in_loom`], so the cfg is named here alone.
+macro_rules! outside_loom {
+    ($($item:item)*) => { $( #[cfg(not(highwater_loom))] $item )* };
+}
+
+/// Items of the loom models only: their stand-ins for what [`outside_loom`] leaves out.
+macro_rules! only_in_loom {
+    ($($item:item)*) => { $( #[cfg(highwater_loom)] $item )* };
+}
+
+/// A constructor that is `const` outside loom (the process's statics are built with it) and a
+/// plain function under loom, whose atomics cannot be built in a constant.
+macro_rules! const_outside_loom {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) -> $ret:ty $body:block) => {
+        #[cfg(not(highwater_loom))]
+        $(#[$meta])* $vis const fn $name($($arg: $ty),*) -> $ret $body
+        #[cfg(highwater_loom)]
+        $(#[$meta])* $vis fn $name($($arg: $ty),*) -> $ret $body
+    };
+}
+
+pub(crate) use {const_outside_loom, only_in_loom, outside_loom};
+
+/// `N` counters at zero, in a constant outside loom.
+#[cfg(not(highwater_loom))]
+pub(crate) const fn zeroed_counters<const N: usize>() -> [AtomicU64; N] {
+    [const { AtomicU64::new(0) }; N]
+}
+
+/// `N` counters at zero.
+#[cfg(highwater_loom)]
+pub(crate) fn zeroed_counters<const N: usize>() -> [AtomicU64; N] {
+    std::array::from_fn(|_| AtomicU64::new(0))
+}
 
 #[cfg(not(highwater_loom))]
 pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
