@@ -49,7 +49,7 @@
 //! | `candle` | `highwater::candle`: name real `candle_core::Tensor`s (op outputs with shape and dtype, `VarMap` storage as parameters); CPU, and CUDA with `cuda` |
 //! | `tracing` | `TracingLayer`: a `tracing_subscriber` layer that turns tracing spans into highwater spans |
 //! | `cuda` | CUDA device memory, recorded through CUPTI's callbacks (driver and CUPTI loaded at run time; no toolkit needed to build) |
-//! | `read` | reading profiles back in the program: `Profile::load`, `Profile::from_json_bytes`, `profile::ranks::compare` (the `highwater` command reads them without it) |
+//! | `read` | reading profiles back in the program: `Profile::load`, `Profile::from_json_bytes`, `profile::ranks::compare`, and `serde::Deserialize` for every type of the document (the `highwater` command does not need it) |
 //!
 //! ```toml
 //! [dependencies]

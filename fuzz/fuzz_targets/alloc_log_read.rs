@@ -6,7 +6,7 @@
 
 #![no_main]
 
-use highwater::alloc_log::AllocLog;
+use highwater::profile::alloc_log::AllocLog;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

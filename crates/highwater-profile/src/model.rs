@@ -3,14 +3,13 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The phase of a training step a span belongs to.
 ///
 /// A span that carries a step gives heap allocations inside it a default category
 /// (see [`Step::implied_category`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[cfg_attr(feature = "read", derive(serde::Deserialize))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Step {
     /// The forward pass: allocations default to [`Category::Activation`].
@@ -65,8 +64,9 @@ impl FromStr for Step {
 }
 
 /// What a block of memory is for: the breakdown of the memory timeline.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[cfg_attr(feature = "read", derive(serde::Deserialize))]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Category {
     /// Model weights.
@@ -164,8 +164,7 @@ pub struct ParseLabelError {
 /// What a span says about the memory allocated inside it.
 ///
 /// Built by `profile!` from nothing, a [`Step`] or a [`Category`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
-#[cfg_attr(feature = "read", derive(serde::Deserialize))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SpanLabel {
     /// A plain span: allocations inherit from the enclosing spans.
@@ -252,8 +251,7 @@ impl CategoryScope {
 }
 
 /// Who refused an allocation.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
-#[cfg_attr(feature = "read", derive(serde::Deserialize))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OomSource {
     /// The heap allocator [`Alloc`](https://docs.rs/highwater) wraps returned null.

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::{Category, OomSource, Step};
 
@@ -53,7 +53,7 @@ pub const MAX_SPAN_NODES: usize = 8192;
 /// past [`MAX_SPAN_NODES`].
 pub const FOLDED_SPANS: &str = "(folded spans)";
 
-/// Largest profile file [`Profile::load`] accepts; profiles are bounded far below this.
+/// Largest profile file `Profile::load` accepts; profiles are bounded far below this.
 pub const MAX_PROFILE_BYTES: u64 = 256 << 20;
 
 /// A run's memory profile.
@@ -115,7 +115,10 @@ pub struct Profile {
     /// Things the reader should know (dropped events, growing residuals, …), each once, as
     /// data; `Display` words them. Plain sentences in older profiles load as
     /// [`Warning::Note`].
-    #[serde(default, deserialize_with = "warning::deserialize_list")]
+    #[cfg_attr(
+        feature = "read",
+        serde(default, deserialize_with = "warning::deserialize_list")
+    )]
     pub warnings: Vec<Warning>,
     /// Individual span instances with their times, for trace viewers, at most
     /// [`MAX_SPAN_EVENTS`]; when a run has more, the analysis keeps an even sample across the run
@@ -556,8 +559,7 @@ pub struct PoolPoint {
 /// assert_eq!("Lossless".parse(), Ok(CaptureMode::Lossless));
 /// assert!("sometimes".parse::<CaptureMode>().is_err());
 /// ```
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize)]
-#[cfg_attr(feature = "read", derive(serde::Deserialize))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum CaptureMode {
@@ -648,7 +650,7 @@ pub struct ThreadCapture {
     /// Threads this row counts: 1, or in the last row of a run with more than
     /// [`MAX_THREAD_ROWS`] threads, every thread from [`ThreadCapture::thread`] on (their
     /// `os_tid` is the first's).
-    #[serde(default = "one")]
+    #[cfg_attr(feature = "read", serde(default = "one"))]
     pub threads: u64,
     /// The operating system's id for it (`gettid` on Linux; 0 elsewhere).
     pub os_tid: u64,

@@ -1,7 +1,7 @@
 //! The events the analysis replays.
 //!
 //! The collector decodes each thread's ring into these, already in nanoseconds and merged into
-//! one order; tests write them by hand; a recorded run can be saved and replayed. Strings are
+//! one order; tests write them by hand; a recorded run can be saved and, with the feature `read`, replayed. Strings are
 //! interned by the [`Timeline`](super::Timeline) that consumes them ([`NameId`], [`DeviceId`]).
 
 use serde::Serialize;

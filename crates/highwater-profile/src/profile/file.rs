@@ -51,7 +51,8 @@ pub enum ProfileError {
         /// The broken rule.
         detail: String,
     },
-    /// The file is a profile of another schema (see [`SCHEMA`](super::SCHEMA) for the compatibility rule).
+    /// The file is a profile of another schema (see [`SCHEMA`](super::SCHEMA) for the
+    /// compatibility rule).
     #[error("profile {path} has schema {found:?}; this highwater reads {expected:?} (the schema changes only when readers break: convert or re-record the profile with a matching highwater)")]
     Schema {
         /// The file.
