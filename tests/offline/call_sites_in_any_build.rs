@@ -5,9 +5,11 @@
 //! their full paths, with file and line, and gives each exactly its bytes; a build without frame
 //! pointers unwinds every stack by `.eh_frame`, and nothing tells the user to rebuild.
 //!
-//! The builds go to `CARGO_TARGET_TMPDIR` (never the working tree) and are kept there, so a
-//! second run only relinks the probe. Dependencies are built once per frame-pointer setting and
-//! profile (four times); the debug info setting only rebuilds the probe itself.
+//! The builds go to a temporary directory under `CARGO_TARGET_TMPDIR` (never the working tree),
+//! one per frame-pointer setting, removed once that setting's four builds are checked: each
+//! holds a copy of the library's dependencies, and CI's disk is not large. Dependencies are built
+//! once per frame-pointer setting and profile (four times); the debug info setting only rebuilds
+//! the probe itself.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -73,13 +75,8 @@ fn probe_sources() -> PathBuf {
     dir
 }
 
-/// Builds the probe as `build` says and returns its binary.
-fn build_probe(sources: &Path, build: Build) -> PathBuf {
-    let target = sources.join(if build.frame_pointers {
-        "target-fp"
-    } else {
-        "target-no-fp"
-    });
+/// Builds the probe as `build` says into `target` and returns its binary.
+fn build_probe(sources: &Path, target: &Path, build: Build) -> PathBuf {
     let profile = if build.release { "RELEASE" } else { "DEV" };
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = Command::new(cargo);
@@ -89,7 +86,9 @@ fn build_probe(sources: &Path, build: Build) -> PathBuf {
         .arg("--quiet")
         .arg("--manifest-path")
         .arg(sources.join("Cargo.toml"))
-        .env("CARGO_TARGET_DIR", &target)
+        .env("CARGO_TARGET_DIR", target)
+        // Incremental state would double a debug build's footprint, for no rebuild to use it.
+        .env("CARGO_INCREMENTAL", "0")
         .env(
             "RUSTFLAGS",
             format!(
@@ -225,6 +224,11 @@ fn check(profile: &Profile, build: Build) -> String {
 fn the_same_call_sites_with_or_without_frame_pointers_in_debug_and_release() {
     let sources = probe_sources();
     for frame_pointers in [false, true] {
+        // Removed at the end of the iteration, or when a check fails.
+        let target = tempfile::Builder::new()
+            .prefix("call_site_probe-target-")
+            .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+            .unwrap();
         for release in [true, false] {
             for debug in ["line-tables-only", "full"] {
                 let build = Build {
@@ -233,7 +237,7 @@ fn the_same_call_sites_with_or_without_frame_pointers_in_debug_and_release() {
                     debug,
                 };
                 let started = Instant::now();
-                let binary = build_probe(&sources, build);
+                let binary = build_probe(&sources, target.path(), build);
                 let built = started.elapsed();
                 let profile = run_probe(&binary, build);
                 let line = check(&profile, build);
