@@ -12,7 +12,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use highwater::{Alloc, CaptureMode, Session};
@@ -118,12 +118,28 @@ extern "C" fn allocate_in_handler(_: libc::c_int) {
     drop(black_box(grown));
     IN_HANDLER.with(|flag| flag.set(false));
     HANDLED.fetch_add(1, Ordering::Relaxed);
+    rearm();
 }
 
-/// Sets SIGALRM's disposition and the real-time interval timer (`0`: off).
+/// The timer [`alarm_every`] created (a `timer_t`, which may be 0), whether it runs, and its
+/// interval in ns.
+static TIMER: AtomicUsize = AtomicUsize::new(0);
+static TIMER_RUNS: AtomicBool = AtomicBool::new(false);
+static INTERVAL_NS: AtomicI64 = AtomicI64::new(0);
+
+/// Sets SIGALRM's disposition and a timer that sends SIGALRM to the calling thread alone,
+/// `micros` after this call and after each handler that calls [`rearm`] (`0`: deletes it).
+///
+/// Aimed at the thread, not the process: a process-wide timer's signal goes to any thread
+/// that does not block it, and the test harness's main thread, which does not, took about
+/// half of them, never inside a push; scheduled differently, it could take all of them.
+/// Armed again by each handler rather than periodic: a handler that outlasts the interval (an
+/// unwind in a debug build, a loaded machine) would otherwise leave the thread nothing but
+/// handlers to run.
 fn alarm_every(micros: i64, handler: libc::sighandler_t) {
-    // SAFETY: a zeroed sigaction with a handler of the right signature (or SIG_IGN); the timer
-    // values are valid.
+    // SAFETY: a zeroed sigaction with a handler of the right signature (or SIG_IGN); the
+    // timer is created for this live thread, and only the timer this function created is
+    // deleted, after its signal is blocked or ignored by the callers.
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = handler;
@@ -133,19 +149,51 @@ fn alarm_every(micros: i64, handler: libc::sighandler_t) {
             libc::sigaction(libc::SIGALRM, &action, std::ptr::null_mut()),
             0
         );
-        let tick = libc::timeval {
-            tv_sec: 0,
-            tv_usec: micros as libc::suseconds_t,
-        };
-        let timer = libc::itimerval {
-            it_interval: tick,
-            it_value: tick,
-        };
+        if TIMER_RUNS.swap(false, Ordering::SeqCst) {
+            let running = TIMER.load(Ordering::SeqCst) as libc::timer_t;
+            assert_eq!(libc::timer_delete(running), 0);
+        }
+        if micros == 0 {
+            return;
+        }
+        let mut event: libc::sigevent = std::mem::zeroed();
+        event.sigev_notify = libc::SIGEV_THREAD_ID;
+        event.sigev_signo = libc::SIGALRM;
+        event.sigev_notify_thread_id = gettid() as libc::c_int;
+        let mut timer: libc::timer_t = std::ptr::null_mut();
         assert_eq!(
-            libc::setitimer(libc::ITIMER_REAL, &timer, std::ptr::null_mut()),
-            0
+            libc::timer_create(libc::CLOCK_MONOTONIC, &mut event, &mut timer),
+            0,
+            "timer_create: {}",
+            std::io::Error::last_os_error()
         );
+        INTERVAL_NS.store(micros * 1_000, Ordering::SeqCst);
+        TIMER.store(timer as usize, Ordering::SeqCst);
+        TIMER_RUNS.store(true, Ordering::SeqCst);
     }
+    rearm();
+}
+
+/// Arms [`alarm_every`]'s timer to fire once, its interval from now; called by the handlers as
+/// they return (`timer_settime` is async-signal-safe).
+fn rearm() {
+    if !TIMER_RUNS.load(Ordering::SeqCst) {
+        return;
+    }
+    let timer = TIMER.load(Ordering::SeqCst);
+    let once = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: INTERVAL_NS.load(Ordering::SeqCst),
+        },
+    };
+    // SAFETY: a timer `alarm_every` created and has not deleted (it deletes it only while the
+    // signal is blocked on this thread, the only one it goes to); a valid interval.
+    unsafe { libc::timer_settime(timer as libc::timer_t, 0, &once, std::ptr::null_mut()) };
 }
 
 /// Blocks or unblocks SIGALRM on the calling thread (threads it spawns inherit the mask).
@@ -204,7 +252,8 @@ fn a_signal_handler_allocating_mid_push_is_counted_exactly() {
             arena();
             let tid = gettid();
             black_box(vec![0u8; 1]); // this thread's counting row, before the session
-                                     // The collector inherits the blocked mask, so only this thread takes the signal.
+                                     // Blocked until the loop: the collector, which inherits the mask, and the
+                                     // harness's reading of the counters run without the handler.
             mask_alarm(true);
             let session = Session::builder().write_profile(false).start().unwrap();
             // What this thread performs between here and `finish` (which runs paused) is in the
@@ -278,8 +327,8 @@ fn a_signal_handler_allocating_mid_unwind_is_counted_exactly() {
                 .start()
                 .unwrap();
             let before = highwater_testkit::counting::performed(&[tid]);
-            // Every 100 µs: an unwind takes microseconds (tens in a debug build), so a tighter
-            // timer leaves the thread nothing but handlers to run.
+            // 100 µs after each handler: an unwind takes microseconds (tens in a debug build),
+            // so a tighter timer would leave the loop little time between handlers.
             let round = allocate_under_alarm(100, 2_000, 20_000, 5_000_000);
             let after = highwater_testkit::counting::performed(&[tid]);
             let profile = session.finish().unwrap();
@@ -327,6 +376,7 @@ extern "C" fn box_in_handler(_: libc::c_int) {
     drop(black_box(Box::new([9u8; 100])));
     IN_HANDLER.with(|flag| flag.set(false));
     HANDLED.fetch_add(1, Ordering::Relaxed);
+    rearm();
 }
 
 /// The same re-entry inside `highwater::measure` (issue 15): an event that arrives while the
