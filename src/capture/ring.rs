@@ -417,7 +417,7 @@ impl Ring {
     ///
     /// The caller is the only consumer of this ring (the collector), and storage is installed.
     // The loom models and the tests drain whole rings; the collector drains in chunks.
-    #[allow(dead_code)]
+    #[cfg(test)]
     pub(crate) unsafe fn drain(&self, out: &mut impl Extend<RawEvent>) -> u64 {
         // SAFETY: the caller's contract is this one's.
         unsafe { self.drain_at_most(out, u64::MAX) }
