@@ -18,6 +18,10 @@ use crate::profile::{ThreadCapture, Warning, MAX_THREAD_ROWS};
 /// enough for the line to arrive before it is read, near enough to stay cached until then.
 const PREFETCH_BLOCK: usize = 6;
 
+/// How far ahead the heap's index is asked for the lines that finding that block reads: before
+/// [`PREFETCH_BLOCK`], whose lookup then finds them cached and asks for the block at once.
+const PREFETCH_INDEX: usize = 14;
+
 /// Events every ring may have staged between drain and merge, whatever the others hold: a
 /// drain takes no more than the queue has room for and leaves the rest in the ring (where a
 /// lossless producer waits for room rather than growing a queue). 16 Ki events are 512 KiB,
@@ -322,7 +326,12 @@ impl Merger {
                     // The block a free a few places on will end is asked for now, so that its
                     // wait for memory overlaps this event's work: a program that frees in
                     // another order than it allocated (rayon's sorts) waits on every free.
+                    // The index lines that finding it reads are asked for further ahead.
                     if ask_ahead {
+                        let further = next.ahead(PREFETCH_INDEX);
+                        if let Some(addr) = further.and_then(RawEvent::ended_heap_address) {
+                            self.timeline.prefetch_index(addr);
+                        }
                         let ahead = next.ahead(PREFETCH_BLOCK);
                         if let Some(addr) = ahead.and_then(RawEvent::ended_heap_address) {
                             self.timeline.prefetch_block(DeviceId::CPU, addr);

@@ -293,6 +293,13 @@ impl LiveSet {
         self.map.prefetch_block(device, addr);
     }
 
+    /// Asks for the heap table's lines a lookup of `addr` reads, a few events before
+    /// [`LiveSet::prefetch_block`] for it.
+    #[inline]
+    pub(crate) fn prefetch_index(&self, addr: u64) {
+        self.map.prefetch_index(addr);
+    }
+
     /// Whether a block is live at `(device, addr)`.
     #[inline]
     pub(crate) fn contains(&self, device: DeviceId, addr: u64) -> bool {

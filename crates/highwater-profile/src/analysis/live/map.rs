@@ -9,7 +9,8 @@
 //! buckets, the fingerprints packed beside the slab index, the choice of a likely-cached free
 //! slot (`free_slots`), the memo of addresses known not to be indexed ([`Unindexed`]), the
 //! table rebuild that fetches its slab reads ahead ([`LiveMap::make_room`]), and asking for a
-//! block a few events before its free ([`LiveMap::prefetch_block`]).
+//! block a few events before its free ([`LiveMap::prefetch_block`]), and for the table's lines
+//! that lookup reads a few events before that ([`LiveMap::prefetch_index`]).
 
 mod free_slots;
 mod index;
@@ -17,11 +18,13 @@ mod slab;
 #[cfg(test)]
 mod tests;
 
+use std::cell::Cell;
+
 use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 
 use super::super::event::DeviceId;
-use index::{hash, Packing, Unindexed, GROWTH_AHEAD, PREFETCH_FROM};
+use index::{control_bytes, hash, prefetch_lines, Packing, Unindexed, GROWTH_AHEAD, PREFETCH_FROM};
 use slab::{prefetch, Slab};
 
 /// A live block, as the map stores it in its slab: 32 bytes. The map reads its address and time;
@@ -68,6 +71,9 @@ pub(super) struct LiveMap {
     /// Heap addresses known not to be in the index.
     unindexed: Unindexed,
     len: usize,
+    /// Where the heap's table keeps its control bytes, once a prefetch has looked (see
+    /// [`control_bytes`]); forgotten whenever the table may move.
+    heap_control: Cell<Option<usize>>,
 }
 
 impl Default for LiveMap {
@@ -79,6 +85,7 @@ impl Default for LiveMap {
             slab: Slab::default(),
             unindexed: Unindexed::default(),
             len: 0,
+            heap_control: Cell::new(None),
         }
     }
 }
@@ -236,6 +243,29 @@ impl LiveMap {
         }
     }
 
+    /// Asks for the heap table's lines that a lookup of `addr` reads first: its control bytes
+    /// and entries where the probe starts. Called a few events before
+    /// [`LiveMap::prefetch_block`] for the same address, whose lookup then finds them cached:
+    /// a program that frees in another order than it allocated (rayon's sorts) misses the
+    /// table on every free, and otherwise waits for those misses one at a time.
+    #[inline]
+    pub(super) fn prefetch_index(&self, addr: u64) {
+        let Some(table) = self.index.get(usize::from(DeviceId::CPU.0)) else {
+            return;
+        };
+        let control = match self.heap_control.get() {
+            Some(control) => control,
+            None => {
+                let Some(control) = control_bytes(table) else {
+                    return;
+                };
+                self.heap_control.set(Some(control));
+                control
+            }
+        };
+        prefetch_lines(table, control, hash(addr));
+    }
+
     /// The blocks live on `device`.
     pub(super) fn blocks_on(&self, device: DeviceId) -> impl Iterator<Item = &Block> + '_ {
         self.index
@@ -279,6 +309,7 @@ impl LiveMap {
         }
         let table = &self.index[slot];
         if table.len() == table.capacity() {
+            self.heap_control.set(None);
             self.make_room(slot);
         }
         slot

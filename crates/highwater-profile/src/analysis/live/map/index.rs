@@ -2,7 +2,9 @@
 //! neighbouring buckets, the fingerprints packed beside the slab index, and the memo of heap
 //! addresses known not to be indexed.
 
-use super::slab::Slab;
+use hashbrown::HashTable;
+
+use super::slab::{prefetch_line, Slab};
 
 /// Buckets of [`Unindexed`]: a power of two.
 const UNINDEXED_BUCKETS: usize = 256;
@@ -89,6 +91,37 @@ pub(super) fn hash(addr: u64) -> u64 {
     // to 2^27 buckets differ in the window hash's top bits, which the bucket number drops.
     let tag = (unit + (window >> 19)) & 0x7f;
     (tag << 57) | (window << UNIT_BITS) | unit
+}
+
+/// Where `table` keeps its control bytes, `None` while it holds no entry: found from the
+/// address of one entry, as hashbrown lays a table out (the entries sit below the control
+/// bytes, backwards: entry `i` ends `i` entries below control byte 0). Only
+/// [`prefetch_lines`] uses it, and a prefetch reads nothing: were the layout to change, the
+/// prefetches would ask for the wrong lines, and the map's tests say so.
+pub(super) fn control_bytes(table: &HashTable<u32>) -> Option<usize> {
+    let first = table.iter_buckets().next()?;
+    let entry = table.get_bucket(first)?;
+    Some(std::ptr::from_ref(entry) as usize + (first + 1) * std::mem::size_of::<u32>())
+}
+
+/// The lines of `table` (control bytes at `control`) where a probe for `hash` starts: its
+/// group of control bytes and the entry of its first bucket.
+#[inline]
+pub(super) fn index_lines(table: &HashTable<u32>, control: usize, hash: u64) -> [usize; 2] {
+    // A probe starts at the hash's low bits, masked to the table's buckets (a power of two).
+    let start = hash as usize & (table.num_buckets() - 1);
+    [
+        control.wrapping_add(start),
+        control.wrapping_sub((start + 1) * std::mem::size_of::<u32>()),
+    ]
+}
+
+/// Asks for the lines of `table` that a probe for `hash` reads first.
+#[inline]
+pub(super) fn prefetch_lines(table: &HashTable<u32>, control: usize, hash: u64) {
+    for line in index_lines(table, control, hash) {
+        prefetch_line(line);
+    }
 }
 
 /// A 32-bit fingerprint of an address, independent of the bits [`hash`] uses.

@@ -64,14 +64,21 @@ impl Slab {
 /// Asks the processor to bring `block`'s line into the caches; a hint, never a fault.
 #[inline(always)]
 pub(super) fn prefetch(block: &Block) {
+    prefetch_line(std::ptr::from_ref(block) as usize);
+}
+
+/// Asks the processor to bring the line at `address` into the caches: a hint, which never
+/// faults, whatever the address.
+#[inline(always)]
+pub(super) fn prefetch_line(address: usize) {
     #[cfg(all(target_arch = "x86_64", not(miri)))]
     // SAFETY: `_mm_prefetch` needs the `sse` target feature, which every x86-64 processor has
-    // (it is in the target's baseline); a prefetch only hints the cache and never faults, and
-    // `block` is a live reference in any case.
+    // (it is in the target's baseline); a prefetch only hints the cache and never faults, so
+    // any address will do, and nothing is read through the pointer.
     unsafe {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(block).cast::<i8>());
+        _mm_prefetch::<_MM_HINT_T0>(address as *const i8);
     }
     #[cfg(not(all(target_arch = "x86_64", not(miri))))]
-    let _ = block;
+    let _ = address;
 }
