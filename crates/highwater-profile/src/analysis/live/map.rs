@@ -253,16 +253,10 @@ impl LiveMap {
         let Some(table) = self.index.get(usize::from(DeviceId::CPU.0)) else {
             return;
         };
-        let control = match self.heap_control.get() {
-            Some(control) => control,
-            None => {
-                let Some(control) = control_bytes(table) else {
-                    return;
-                };
-                self.heap_control.set(Some(control));
-                control
-            }
+        let Some(control) = self.heap_control.get().or_else(|| control_bytes(table)) else {
+            return;
         };
+        self.heap_control.set(Some(control));
         prefetch_lines(table, control, hash(addr));
     }
 

@@ -93,35 +93,23 @@ pub(super) fn hash(addr: u64) -> u64 {
     (tag << 57) | (window << UNIT_BITS) | unit
 }
 
-/// Where `table` keeps its control bytes, `None` while it holds no entry: found from the
-/// address of one entry, as hashbrown lays a table out (the entries sit below the control
-/// bytes, backwards: entry `i` ends `i` entries below control byte 0). Only
-/// [`prefetch_lines`] uses it, and a prefetch reads nothing: were the layout to change, the
-/// prefetches would ask for the wrong lines, and the map's tests say so.
+/// Where `table` keeps its control bytes (`None` while it holds no entry), from one entry's
+/// address as hashbrown lays a table out: entry `i` ends `i` entries below control byte 0.
+/// Only prefetches use it, which read nothing; were the layout to change, they would ask for
+/// lines no lookup reads, and the `prefetch` layer's measurement would show its gain gone.
 pub(super) fn control_bytes(table: &HashTable<u32>) -> Option<usize> {
     let first = table.iter_buckets().next()?;
-    let entry = table.get_bucket(first)?;
-    Some(std::ptr::from_ref(entry) as usize + (first + 1) * std::mem::size_of::<u32>())
+    let entry = std::ptr::from_ref(table.get_bucket(first)?) as usize;
+    Some(entry + (first + 1) * std::mem::size_of::<u32>())
 }
 
-/// The lines of `table` (control bytes at `control`) where a probe for `hash` starts: its
-/// group of control bytes and the entry of its first bucket.
-#[inline]
-pub(super) fn index_lines(table: &HashTable<u32>, control: usize, hash: u64) -> [usize; 2] {
-    // A probe starts at the hash's low bits, masked to the table's buckets (a power of two).
-    let start = hash as usize & (table.num_buckets() - 1);
-    [
-        control.wrapping_add(start),
-        control.wrapping_sub((start + 1) * std::mem::size_of::<u32>()),
-    ]
-}
-
-/// Asks for the lines of `table` that a probe for `hash` reads first.
+/// Asks for the lines of `table` (control bytes at `control`) where a probe for `hash` starts,
+/// at its low bits: that group of control bytes and the first bucket's entry.
 #[inline]
 pub(super) fn prefetch_lines(table: &HashTable<u32>, control: usize, hash: u64) {
-    for line in index_lines(table, control, hash) {
-        prefetch_line(line);
-    }
+    let start = hash as usize & (table.num_buckets() - 1);
+    prefetch_line(control.wrapping_add(start));
+    prefetch_line(control.wrapping_sub((start + 1) * std::mem::size_of::<u32>()));
 }
 
 /// A 32-bit fingerprint of an address, independent of the bits [`hash`] uses.

@@ -1,7 +1,7 @@
 //! The live map's unit tests: the index hash, the packing, the table rebuilds, the memo and the
 //! slab, on the map alone.
 
-use super::index::{control_bytes, hash, index_lines, Packing};
+use super::index::{hash, Packing};
 use super::slab::Slab;
 use super::*;
 
@@ -227,51 +227,4 @@ fn the_slab_reuses_a_free_slot_before_a_fresh_one() {
     assert_eq!(reused, [3, 4096, 17, 4999, 5000]);
     assert_eq!(slab.get(17).addr, 10_002);
     assert_eq!(slab.next_index(), 5001);
-}
-
-/// The prefetch of a lookup's index lines (`LiveMap::prefetch_index`) computes where hashbrown
-/// keeps them. Here, on a table filled a quarter full and one rebuilt to its full room: every
-/// entry's address is where the layout puts it, and every entry sits in the group of 16
-/// buckets its probe starts with (a quarter full, the first group nearly always has room; full,
-/// a probe goes on for a few groups at most).
-#[test]
-fn the_index_lines_are_where_hashbrown_keeps_them() {
-    for blocks in [1024u64, 20_000] {
-        let mut map = LiveMap::default();
-        let base = 0x7f00_0000_0000u64;
-        // Spread over pages, in a stride that visits windows out of order.
-        let addr = |n: u64| base + (n * 7919 % blocks) * 48;
-        for n in 0..blocks {
-            map.insert(DeviceId::CPU, block(addr(n), 48, n));
-        }
-        let table = &map.index[usize::from(DeviceId::CPU.0)];
-        assert!(
-            table.len() * 4 >= table.num_buckets() / 2,
-            "{blocks}: filled enough"
-        );
-        let control = control_bytes(table).expect("a table with entries");
-        let mut in_first_group = 0;
-        for n in 0..blocks {
-            let at = table
-                .find_bucket_index(hash(addr(n)), |&v| map.packing.is(&map.slab, v, addr(n)))
-                .expect("every block is indexed");
-            let entry = table.get_bucket(at).expect("a full bucket");
-            assert_eq!(
-                std::ptr::from_ref(entry) as usize,
-                control - (at + 1) * std::mem::size_of::<u32>(),
-                "{blocks}: entry {at} is where the layout puts it"
-            );
-            let [group, first] = index_lines(table, control, hash(addr(n)));
-            let start = group - control;
-            assert_eq!(first, control - (start + 1) * std::mem::size_of::<u32>());
-            let probed = (at + table.num_buckets() - start) % table.num_buckets();
-            if probed < 16 {
-                in_first_group += 1;
-            }
-        }
-        assert!(
-            in_first_group * 10 >= blocks * 9,
-            "{blocks}: {in_first_group} found in the group their probe starts with"
-        );
-    }
 }
