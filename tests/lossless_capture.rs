@@ -121,10 +121,9 @@ extern "C" fn allocate_in_handler(_: libc::c_int) {
     rearm();
 }
 
-/// The timer [`alarm_every`] created (a `timer_t`, which may be 0), whether it runs, and its
-/// interval in ns.
+/// The timer [`alarm_every`] created (a `timer_t`, which may be 0), and its interval in ns
+/// (0 while no timer runs).
 static TIMER: AtomicUsize = AtomicUsize::new(0);
-static TIMER_RUNS: AtomicBool = AtomicBool::new(false);
 static INTERVAL_NS: AtomicI64 = AtomicI64::new(0);
 
 /// Sets SIGALRM's disposition and a timer that sends SIGALRM to the calling thread alone,
@@ -149,7 +148,7 @@ fn alarm_every(micros: i64, handler: libc::sighandler_t) {
             libc::sigaction(libc::SIGALRM, &action, std::ptr::null_mut()),
             0
         );
-        if TIMER_RUNS.swap(false, Ordering::SeqCst) {
+        if INTERVAL_NS.swap(0, Ordering::SeqCst) != 0 {
             let running = TIMER.load(Ordering::SeqCst) as libc::timer_t;
             assert_eq!(libc::timer_delete(running), 0);
         }
@@ -167,9 +166,8 @@ fn alarm_every(micros: i64, handler: libc::sighandler_t) {
             "timer_create: {}",
             std::io::Error::last_os_error()
         );
-        INTERVAL_NS.store(micros * 1_000, Ordering::SeqCst);
         TIMER.store(timer as usize, Ordering::SeqCst);
-        TIMER_RUNS.store(true, Ordering::SeqCst);
+        INTERVAL_NS.store(micros * 1_000, Ordering::SeqCst);
     }
     rearm();
 }
@@ -177,7 +175,8 @@ fn alarm_every(micros: i64, handler: libc::sighandler_t) {
 /// Arms [`alarm_every`]'s timer to fire once, its interval from now; called by the handlers as
 /// they return (`timer_settime` is async-signal-safe).
 fn rearm() {
-    if !TIMER_RUNS.load(Ordering::SeqCst) {
+    let interval = INTERVAL_NS.load(Ordering::SeqCst);
+    if interval == 0 {
         return;
     }
     let timer = TIMER.load(Ordering::SeqCst);
@@ -188,7 +187,7 @@ fn rearm() {
         },
         it_value: libc::timespec {
             tv_sec: 0,
-            tv_nsec: INTERVAL_NS.load(Ordering::SeqCst),
+            tv_nsec: interval,
         },
     };
     // SAFETY: a timer `alarm_every` created and has not deleted (it deletes it only while the
