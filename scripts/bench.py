@@ -12,6 +12,8 @@ hand. Parts:
 
 - `hot`: the 64-byte alloc + free pair under each allocator (`cargo bench --bench hot_path`);
 - `workloads`: real programs against heaptrack and massif (`scripts/compare_profilers.py`);
+- `where`: where the added CPU goes, stage by stage, from `perf record` samples
+  (`scripts/where_cpu_goes.py`);
 - `candle`: the candle MLP's step time, recorded and not, in alternating blocks
   (`train_mlp --ab`);
 - `analysis`: replaying a recorded stream, and the profile's size and write/read time
@@ -24,7 +26,8 @@ hand. Parts:
 
 Ratios compare contenders measured in the same run, alternating, so they share the machine's
 load; absolute figures carry the machine line. Do not run it while anything else builds.
-Needs: cargo, python3 (standard library only); heaptrack, valgrind and zstd for `workloads`.
+Needs: cargo, python3 (standard library only); heaptrack, valgrind and zstd for `workloads`;
+perf and binutils (`nm`, `addr2line`) for `where`.
 """
 
 import argparse
@@ -41,13 +44,14 @@ from pathlib import Path
 
 # The workload figures are computed as compare_profilers.py computes them for its own report.
 from compare_profilers import added_cpu_ns, events_made, size
+from where_cpu_goes import STAGES, breakdown, busiest
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
 OUT_DIR = TARGET / "highwater-bench"
 RESULTS = OUT_DIR / "bench.json"
 CRITERION = TARGET / "criterion"
-PARTS = ["hot", "workloads", "candle", "analysis", "pools", "cuda", "layers"]
+PARTS = ["hot", "workloads", "where", "candle", "analysis", "pools", "cuda", "layers"]
 
 # A live-map layer stays while turning it off alone costs one workload this much work time.
 LAYER_KEEP_RATIO = 1.03
@@ -129,6 +133,14 @@ def measure_workloads(quick):
         command.append("--quick")
     run(command, capture=False)
     return json.loads((OUT_DIR / "compare_profilers.json").read_text())
+
+
+def measure_where(quick):
+    command = [sys.executable, str(ROOT / "scripts" / "where_cpu_goes.py")]
+    if quick:
+        command.append("--quick")
+    run(command, capture=False)
+    return json.loads((OUT_DIR / "where_cpu_goes.json").read_text())
 
 
 def measure_layers(quick):
@@ -323,6 +335,71 @@ def render_workloads(data, losses):
     return lines
 
 
+# The workload whose collector the "where" section names function by function (issue 36).
+WHERE_DETAIL = "rayon"
+STAGE_WORDS = {
+    "program threads/hook": "the hook on the program's threads",
+    "program threads/kernel": "the kernel on the program's threads",
+    "program threads/program": "the program's own code running slower",
+    "collector/drain": "the collector's drain",
+    "collector/merge": "the collector's merge",
+    "collector/live map": "the collector's live map",
+    "collector/timeline": "the collector's timeline",
+    "collector/kernel": "the kernel on the collector's thread",
+    "collector/other": "the collector's other code",
+}
+
+
+def render_where(data):
+    columns = [f"{g}/{s}" for g, stages in STAGES for s in stages]
+    heads = [f"{'program' if g == 'program threads' else 'collector'}: {s}" for g, stages in STAGES for s in stages]
+    runs = len(next(iter(data["workloads"].values()))["runs"]["recorded"]) if data["workloads"] else 0
+    lines = [
+        "Each program run under `perf record -e cpu-clock` (a sample every "
+        f"{data['period_ns'] / 1e3:.0f} µs of CPU), unprofiled and recorded lossless, "
+        f"alternating, {runs} runs each; every sample is put in a stage by the thread it was "
+        "taken on and the source file of the code it landed in (its first frame outside the "
+        "standard library, inlined frames included, from `addr2line -i`). ns per event, medians. "
+        "On the program's threads, *hook* is highwater's code in the allocator less what the "
+        "unprofiled run spent passing calls through, *kernel* and *program* are what the "
+        "recorded run spent there beyond the unprofiled run. On the collector's thread, *drain* "
+        "copies events out of the rings, *merge* orders and decodes them, *live map* finds and "
+        "stores blocks by address, *timeline* keeps counters, peaks, spans and the series. The "
+        "samples span the whole process but the stop (symbolizing, writing the profile), which "
+        "is left out, so the totals run above the work-time figures of the table before.",
+        "",
+        "| workload | " + " | ".join(heads) + " | total |",
+        "|---|" + "---|" * (len(columns) + 1),
+    ]
+    for kind, entry in data["workloads"].items():
+        row = breakdown(entry)
+        if not row:
+            continue
+        cells = [f"{row[c]:.0f}" for c in columns]
+        lines.append(f"| {kind} | " + " | ".join(cells) + f" | {row['total']:.0f} |")
+    lines.append("")
+    for kind, entry in data["workloads"].items():
+        row = breakdown(entry)
+        if not row:
+            continue
+        stages = sorted(((row[c], c) for c in columns), reverse=True)
+        named = ", ".join(f"{STAGE_WORDS[c]} {v:.0f} ns" for v, c in stages[:2])
+        lines.append(f"- **{kind}**: {row['total']:.0f} ns an event; most in {named}.")
+    detail = data["workloads"].get(WHERE_DETAIL)
+    if detail and breakdown(detail):
+        lines += [
+            "",
+            f"The functions that took the most of {WHERE_DETAIL}'s collector thread, ns per "
+            "event (a function inlined into another is named where its code came from):",
+            "",
+            "| stage | function | ns/event |",
+            "|---|---|---|",
+        ]
+        for stage, function, value in busiest(detail, "collector", 12):
+            lines.append(f"| {stage} | `{function}` | {value:.1f} |")
+    return lines
+
+
 def render_memory(data, losses):
     lines = [
         "The most resident memory each run reached (`wait4`'s max RSS) less the unprofiled "
@@ -480,6 +557,8 @@ def render(bundle):
     if "workloads" in bundle:
         sections.append(("What recording costs real programs", render_workloads(bundle["workloads"], losses)))
         sections.append(("How much memory recording adds", render_memory(bundle["workloads"], losses)))
+    if "where" in bundle:
+        sections.append(("Where the added CPU goes", render_where(bundle["where"])))
     if "candle" in bundle:
         sections.append(("A training step", render_candle(bundle["candle"], bundle.get("cuda"), losses)))
     if "analysis" in bundle:
@@ -502,7 +581,7 @@ def render(bundle):
         "Guarantees).",
         "",
         "**Commands.** `scripts/bench.py --out BENCHMARKS.md` measures everything and writes "
-        "this file; `--only hot,workloads,candle,analysis,pools,cuda,layers` measures some parts and "
+        "this file; `--only hot,workloads,where,candle,analysis,pools,cuda,layers` measures some parts and "
         "keeps the others' last results; `scripts/compare_profilers.py` alone gives each "
         "program's full table; `cargo bench --bench NAME` runs one benchmark.",
     ]
@@ -538,6 +617,7 @@ def main():
                 "pools": measure_pools,
                 "cuda": lambda: measure_cuda(args.quick),
                 "layers": lambda: measure_layers(args.quick),
+                "where": lambda: measure_where(args.quick),
             }[part]()
             # After every part, so a run stopped later keeps what it measured.
             RESULTS.write_text(json.dumps(bundle, indent=1))
