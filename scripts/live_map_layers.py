@@ -15,9 +15,9 @@ that fetches its slab reads ahead (`rebuild`), asking for a block a few events b
 `workload` example once per layer (and once for the small layers together) and once with none
 off, and runs them in rotating order, so every build sees the same load.
 
-A layer stays while turning it off makes at least one workload's work time 3 % slower (issue
-31); layers that earn less alone are also tried together, since they can stand in for each
-other. Writes $CARGO_TARGET_DIR/highwater-bench/live_map_layers.json; `scripts/bench.py`
+A layer stays while turning it off makes at least one workload's work time (issue 31) or its
+collector's CPU time (issue 36 makes the CPU recording adds the target) 3 % higher; layers that
+earn less alone are also tried together, since they can stand in for each other. Writes $CARGO_TARGET_DIR/highwater-bench/live_map_layers.json; `scripts/bench.py`
 renders it. Do not run it while anything else builds.
 """
 
