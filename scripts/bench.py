@@ -44,7 +44,7 @@ from pathlib import Path
 
 # The workload figures are computed as compare_profilers.py computes them for its own report.
 from compare_profilers import added_cpu_ns, events_made, size
-from where_cpu_goes import STAGES, breakdown, busiest
+from where_cpu_goes import STAGES, busiest, table
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
@@ -352,7 +352,7 @@ STAGE_WORDS = {
 
 def render_where(data):
     columns = [f"{g}/{s}" for g, stages in STAGES for s in stages]
-    heads = [f"{'program' if g == 'program threads' else 'collector'}: {s}" for g, stages in STAGES for s in stages]
+    rows_table, rows = table(data)
     runs = len(next(iter(data["workloads"].values()))["runs"]["recorded"]) if data["workloads"] else 0
     lines = [
         "Each program run under `perf record -e cpu-clock` (a sample every "
@@ -368,25 +368,13 @@ def render_where(data):
         "samples span the whole process but the stop (symbolizing, writing the profile), which "
         "is left out, so the totals run above the work-time figures of the table before.",
         "",
-        "| workload | " + " | ".join(heads) + " | total |",
-        "|---|" + "---|" * (len(columns) + 1),
-    ]
-    for kind, entry in data["workloads"].items():
-        row = breakdown(entry)
-        if not row:
-            continue
-        cells = [f"{row[c]:.0f}" for c in columns]
-        lines.append(f"| {kind} | " + " | ".join(cells) + f" | {row['total']:.0f} |")
-    lines.append("")
-    for kind, entry in data["workloads"].items():
-        row = breakdown(entry)
-        if not row:
-            continue
+    ] + rows_table + [""]
+    for kind, row in rows.items():
         stages = sorted(((row[c], c) for c in columns), reverse=True)
         named = ", ".join(f"{STAGE_WORDS[c]} {v:.0f} ns" for v, c in stages[:2])
         lines.append(f"- **{kind}**: {row['total']:.0f} ns an event; most in {named}.")
     detail = data["workloads"].get(WHERE_DETAIL)
-    if detail and breakdown(detail):
+    if detail and WHERE_DETAIL in rows:
         lines += [
             "",
             f"The functions that took the most of {WHERE_DETAIL}'s collector thread, ns per "

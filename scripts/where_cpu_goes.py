@@ -172,7 +172,7 @@ def classify(comm, symbol, chain, dso):
     return ("program threads", "program")
 
 
-def measure(kind, args, repeat, scratch):
+def measure(args, repeat, scratch):
     """Every run's result and CPU by stage, unprofiled and recorded."""
     runs = {"unprofiled": [], "recorded": []}
     for round_index in range(repeat):
@@ -210,7 +210,6 @@ def breakdown(entry):
                 value -= cpu(unprofiled, key)
             out[key] = value / events
     out["total"] = sum(out.values())
-    out["finish_ms"] = (cpu(recorded, "collector/finish") + cpu(recorded, "program threads/finish")) / 1e6
     out["events"] = events
     return out
 
@@ -243,20 +242,25 @@ def plain(name):
 
 
 def table(data):
-    """The Markdown table: one row per workload, one column per stage."""
+    """The Markdown table, as lines: one row per workload, one column per stage; and each
+    workload's breakdown, by name, for what else a report says of it."""
     columns = [f"{g}/{s}" for g, stages in STAGES for s in stages]
-    heads = [f"{'program: ' if g == 'program threads' else 'collector: '}{s}" for g, stages in STAGES for s in stages]
+    heads = [f"{'program' if g == 'program threads' else 'collector'}: {s}"
+             for g, stages in STAGES for s in stages]
     lines = [
         "| workload | events | " + " | ".join(heads) + " | total |",
         "|---|---|" + "---|" * (len(columns) + 1),
     ]
+    rows = {}
     for kind, entry in data["workloads"].items():
         row = breakdown(entry)
         if not row:
             continue
+        rows[kind] = row
         cells = [f"{row[c]:.0f}" for c in columns]
-        lines.append(f"| {kind} | {row['events']:,.0f} | " + " | ".join(cells) + f" | **{row['total']:.0f}** |")
-    return "\n".join(lines)
+        lines.append(f"| {kind} | {row['events']:,.0f} | " + " | ".join(cells)
+                     + f" | {row['total']:.0f} |")
+    return lines, rows
 
 
 def main():
@@ -267,7 +271,7 @@ def main():
     parser.add_argument("--report-only", action="store_true", help="re-print the last run")
     args = parser.parse_args()
     if args.report_only:
-        print(table(json.loads(RESULTS.read_text())))
+        print("\n".join(table(json.loads(RESULTS.read_text()))[0]))
         return
     if not shutil.which("perf"):
         sys.exit("perf is not installed (apt-get install linux-perf)")
@@ -284,10 +288,10 @@ def main():
             workload, _ = every[kind]
             data["workloads"][kind] = {
                 "args": workload,
-                "runs": measure(kind, workload, args.repeat, Path(scratch)),
+                "runs": measure(workload, args.repeat, Path(scratch)),
             }
             RESULTS.write_text(json.dumps(data, indent=1))
-    print(table(data))
+    print("\n".join(table(data)[0]))
 
 
 if __name__ == "__main__":
