@@ -24,7 +24,10 @@ use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 
 use super::super::event::DeviceId;
-use index::{control_bytes, hash, prefetch_lines, Packing, Unindexed, GROWTH_AHEAD, PREFETCH_FROM};
+use index::{
+    capacity_for, control_bytes, hash, prefetch_lines, room_in, Packing, Unindexed, GROWTH_AHEAD,
+    PREFETCH_FROM,
+};
 use slab::{prefetch, Slab};
 
 /// A live block, as the map stores it in its slab: 32 bytes. The map reads its address and time;
@@ -63,8 +66,9 @@ pub(super) struct LiveMap {
     /// Per device (by id): each live block's slab index and address fingerprint, hashed by
     /// address.
     index: Vec<HashTable<u32>>,
-    /// Per device: the blocks its table held room for when [`LiveMap::make_room`] last built
-    /// it (removals since may have left tombstones, which take room until the next build).
+    /// Per device: the blocks its table held room for ([`room_in`]) when
+    /// [`LiveMap::make_room`] last built it (removals since may have left tombstones, which
+    /// take hashbrown's room until the next build).
     index_room: Vec<usize>,
     packing: Packing,
     slab: Slab,
@@ -302,18 +306,18 @@ impl LiveMap {
             self.index_room.resize(slot + 1, 0);
         }
         let table = &self.index[slot];
-        if table.len() == table.capacity() {
+        if table.len() >= room_in(table.num_buckets()) || table.len() == table.capacity() {
             self.heap_control.set(None);
             self.make_room(slot);
         }
         slot
     }
 
-    /// Builds table `slot` anew before it runs out of room, as the table would itself (twice
-    /// the buckets unless one more block fits in half of its room, else as many, without the
-    /// tombstones of removed ones), but fetching the slab blocks it rehashes ahead. Unlike
-    /// the table's own rehash in place, a rebuild at the same size holds both tables for a
-    /// moment, as growth does.
+    /// Builds table `slot` anew before it runs out of room ([`room_in`], or hashbrown's own
+    /// when tombstones of removed blocks have taken it), as the table would itself (twice the
+    /// room unless one more block fits in half of it, else as much, without the tombstones),
+    /// but fetching the slab blocks it rehashes ahead. Unlike the table's own rehash in place,
+    /// a rebuild at the same size holds both tables for a moment, as growth does.
     ///
     /// The table's own growth reads each entry's slab block for its address, in bucket order:
     /// pages in hash order, so on a live set larger than the caches nearly every read waits
@@ -329,7 +333,7 @@ impl LiveMap {
         } else {
             room
         };
-        let mut built = HashTable::with_capacity(wanted.max(1));
+        let mut built = HashTable::with_capacity(capacity_for(wanted.max(1)));
         let (slab, packing) = (&self.slab, self.packing);
         let rehash = |entry: &u32| packing.rehash(slab, *entry);
         let mut insert = |entry: u32| {
@@ -349,7 +353,7 @@ impl LiveMap {
         for n in held.saturating_sub(GROWTH_AHEAD)..held {
             insert(ahead[n % GROWTH_AHEAD]);
         }
-        self.index_room[slot] = built.capacity();
+        self.index_room[slot] = room_in(built.num_buckets());
         self.index[slot] = built;
     }
 

@@ -70,6 +70,24 @@ pub(super) const PREFETCH_FROM: usize = 1 << 15;
 /// Slab blocks whose reads are in flight while [`LiveMap::make_room`](super::LiveMap::make_room) inserts one.
 pub(super) const GROWTH_AHEAD: usize = 16;
 
+/// The blocks a table of `buckets` buckets holds before
+/// [`LiveMap::make_room`](super::LiveMap::make_room) builds it anew: three in eight.
+///
+/// The index [`hash`] gives each page a window of buckets, so a window that several busy pages
+/// share takes more blocks than it has buckets and spills into the next windows, which then
+/// spill in turn. A lookup that starts in such a run reads on, group after group, past the
+/// lines asked for ahead. Filled to hashbrown's own limit, a table is full of such runs; held
+/// this sparse, it has almost none (`a_sparse_table_finds_blocks_in_their_first_group`).
+#[inline]
+pub(super) fn room_in(buckets: usize) -> usize {
+    buckets / 8 * 3
+}
+
+/// The capacity to ask hashbrown for, so that the table's [`room_in`] holds `blocks`.
+pub(super) fn capacity_for(blocks: usize) -> usize {
+    blocks.div_ceil(3) * 7
+}
+
 /// The index hash of an address: neighbouring addresses get neighbouring buckets.
 ///
 /// Programs free blocks in about the order they allocated them, and allocators hand out
