@@ -25,8 +25,8 @@ use hashbrown::HashTable;
 
 use super::super::event::DeviceId;
 use index::{
-    capacity_for, control_bytes, hash, prefetch_lines, room_in, Packing, Unindexed, GROWTH_AHEAD,
-    PREFETCH_FROM,
+    buckets_for, capacity_for, control_bytes, had_runs, hash, prefetch_lines, room_in, Packing,
+    Unindexed, GROWTH_AHEAD, PREFETCH_FROM,
 };
 use slab::{prefetch, Slab};
 
@@ -70,6 +70,8 @@ pub(super) struct LiveMap {
     /// [`LiveMap::make_room`] last built it (removals since may have left tombstones, which
     /// take hashbrown's room until the next build).
     index_room: Vec<usize>,
+    /// Per device: whether its table is held sparse, having shown runs ([`room_in`]).
+    index_sparse: Vec<bool>,
     packing: Packing,
     slab: Slab,
     /// Heap addresses known not to be in the index.
@@ -85,6 +87,7 @@ impl Default for LiveMap {
         LiveMap {
             index: Vec::new(),
             index_room: Vec::new(),
+            index_sparse: Vec::new(),
             packing: Packing::NARROWEST,
             slab: Slab::default(),
             unindexed: Unindexed::default(),
@@ -304,9 +307,10 @@ impl LiveMap {
         if slot >= self.index.len() {
             self.index.resize_with(slot + 1, HashTable::new);
             self.index_room.resize(slot + 1, 0);
+            self.index_sparse.resize(slot + 1, false);
         }
         let table = &self.index[slot];
-        if table.len() >= room_in(table.num_buckets()) || table.len() == table.capacity() {
+        if table.len() >= self.index_room[slot] || table.len() == table.capacity() {
             self.heap_control.set(None);
             self.make_room(slot);
         }
@@ -323,6 +327,9 @@ impl LiveMap {
     /// pages in hash order, so on a live set larger than the caches nearly every read waits
     /// for memory. Here the reads of the next [`GROWTH_AHEAD`] entries are in flight while one
     /// is inserted.
+    ///
+    /// Each entry's bucket in the old table is checked against where its lookup starts: a
+    /// table with runs is held sparse from then on ([`room_in`]), from the next build on.
     #[cold]
     #[inline(never)]
     fn make_room(&mut self, slot: usize) {
@@ -333,27 +340,37 @@ impl LiveMap {
         } else {
             room
         };
-        let mut built = HashTable::with_capacity(capacity_for(wanted.max(1)));
+        let sparse = self.index_sparse[slot];
+        let mut built = HashTable::with_capacity(capacity_for(buckets_for(wanted.max(1), sparse)));
         let (slab, packing) = (&self.slab, self.packing);
         let rehash = |entry: &u32| packing.rehash(slab, *entry);
-        let mut insert = |entry: u32| {
-            built.insert_unique(rehash(&entry), entry, rehash);
+        let old_mask = old.num_buckets() - 1;
+        let mut spilled = 0;
+        let mut insert = |(entry, bucket): (u32, usize)| {
+            let hash = rehash(&entry);
+            spilled += usize::from((bucket.wrapping_sub(hash as usize) & old_mask) >= 16);
+            built.insert_unique(hash, entry, rehash);
         };
         // Entries wait in `ahead` while their slab blocks are fetched.
-        let mut ahead = [0u32; GROWTH_AHEAD];
-        for (n, &entry) in old.iter().enumerate() {
+        let mut ahead = [(0u32, 0usize); GROWTH_AHEAD];
+        let entries = old
+            .iter_buckets()
+            .filter_map(|bucket| Some((*old.get_bucket(bucket)?, bucket)));
+        for (n, (entry, bucket)) in entries.enumerate() {
             let at = n % GROWTH_AHEAD;
             if n >= GROWTH_AHEAD {
                 insert(ahead[at]);
             }
             prefetch(slab.get(packing.slot(entry)));
-            ahead[at] = entry;
+            ahead[at] = (entry, bucket);
         }
         let held = old.len();
         for n in held.saturating_sub(GROWTH_AHEAD)..held {
             insert(ahead[n % GROWTH_AHEAD]);
         }
-        self.index_room[slot] = room_in(built.num_buckets());
+        let sparse = sparse || had_runs(held, spilled);
+        self.index_sparse[slot] = sparse;
+        self.index_room[slot] = room_in(built.num_buckets(), sparse);
         self.index[slot] = built;
     }
 

@@ -70,22 +70,54 @@ pub(super) const PREFETCH_FROM: usize = 1 << 15;
 /// Slab blocks whose reads are in flight while [`LiveMap::make_room`](super::LiveMap::make_room) inserts one.
 pub(super) const GROWTH_AHEAD: usize = 16;
 
+/// Tables of at least this many blocks are checked for runs when rebuilt
+/// ([`LiveMap::make_room`](super::LiveMap::make_room)): smaller ones stay in the caches.
+pub(super) const RUNS_CHECKED_FROM: usize = PREFETCH_FROM;
+
 /// The blocks a table of `buckets` buckets holds before
-/// [`LiveMap::make_room`](super::LiveMap::make_room) builds it anew: three in eight.
+/// [`LiveMap::make_room`](super::LiveMap::make_room) builds it anew: as many as hashbrown's
+/// own limit lets it, or, for a `sparse` table, two in three.
 ///
 /// The index [`hash`] gives each page a window of buckets, so a window that several busy pages
 /// share takes more blocks than it has buckets and spills into the next windows, which then
 /// spill in turn. A lookup that starts in such a run reads on, group after group, past the
-/// lines asked for ahead. Filled to hashbrown's own limit, a table is full of such runs; held
-/// this sparse, it has almost none (`a_sparse_table_finds_blocks_in_their_first_group`).
-#[inline]
-pub(super) fn room_in(buckets: usize) -> usize {
-    buckets / 8 * 3
+/// lines asked for ahead. Blocks allocated one after another, as a parser's or a sort's are,
+/// fill a table at hashbrown's limit with such runs; a table that showed them is held
+/// sparse from then on, as sparse as the budget of bytes per live block allows
+/// (`a_million_live_blocks_cost_at_most_48_bytes_each`). One without them stays as full as
+/// hashbrown's, since a larger table is a larger share of the caches.
+pub(super) fn room_in(buckets: usize, sparse: bool) -> usize {
+    if sparse {
+        buckets * 2 / 3
+    } else {
+        capacity_for(buckets)
+    }
 }
 
-/// The capacity to ask hashbrown for, so that the table's [`room_in`] holds `blocks`.
-pub(super) fn capacity_for(blocks: usize) -> usize {
-    blocks.div_ceil(3) * 7
+/// The fewest buckets (a power of two, as hashbrown's tables have) whose [`room_in`] holds
+/// `blocks`.
+pub(super) fn buckets_for(blocks: usize, sparse: bool) -> usize {
+    let mut buckets = 4;
+    while room_in(buckets, sparse) < blocks {
+        buckets *= 2;
+    }
+    buckets
+}
+
+/// The capacity hashbrown gives a table of `buckets` buckets (a power of two), and so the
+/// capacity to ask for to get one.
+pub(super) fn capacity_for(buckets: usize) -> usize {
+    if buckets < 8 {
+        buckets - 1
+    } else {
+        buckets / 8 * 7
+    }
+}
+
+/// Whether a rebuilt table of `blocks` blocks, `spilled` of which sat 16 buckets or more
+/// past where their lookup starts (past its first group of control bytes), had runs.
+pub(super) fn had_runs(blocks: usize, spilled: usize) -> bool {
+    blocks >= RUNS_CHECKED_FROM && spilled * 16 > blocks
 }
 
 /// The index hash of an address: neighbouring addresses get neighbouring buckets.

@@ -1,7 +1,7 @@
 //! The live map's unit tests: the index hash, the packing, the table rebuilds, the memo and the
 //! slab, on the map alone.
 
-use super::index::{hash, room_in, Packing};
+use super::index::{buckets_for, capacity_for, hash, room_in, Packing};
 use super::slab::Slab;
 use super::*;
 
@@ -171,7 +171,7 @@ fn tables_built_anew_grow_by_doubling_at_most_and_keep_every_block() {
         let table = &map.index[0];
         assert_eq!(
             map.index_room[0],
-            room_in(table.num_buckets()),
+            room_in(table.num_buckets(), map.index_sparse[0]),
             "grown by itself"
         );
         assert!(map.index_room[0] >= inserted.len());
@@ -187,6 +187,10 @@ fn tables_built_anew_grow_by_doubling_at_most_and_keep_every_block() {
     for &key in &inserted {
         assert!(map.find(DeviceId::CPU, key).is_some(), "{key:#x} lost");
     }
+    assert!(
+        !map.index_sparse[0],
+        "blocks spread over the table left runs"
+    );
 }
 
 /// Blocks freed and made at a steady count leave tombstones; building the table anew
@@ -238,18 +242,19 @@ fn found_past_the_first_group(
 }
 
 /// Blocks allocated one after another, as a parser's are, fill the windows of the pages they
-/// share unevenly; a table held to `room_in` still finds nearly all of them in the group its
-/// lookup starts with, where the same blocks in a table of half the buckets (still well
-/// within hashbrown's own limit) find many further on.
+/// share unevenly: a table at hashbrown's limit has runs, the map sees them when it builds the
+/// table anew and holds it sparse from then on, where fewer blocks sit past the first group
+/// their lookup reads (how many fewer depends on how the pages fall in the windows; the
+/// benchmarks measure what it earns).
 #[test]
-fn a_sparse_table_finds_blocks_in_their_first_group() {
+fn a_table_with_runs_is_held_sparse() {
     let mut map = LiveMap::default();
     let mut addrs = Vec::new();
     let mut addr = 0x5555_0000_0000u64;
     let mut state = 0x1234_5678_9abc_def1u64;
     // As many as make the table's windows many: with few, the hash spreads the pages of
     // one run evenly over them.
-    for i in 0..2_000_000 {
+    for i in 0..1_800_000 {
         state ^= state << 13;
         state ^= state >> 7;
         state ^= state << 17;
@@ -258,33 +263,22 @@ fn a_sparse_table_finds_blocks_in_their_first_group() {
         map.insert(DeviceId::CPU, block(addr, 32, i));
         addrs.push(addr);
     }
-    let past = found_past_the_first_group(&map.index[0], map.packing, &map.slab, &addrs);
-    assert!(
-        past * 100 < addrs.len(),
-        "{past} of {} past the first group",
-        addrs.len()
-    );
+    assert!(map.index_sparse[0]);
+    let sparse = found_past_the_first_group(&map.index[0], map.packing, &map.slab, &addrs);
 
+    // The same blocks in a table as full as hashbrown keeps one, in the order they came.
     let (slab, packing) = (&map.slab, map.packing);
-    let buckets = map.index[0].num_buckets() / 2;
-    let mut full = HashTable::with_capacity(buckets / 8 * 7);
-    assert_eq!(full.num_buckets(), buckets);
-    // In the order they were made, as the table would have taken them.
+    let mut full = HashTable::with_capacity(capacity_for(buckets_for(addrs.len(), false)));
     for &addr in &addrs {
         let entry = *map.index[0]
             .find(hash(addr), |&v| packing.is(slab, v, addr))
             .expect("every block is found");
         full.insert_unique(hash(addr), entry, |&e| packing.rehash(slab, e));
     }
+    let dense = found_past_the_first_group(&full, packing, slab, &addrs);
     assert!(
-        full.len() * 8 > buckets * 3,
-        "filled to {} of {buckets}",
-        full.len()
-    );
-    let past = found_past_the_first_group(&full, packing, slab, &addrs);
-    assert!(
-        past * 10 > addrs.len(),
-        "only {past} of {} past the first group",
+        dense * 16 > addrs.len() && sparse < dense,
+        "past the first group: {sparse} sparse, {dense} full, of {}",
         addrs.len()
     );
 }
