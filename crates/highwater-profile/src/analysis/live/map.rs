@@ -25,8 +25,8 @@ use hashbrown::HashTable;
 
 use super::super::event::DeviceId;
 use index::{
-    buckets_for, capacity_for, control_bytes, had_runs, hash, prefetch_lines, room_in, Packing,
-    Unindexed, GROWTH_AHEAD, PREFETCH_FROM,
+    buckets_for, capacity_for, control_bytes, had_runs, hash, past_first_group, prefetch_lines,
+    room_in, Packing, Unindexed, GROWTH_AHEAD, PREFETCH_FROM,
 };
 use slab::{prefetch, Slab};
 
@@ -344,11 +344,11 @@ impl LiveMap {
         let mut built = HashTable::with_capacity(capacity_for(buckets_for(wanted.max(1), sparse)));
         let (slab, packing) = (&self.slab, self.packing);
         let rehash = |entry: &u32| packing.rehash(slab, *entry);
-        let old_mask = old.num_buckets() - 1;
+        let old_buckets = old.num_buckets();
         let mut spilled = 0;
         let mut insert = |(entry, bucket): (u32, usize)| {
             let hash = rehash(&entry);
-            spilled += usize::from((bucket.wrapping_sub(hash as usize) & old_mask) >= 16);
+            spilled += usize::from(past_first_group(bucket, hash, old_buckets));
             built.insert_unique(hash, entry, rehash);
         };
         // Entries wait in `ahead` while their slab blocks are fetched.

@@ -114,8 +114,18 @@ pub(super) fn capacity_for(buckets: usize) -> usize {
     }
 }
 
-/// Whether a rebuilt table of `blocks` blocks, `spilled` of which sat 16 buckets or more
-/// past where their lookup starts (past its first group of control bytes), had runs.
+/// Buckets in a group of control bytes: a lookup reads the group where it starts first.
+const GROUP: usize = 16;
+
+/// Whether the entry in `bucket` of a table of `buckets` buckets, for `hash`, sits past the
+/// first group its lookup reads.
+#[inline]
+pub(super) fn past_first_group(bucket: usize, hash: u64, buckets: usize) -> bool {
+    (bucket.wrapping_sub(hash as usize) & (buckets - 1)) >= GROUP
+}
+
+/// Whether a rebuilt table of `blocks` blocks, `spilled` of which sat [`past_first_group`],
+/// had runs.
 pub(super) fn had_runs(blocks: usize, spilled: usize) -> bool {
     blocks >= RUNS_CHECKED_FROM && spilled * 16 > blocks
 }

@@ -1,7 +1,7 @@
 //! The live map's unit tests: the index hash, the packing, the table rebuilds, the memo and the
 //! slab, on the map alone.
 
-use super::index::{buckets_for, capacity_for, hash, room_in, Packing};
+use super::index::{buckets_for, capacity_for, hash, past_first_group, room_in, Packing};
 use super::slab::Slab;
 use super::*;
 
@@ -219,24 +219,14 @@ fn churn_at_a_steady_size_grows_the_table_at_most_once() {
     }
 }
 
-/// How many of `addrs`' blocks `table` holds 16 or more buckets past where their lookup starts:
-/// past the first group of control bytes, and the lines asked for ahead.
-fn found_past_the_first_group(
-    table: &HashTable<u32>,
-    packing: Packing,
-    slab: &Slab,
-    addrs: &[u64],
-) -> usize {
-    let control = control_bytes(table).expect("a table with blocks");
-    addrs
-        .iter()
-        .filter(|&&addr| {
-            let start = hash(addr) as usize & (table.num_buckets() - 1);
-            let found = table
-                .find(hash(addr), |&v| packing.is(slab, v, addr))
-                .expect("every block is found");
-            let bucket = (control - std::ptr::from_ref(found) as usize) / 4 - 1;
-            bucket.wrapping_sub(start) & (table.num_buckets() - 1) >= 16
+/// How many of the blocks in `table` sit past the first group their lookup reads, and the
+/// lines asked for ahead.
+fn found_past_the_first_group(table: &HashTable<u32>, packing: Packing, slab: &Slab) -> usize {
+    table
+        .iter_buckets()
+        .filter(|&bucket| {
+            let entry = *table.get_bucket(bucket).expect("an occupied bucket");
+            past_first_group(bucket, packing.rehash(slab, entry), table.num_buckets())
         })
         .count()
 }
@@ -264,7 +254,7 @@ fn a_table_with_runs_is_held_sparse() {
         addrs.push(addr);
     }
     assert!(map.index_sparse[0]);
-    let sparse = found_past_the_first_group(&map.index[0], map.packing, &map.slab, &addrs);
+    let sparse = found_past_the_first_group(&map.index[0], map.packing, &map.slab);
 
     // The same blocks in a table as full as hashbrown keeps one, in the order they came.
     let (slab, packing) = (&map.slab, map.packing);
@@ -275,7 +265,7 @@ fn a_table_with_runs_is_held_sparse() {
             .expect("every block is found");
         full.insert_unique(hash(addr), entry, |&e| packing.rehash(slab, e));
     }
-    let dense = found_past_the_first_group(&full, packing, slab, &addrs);
+    let dense = found_past_the_first_group(&full, packing, slab);
     assert!(
         dense * 16 > addrs.len() && sparse < dense,
         "past the first group: {sparse} sparse, {dense} full, of {}",
