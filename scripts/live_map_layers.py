@@ -9,8 +9,8 @@ hash that keeps neighbouring addresses in neighbouring buckets (`hash`), the add
 fingerprints packed beside each slab index (`packing`), the choice of a likely-cached free slab
 slot (`freeslots`), the memo of addresses known not to be indexed (`memo`), the table rebuild
 that fetches its slab reads ahead (`rebuild`), asking for a block a few events before its free
-(`prefetch`), and applying a short-lived block's alloc and free without entering the map
-(`pairroute`). `scripts/live_map_layers.patch` gives each an `off-NAME` feature of
+(`prefetch`), applying a short-lived block's alloc and free without entering the map
+(`pairroute`), and mapping a new slab page in one call (`populate`). `scripts/live_map_layers.patch` gives each an `off-NAME` feature of
 `highwater-profile`; this script applies it to a scratch checkout of HEAD, builds the
 `workload` example once per layer (and once for the small layers together) and once with none
 off, and runs them in rotating order, so every build sees the same load.
@@ -36,7 +36,8 @@ TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
 OUT_DIR = TARGET / "highwater-bench"
 SCRATCH = OUT_DIR / "layers"
 PATCH = ROOT / "scripts" / "live_map_layers.patch"
-LAYERS = ["hash", "packing", "freeslots", "memo", "rebuild", "prefetch", "pairroute", "memo+rebuild"]
+LAYERS = ["hash", "packing", "freeslots", "memo", "rebuild", "prefetch", "pairroute", "populate",
+          "memo+rebuild"]
 # The crates whose sources the syn workload parses, as `scripts/compare_profilers.py` has them.
 SYN_CRATES = ["syn", "serde_json", "clap_builder", "proptest", "regex-syntax"]
 
