@@ -88,9 +88,7 @@ fn new_page() -> Box<[Block; PAGE]> {
 fn populate(start: usize, len: usize) -> bool {
     #[cfg(all(target_os = "linux", not(miri)))]
     {
-        // SAFETY: `sysconf` only reads a constant of the system.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        let Some(page) = usize::try_from(page).ok().filter(|&page| page > 0) else {
+        let Some(page) = system_page() else {
             return false;
         };
         let first = start.next_multiple_of(page);
@@ -114,6 +112,14 @@ fn populate(start: usize, len: usize) -> bool {
         let _ = (start, len);
         false
     }
+}
+
+/// The system's page size, where it can be read.
+#[cfg(all(target_os = "linux", not(miri)))]
+fn system_page() -> Option<usize> {
+    // SAFETY: `sysconf` only reads a constant of the system.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page).ok().filter(|&page| page > 0)
 }
 
 /// Asks the processor to bring `block`'s line into the caches; a hint, never a fault.
@@ -140,7 +146,7 @@ pub(super) fn prefetch_line(address: usize) {
 
 #[cfg(all(test, target_os = "linux", not(miri)))]
 mod tests {
-    use super::populate;
+    use super::{populate, system_page};
 
     /// Which of the `pages` system pages from `start` are resident.
     fn resident(start: *mut libc::c_void, pages: usize, page: usize) -> Vec<bool> {
@@ -156,8 +162,7 @@ mod tests {
     #[allow(clippy::disallowed_methods)]
     fn populating_maps_every_page_and_keeps_every_byte() {
         const PAGES: usize = 16;
-        // SAFETY: `sysconf` only reads a constant of the system.
-        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap();
+        let page = system_page().expect("the system's page size");
         // SAFETY: a fresh private anonymous mapping, unmapped at the end of the test.
         let start = unsafe {
             libc::mmap(
