@@ -344,6 +344,7 @@ STAGE_WORDS = {
     "collector/drain": "the collector's drain",
     "collector/merge": "the collector's merge",
     "collector/live map": "the collector's live map",
+    "collector/growth": "the live map's table growth",
     "collector/timeline": "the collector's timeline",
     "collector/kernel": "the kernel on the collector's thread",
     "collector/other": "the collector's other code",
@@ -364,7 +365,9 @@ def render_where(data):
         "unprofiled run spent passing calls through, *kernel* and *program* are what the "
         "recorded run spent there beyond the unprofiled run. On the collector's thread, *drain* "
         "copies events out of the rings, *merge* orders and decodes them, *live map* finds and "
-        "stores blocks by address, *timeline* keeps counters, peaks, spans and the series. The "
+        "stores blocks by address, *growth* is the live map building its table anew, twice as "
+        "large, as the live set outgrows it, *timeline* keeps counters, peaks, spans and the "
+        "series. The "
         "samples span the whole process but the stop (symbolizing, writing the profile), which "
         "is left out, so the totals run above the work-time figures of the table before.",
         "",

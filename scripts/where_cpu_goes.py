@@ -18,8 +18,9 @@ recorded run made. Stages:
   *program*, the program's own code beyond its unprofiled CPU (caches and cores it shares with
   the collector);
 - the collector thread: *drain* (copying events out of the rings), *merge* (ordering the rings'
-  events and decoding them), *live map* (finding and storing blocks by address), *timeline*
-  (counters, peaks, spans, the series), *kernel*, *other*.
+  events and decoding them), *live map* (finding and storing blocks by address), *growth* (the
+  live map building a table anew as the live set outgrows it), *timeline* (counters, peaks,
+  spans, the series), *kernel*, *other*.
 
 Work done after the workload ends (symbolizing call sites, writing the profile and report) is
 counted apart and left out of the per-event figures, as `compare_profilers.py` leaves it out
@@ -43,6 +44,9 @@ RESULTS = TARGET / "highwater-bench" / "where_cpu_goes.json"
 # CPU time each sample stands for: small enough for a few thousand samples per second of CPU.
 PERIOD_NS = 250_000
 COLLECTOR_COMM = "highwater-colle"
+# The live map's table rebuild, by its out-of-line function (its code is the live map's file,
+# like the lookups'), and what it calls that is not inlined into it.
+GROWTH = re.compile(r"LiveMap9make_room|LiveMap13widen_packing")
 # Functions kept per run, the busiest first, to name where a stage's time goes.
 TOP_FUNCTIONS = 40
 
@@ -61,7 +65,7 @@ HOOK = re.compile(r"^" + re.escape(str(ROOT)) + r"/src/")
 HOOK_FUNCTIONS = re.compile(r"__rust_alloc|__rust_dealloc|__rust_realloc|__rdl_")
 STAGES = [
     ("program threads", ["hook", "kernel", "program"]),
-    ("collector", ["drain", "merge", "live map", "timeline", "kernel", "other"]),
+    ("collector", ["drain", "merge", "live map", "growth", "timeline", "kernel", "other"]),
 ]
 
 
@@ -154,6 +158,8 @@ def classify(comm, symbol, chain, dso):
     if comm == COLLECTOR_COMM:
         if kernel:
             return ("collector", "kernel")
+        if GROWTH.search(symbol):
+            return ("collector", "growth")
         for stage, pattern in COLLECTOR_STAGES:
             if re.search(pattern, own):
                 return ("collector", stage)
