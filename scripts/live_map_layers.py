@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGET = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
 OUT_DIR = TARGET / "highwater-bench"
 SCRATCH = OUT_DIR / "layers"
+SCRATCH_TARGET = SCRATCH / "target"
 PATCH = ROOT / "scripts" / "live_map_layers.patch"
 LAYERS = ["hash", "packing", "freeslots", "memo", "rebuild", "prefetch", "pairroute", "populate",
           "memo+rebuild"]
@@ -78,8 +79,11 @@ def build():
     check(["git", "worktree", "add", "--detach", str(source), "HEAD"], ROOT)
     try:
         check(["git", "apply", str(PATCH)], source)
-        # The caller's target directory: its dependencies are built already.
-        env = dict(os.environ, CARGO_TARGET_DIR=str(TARGET))
+        # A target directory of the scratch checkout's own: sharing the caller's would leave
+        # the caller's `workload` binary (and the libraries it links) built from the patched
+        # checkout with a layer off, which a later `cargo build` there can take as up to date
+        # and other benchmarks would then measure. Its dependencies build once and are kept.
+        env = dict(os.environ, CARGO_TARGET_DIR=str(SCRATCH_TARGET))
         binaries = {}
         for name in ["none"] + LAYERS:
             features = [] if name == "none" else [
@@ -89,7 +93,7 @@ def build():
             log(f"building with {name} off")
             check(["cargo", "build", "--release", "--example", "workload"] + features, source, env)
             binary = SCRATCH / f"workload-{name}"
-            shutil.copy(TARGET / "release" / "examples" / "workload", binary)
+            shutil.copy(SCRATCH_TARGET / "release" / "examples" / "workload", binary)
             binaries[name] = binary
         return binaries
     finally:
