@@ -140,7 +140,7 @@ def workload_args(quick):
             roots[package["name"]] = Path(package["manifest_path"]).parent / "src"
     strings = "300000" if quick else "3000000"
     pairs = "2000000" if quick else "20000000"
-    rounds = "40" if quick else "400"
+    rounds = "200" if quick else "2000"
     syn = ["--kind", "syn", "--copies", "1"]
     for name in SYN_CRATES:
         if name in roots and (not quick or name == "syn"):
