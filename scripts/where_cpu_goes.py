@@ -44,8 +44,10 @@ RESULTS = TARGET / "highwater-bench" / "where_cpu_goes.json"
 # CPU time each sample stands for: small enough for a few thousand samples per second of CPU.
 PERIOD_NS = 250_000
 COLLECTOR_COMM = "highwater-colle"
-# The live map's table rebuild, by its out-of-line function (its code is the live map's file,
-# like the lookups'), and what it calls that is not inlined into it.
+# The live map's rebuilds of its tables, by their out-of-line functions (their code is in the
+# live map's file, like the lookups'): `make_room` and its closure, which build a table anew as
+# the live set outgrows it, and `widen_packing`, which repacks every entry when the slab
+# outgrows the bits its index has.
 GROWTH = re.compile(r"LiveMap9make_room|LiveMap13widen_packing")
 # Functions kept per run, the busiest first, to name where a stage's time goes.
 TOP_FUNCTIONS = 40
