@@ -367,9 +367,9 @@ def render_where(data):
         "copies events out of the rings, *merge* orders and decodes them, *live map* finds and "
         "stores blocks by address, *growth* is the live map building its table anew, twice as "
         "large, as the live set outgrows it, *timeline* keeps counters, peaks, spans and the "
-        "series. The "
-        "samples span the whole process but the stop (symbolizing, writing the profile), which "
-        "is left out, so the totals run above the work-time figures of the table before.",
+        "series. The samples span the whole process but the stop (symbolizing, writing the "
+        "profile), which is left out, so the totals run above the work-time figures of the "
+        "table before.",
         "",
     ] + rows_table + [""]
     for kind, row in rows.items():

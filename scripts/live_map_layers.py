@@ -10,7 +10,8 @@ fingerprints packed beside each slab index (`packing`), the choice of a likely-c
 slot (`freeslots`), the memo of addresses known not to be indexed (`memo`), the table rebuild
 that fetches its slab reads ahead (`rebuild`), asking for a block a few events before its free
 (`prefetch`), applying a short-lived block's alloc and free without entering the map
-(`pairroute`), and mapping a new slab page in one call (`populate`). `scripts/live_map_layers.patch` gives each an `off-NAME` feature of
+(`pairroute`), and mapping a new slab page in one call (`populate`).
+`scripts/live_map_layers.patch` gives each an `off-NAME` feature of
 `highwater-profile`; this script applies it to a scratch checkout of HEAD, builds the
 `workload` example once per layer (and once for the small layers together) and once with none
 off, and runs them in rotating order, so every build sees the same load.
