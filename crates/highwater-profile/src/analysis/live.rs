@@ -135,6 +135,16 @@ impl LiveSet {
         }
     }
 
+    /// A live set whose map puts heap blocks under `small_below` bytes in leaves (see
+    /// `map::regions`) once its heap table has held `from` blocks, the others in the table.
+    #[cfg(test)]
+    pub(crate) fn with_leaves(top: usize, small_below: u64, from: usize) -> LiveSet {
+        LiveSet {
+            map: LiveMap::with_leaves(small_below, from),
+            ..LiveSet::new(top)
+        }
+    }
+
     #[inline]
     fn was_live_at_peak(&self, block: &Block) -> bool {
         self.peaked && block.epoch != self.epoch

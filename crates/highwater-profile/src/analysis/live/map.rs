@@ -8,12 +8,15 @@
 //! small ones together): the index [`hash`] that keeps neighbouring addresses in neighbouring
 //! buckets, the fingerprints packed beside the slab index, the choice of a likely-cached free
 //! slot (`free_slots`), the memo of addresses known not to be indexed ([`Unindexed`]), the
-//! table rebuild that fetches its slab reads ahead ([`LiveMap::make_room`]), and asking for a
+//! table rebuild that fetches its slab reads ahead ([`LiveMap::make_room`]), asking for a
 //! block a few events before its free ([`LiveMap::prefetch_block`]), and for the table's lines
-//! that lookup reads a few events before that ([`LiveMap::prefetch_index`]).
+//! that lookup reads a few events before that ([`LiveMap::prefetch_index`]), and, once the
+//! live set is large, small heap blocks kept in leaves by address region instead of the
+//! heap's table ([`regions`]).
 
 mod free_slots;
 mod index;
+mod regions;
 mod slab;
 #[cfg(test)]
 mod tests;
@@ -28,7 +31,8 @@ use index::{
     buckets_for, capacity_for, control_bytes, had_runs, hash, past_first_group, prefetch_lines,
     room_in, Packing, Unindexed, GROWTH_AHEAD, PREFETCH_FROM,
 };
-use slab::{prefetch, Slab};
+use regions::{has_cell, Found, Regions, REGIONS_FROM, SMALL};
+use slab::{prefetch, prefetch_line, Slab};
 
 /// A live block, as the map stores it in its slab: 32 bytes. The map reads its address and time;
 /// the context and epoch are the live set's.
@@ -76,6 +80,15 @@ pub(super) struct LiveMap {
     slab: Slab,
     /// Heap addresses known not to be in the index.
     unindexed: Unindexed,
+    /// The heap's small blocks, held in leaves by region rather than in the heap's table.
+    regions: Regions,
+    /// Heap blocks under this many bytes go to leaves ([`SMALL`] but in tests).
+    small_below: u64,
+    /// Whether the regions keep account of the heap's blocks: from when the heap's table
+    /// first holds `regions_from` blocks ([`REGIONS_FROM`] but in tests). Until then the
+    /// table, small and in the caches, holds every block, and no lookup pays for the regions.
+    regions_on: bool,
+    regions_from: usize,
     len: usize,
     /// Where the heap's table keeps its control bytes, once a prefetch has looked (see
     /// [`control_bytes`]); forgotten whenever the table may move.
@@ -91,6 +104,10 @@ impl Default for LiveMap {
             packing: Packing::NARROWEST,
             slab: Slab::default(),
             unindexed: Unindexed::default(),
+            regions: Regions::default(),
+            small_below: SMALL,
+            regions_on: false,
+            regions_from: REGIONS_FROM,
             len: 0,
             heap_control: Cell::new(None),
         }
@@ -104,9 +121,60 @@ impl LiveMap {
         self.len
     }
 
+    /// A map whose heap blocks all go to the hash table, as large blocks do.
+    #[cfg(test)]
+    pub(super) fn without_leaves() -> LiveMap {
+        LiveMap::with_leaves(0, usize::MAX)
+    }
+
+    /// A map whose heap blocks under `small_below` bytes go to leaves once the heap's table
+    /// has held `from` blocks.
+    #[cfg(test)]
+    pub(super) fn with_leaves(small_below: u64, from: usize) -> LiveMap {
+        LiveMap {
+            small_below,
+            regions_from: from,
+            ..LiveMap::default()
+        }
+    }
+
+    /// Turns the regions on: the heap table's small blocks move to leaves, the regions count
+    /// the blocks it keeps, and it is built anew for those.
+    #[cold]
+    #[inline(never)]
+    fn turn_regions_on(&mut self) {
+        self.regions_on = true;
+        let Some(table) = self.index.first_mut() else {
+            return;
+        };
+        let (regions, slab, packing) = (&mut self.regions, &self.slab, self.packing);
+        table.retain(|entry| {
+            let at = packing.slot(*entry);
+            let block = slab.get(at);
+            let small = block.size < self.small_below;
+            match regions.open(block.addr, small) {
+                Some(place) if small && place.has_cell() => {
+                    place.fill(at);
+                    false
+                }
+                Some(place) => {
+                    place.table_gained();
+                    true
+                }
+                None => true,
+            }
+        });
+        table.shrink_to(0, |entry| packing.rehash(slab, *entry));
+        self.index_room[0] = room_in(table.num_buckets(), self.index_sparse[0]);
+        self.heap_control.set(None);
+    }
+
     /// Makes `block` live at `(device, block.addr)`; returns the block it replaced there, if
     /// the key was live already.
     pub(super) fn insert(&mut self, device: DeviceId, block: Block) -> Option<Block> {
+        if device == DeviceId::CPU && self.regions_on {
+            return self.insert_with_regions(block);
+        }
         let addr = block.addr;
         let slot = self.table_for(device, addr);
         // One probe: the slot index the block will get is known before it is stored.
@@ -126,6 +194,9 @@ impl LiveMap {
                 let at = slab.insert(block);
                 debug_assert_eq!(at, next);
                 self.len += 1;
+                if device == DeviceId::CPU && index[slot].len() >= self.regions_from {
+                    self.turn_regions_on();
+                }
                 return None;
             }
         };
@@ -134,6 +205,9 @@ impl LiveMap {
 
     /// Takes out the block at `(device, addr)` for a free stamped `ts`.
     pub(super) fn remove(&mut self, device: DeviceId, addr: u64, ts: u64) -> Result<Block, Missed> {
+        if device == DeviceId::CPU && self.regions_on {
+            return self.remove_with_regions(addr, ts);
+        }
         let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
         let table = index
             .get_mut(usize::from(device.0))
@@ -163,6 +237,9 @@ impl LiveMap {
         to: u64,
         ts: u64,
     ) -> Result<Option<Block>, Missed> {
+        if device == DeviceId::CPU && self.regions_on {
+            return self.rekey_with_regions(from, to, ts);
+        }
         let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
         let table = index
             .get_mut(usize::from(device.0))
@@ -202,10 +279,218 @@ impl LiveMap {
         }))
     }
 
+    /// [`LiveMap::insert`] of a heap block while the regions are on. Out of line, as the
+    /// other ways of the regions are: a program with fewer blocks, which never turns them on,
+    /// runs the table's ways as they are without them.
+    #[inline(never)]
+    fn insert_with_regions(&mut self, block: Block) -> Option<Block> {
+        if let Some(inserted) = self.insert_in_region(block) {
+            return inserted;
+        }
+        self.insert_in_table(DeviceId::CPU, block)
+    }
+
+    /// [`LiveMap::insert_with_regions`] where the block's region keeps it in a leaf (`None`:
+    /// the table takes it, its region open).
+    #[inline]
+    fn insert_in_region(&mut self, block: Block) -> Option<Option<Block>> {
+        let small = block.size < self.small_below;
+        let (regions, slab) = (&mut self.regions, &mut self.slab);
+        let place = regions.open(block.addr, small)?;
+        if let Some(at) = place.in_cell() {
+            return Some(Some(std::mem::replace(slab.get_mut(at), block)));
+        }
+        // A block its region has in the table may start at the same address.
+        if small
+            && place.has_cell()
+            && !(place.has_table_blocks() && in_table(&self.index, slab, self.packing, block.addr))
+        {
+            place.fill(slab.insert(block));
+            self.len += 1;
+            return Some(None);
+        }
+        None
+    }
+
+    /// [`LiveMap::insert_with_regions`] into the heap's table, the block's region open.
+    #[inline]
+    fn insert_in_table(&mut self, device: DeviceId, block: Block) -> Option<Block> {
+        let addr = block.addr;
+        let slot = self.table_for(device, addr);
+        // One probe: the slot index the block will get is known before it is stored.
+        let next = self.slab.next_index();
+        if next > self.packing.slot_mask {
+            self.widen_packing(next);
+        }
+        let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
+        let found = match index[slot].entry(
+            hash(addr),
+            |&v| packing.is(slab, v, addr),
+            |&v| packing.rehash(slab, v),
+        ) {
+            Entry::Occupied(found) => packing.slot(*found.get()),
+            Entry::Vacant(vacant) => {
+                vacant.insert(packing.pack(next, addr));
+                let at = slab.insert(block);
+                debug_assert_eq!(at, next);
+                self.len += 1;
+                if let Some(place) = self.regions.place(addr) {
+                    place.table_gained();
+                }
+                return None;
+            }
+        };
+        Some(std::mem::replace(self.slab.get_mut(found), block))
+    }
+
+    /// [`LiveMap::remove`] of a heap block while the regions are on.
+    #[inline(never)]
+    fn remove_with_regions(&mut self, addr: u64, ts: u64) -> Result<Block, Missed> {
+        let at = self.take_out(DeviceId::CPU, addr, ts)?;
+        self.len -= 1;
+        Ok(self.slab.remove(at))
+    }
+
+    /// Takes the index entry of the block at `(device, addr)` out for a free stamped `ts`,
+    /// leaving its slab slot as it is; returns the slot.
+    #[inline]
+    fn take_out(&mut self, device: DeviceId, addr: u64, ts: u64) -> Result<u32, Missed> {
+        if device == DeviceId::CPU && self.regions_on {
+            if let Some(taken) = self.take_out_of_region(addr, ts) {
+                return taken;
+            }
+        }
+        let (index, slab, packing) = (&mut self.index, &self.slab, self.packing);
+        let table = index
+            .get_mut(usize::from(device.0))
+            .ok_or(Missed::Unknown)?;
+        let found = table
+            .find_entry(hash(addr), |&v| packing.is(slab, v, addr))
+            .map_err(|_| Missed::Unknown)?;
+        let at = packing.slot(*found.get());
+        if ts < slab.get(at).ts {
+            return Err(Missed::Straggler);
+        }
+        found.remove();
+        if device == DeviceId::CPU {
+            self.unindexed.note(addr);
+            if self.regions_on {
+                self.left_table(addr);
+            }
+        }
+        Ok(at)
+    }
+
+    /// [`LiveMap::take_out`] of a heap block while the regions are on, where its region
+    /// settles it: taken from its leaf, or known not live (`None`: ask the table). Out of line
+    /// as [`LiveMap::insert_in_region`] is.
+    #[inline(never)]
+    fn take_out_of_region(&mut self, addr: u64, ts: u64) -> Option<Result<u32, Missed>> {
+        if !has_cell(addr) {
+            return None;
+        }
+        let Some(place) = self.regions.place(addr) else {
+            return Some(Err(Missed::Unknown));
+        };
+        if let Some(at) = place.in_cell() {
+            if ts < self.slab.get(at).ts {
+                return Some(Err(Missed::Straggler));
+            }
+            if place.clear() {
+                self.regions.forget_if_empty(addr);
+            }
+            return Some(Ok(at));
+        }
+        (!place.has_table_blocks()).then_some(Err(Missed::Unknown))
+    }
+
+    /// A heap block at `addr` left the table while the regions are on: its region counts it
+    /// out.
+    #[inline(never)]
+    fn left_table(&mut self, addr: u64) {
+        if self
+            .regions
+            .place(addr)
+            .is_some_and(|place| place.table_lost())
+        {
+            self.regions.forget_if_empty(addr);
+        }
+    }
+
+    /// [`LiveMap::rekey`] of a heap block while the regions are on.
+    #[inline(never)]
+    fn rekey_with_regions(&mut self, from: u64, to: u64, ts: u64) -> Result<Option<Block>, Missed> {
+        // Taken out before `to` is indexed: a move to the same key leaves it indexed.
+        let at = self.take_out(DeviceId::CPU, from, ts)?;
+        let displaced = self.put(DeviceId::CPU, to, at);
+        self.slab.get_mut(at).addr = to;
+        Ok(displaced.map(|displaced| {
+            self.len -= 1;
+            self.slab.remove(displaced)
+        }))
+    }
+
+    /// Indexes slab slot `at`, taken out by [`LiveMap::take_out`], at `(device, to)`;
+    /// returns the slot of the block that was live there, taken out of the index.
+    #[inline]
+    fn put(&mut self, device: DeviceId, to: u64, at: u32) -> Option<u32> {
+        if device == DeviceId::CPU && self.regions_on {
+            if let Some(put) = self.put_in_region(to, at) {
+                return put;
+            }
+        }
+        let slot = self.table_for(device, to);
+        let (table, slab, packing) = (&mut self.index[slot], &mut self.slab, self.packing);
+        let moved = packing.pack(at, to);
+        match table.entry(
+            hash(to),
+            |&v| packing.is(slab, v, to),
+            |&v| packing.rehash(slab, v),
+        ) {
+            Entry::Occupied(mut taken) => {
+                Some(packing.slot(std::mem::replace(taken.get_mut(), moved)))
+            }
+            Entry::Vacant(vacant) => {
+                vacant.insert(moved);
+                if device == DeviceId::CPU && self.regions_on {
+                    if let Some(place) = self.regions.place(to) {
+                        place.table_gained();
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// [`LiveMap::put`] of a heap block while the regions are on, where its region keeps it
+    /// in a leaf (`None`: the table takes it, its region open). Out of line as
+    /// [`LiveMap::insert_in_region`] is.
+    #[inline(never)]
+    fn put_in_region(&mut self, to: u64, at: u32) -> Option<Option<u32>> {
+        let small = self.slab.get(at).size < self.small_below;
+        let place = self.regions.open(to, small)?;
+        if place.in_cell().is_some() {
+            return Some(place.replace(at));
+        }
+        if small
+            && place.has_cell()
+            && !(place.has_table_blocks() && in_table(&self.index, &self.slab, self.packing, to))
+        {
+            place.fill(at);
+            return Some(None);
+        }
+        None
+    }
+
     /// Where the block at `(device, addr)` is, if one is live there.
     pub(super) fn find(&self, device: DeviceId, addr: u64) -> Option<Slot> {
-        if device == DeviceId::CPU && self.unindexed.knows(addr) {
-            return None;
+        if device == DeviceId::CPU {
+            match self.regions_on.then(|| self.regions.find(addr)) {
+                Some(Found::Leaf(at)) => return Some(Slot(at)),
+                Some(Found::Nothing) => return None,
+                Some(Found::Table) | None if self.unindexed.knows(addr) => return None,
+                Some(Found::Table) | None => {}
+            }
         }
         let table = self.index.get(usize::from(device.0))?;
         let packing = self.packing;
@@ -224,22 +509,29 @@ impl LiveMap {
         self.slab.get_mut(slot.0)
     }
 
-    /// Whether the heap's table holds more blocks than the caches do, so that asking for a
-    /// block ahead ([`LiveMap::prefetch_block`]) pays for the asking.
+    /// Whether the map holds more blocks than the caches do, so that asking for a block
+    /// ahead ([`LiveMap::prefetch_block`]) pays for the asking.
     #[inline]
     pub(super) fn outgrows_caches(&self) -> bool {
-        self.index
-            .get(usize::from(DeviceId::CPU.0))
-            .is_some_and(|table| table.len() >= PREFETCH_FROM)
+        self.len >= PREFETCH_FROM
     }
 
     /// Asks for the slab block a lookup of `(device, addr)` will compare, a few events before
-    /// the one that looks it up: the table's entries are compared by fingerprint only, so no
-    /// slab line is waited for here, and the block's wait overlaps the events in between.
+    /// the one that looks it up: a leaf's cell or the table's entries (compared by fingerprint
+    /// only) say where it is, so no slab line is waited for here, and the block's wait
+    /// overlaps the events in between.
     #[inline]
     pub(super) fn prefetch_block(&self, device: DeviceId, addr: u64) {
-        if device == DeviceId::CPU && self.unindexed.knows(addr) {
-            return;
+        if device == DeviceId::CPU {
+            match self.regions_on.then(|| self.regions.find(addr)) {
+                Some(Found::Leaf(at)) => {
+                    prefetch(self.slab.get(at));
+                    return;
+                }
+                Some(Found::Nothing) => return,
+                Some(Found::Table) | None if self.unindexed.knows(addr) => return,
+                Some(Found::Table) | None => {}
+            }
         }
         let Some(table) = self.index.get(usize::from(device.0)) else {
             return;
@@ -250,13 +542,21 @@ impl LiveMap {
         }
     }
 
-    /// Asks for the heap table's lines that a lookup of `addr` reads first: its control bytes
-    /// and entries where the probe starts. Called a few events before
-    /// [`LiveMap::prefetch_block`] for the same address, whose lookup then finds them cached:
-    /// a program that frees in another order than it allocated (rayon's sorts) misses the
-    /// table on every free, and otherwise waits for those misses one at a time.
+    /// Asks for what a lookup of heap address `addr` reads first: its leaf's cell, or the
+    /// heap table's control bytes and entries where the probe starts. Called a few events
+    /// before [`LiveMap::prefetch_block`] for the same address, whose lookup then finds them
+    /// cached: a program that frees in another order than it allocated (rayon's sorts) misses
+    /// the index on every free, and otherwise waits for those misses one at a time.
     #[inline]
     pub(super) fn prefetch_index(&self, addr: u64) {
+        if let Some(cell) = self
+            .regions_on
+            .then(|| self.regions.cell_address(addr))
+            .flatten()
+        {
+            prefetch_line(cell);
+            return;
+        }
         let Some(table) = self.index.get(usize::from(DeviceId::CPU.0)) else {
             return;
         };
@@ -267,21 +567,29 @@ impl LiveMap {
         prefetch_lines(table, control, hash(addr));
     }
 
-    /// The blocks live on `device`.
-    pub(super) fn blocks_on(&self, device: DeviceId) -> impl Iterator<Item = &Block> + '_ {
-        self.index
+    /// The slab slots of the blocks live on `device`.
+    fn slots_on(&self, device: DeviceId) -> impl Iterator<Item = u32> + '_ {
+        let in_table = self
+            .index
             .get(usize::from(device.0))
             .into_iter()
-            .flat_map(move |table| {
-                table
-                    .iter()
-                    .map(move |&v| self.slab.get(self.packing.slot(v)))
-            })
+            .flat_map(move |table| table.iter().map(move |&v| self.packing.slot(v)));
+        let in_leaves = (device == DeviceId::CPU)
+            .then(|| self.regions.slots())
+            .into_iter()
+            .flatten();
+        in_table.chain(in_leaves)
+    }
+
+    /// The blocks live on `device`.
+    pub(super) fn blocks_on(&self, device: DeviceId) -> impl Iterator<Item = &Block> + '_ {
+        self.slots_on(device).map(move |slot| self.slab.get(slot))
     }
 
     /// Every live block, with its device.
     pub(super) fn blocks(&self) -> impl Iterator<Item = (DeviceId, &Block)> + '_ {
-        (0..self.index.len()).flat_map(move |device| {
+        // The heap's blocks may all be in leaves, with no table made for it.
+        (0..self.index.len().max(1)).flat_map(move |device| {
             let device = DeviceId(u16::try_from(device).unwrap_or(u16::MAX));
             self.blocks_on(device).map(move |block| (device, block))
         })
@@ -289,10 +597,12 @@ impl LiveMap {
 
     /// Calls `change` on every live block.
     pub(super) fn for_each_block_mut(&mut self, mut change: impl FnMut(&mut Block)) {
-        for table in &self.index {
-            for &v in table {
-                change(self.slab.get_mut(self.packing.slot(v)));
-            }
+        let devices = self.index.len().max(1);
+        let slots: Vec<u32> = (0..devices)
+            .flat_map(|device| self.slots_on(DeviceId(u16::try_from(device).unwrap_or(u16::MAX))))
+            .collect();
+        for slot in slots {
+            change(self.slab.get_mut(slot));
         }
     }
 
@@ -392,7 +702,19 @@ impl LiveMap {
     pub(super) fn heap_bytes(&self) -> usize {
         let tables: usize = self.index.iter().map(HashTable::allocation_size).sum();
         tables
+            + self.regions.heap_bytes()
             + self.index.capacity() * std::mem::size_of::<HashTable<u32>>()
             + self.slab.heap_bytes()
     }
+}
+
+/// Whether the heap's table holds a block at `addr`.
+fn in_table(index: &[HashTable<u32>], slab: &Slab, packing: Packing, addr: u64) -> bool {
+    index
+        .get(usize::from(DeviceId::CPU.0))
+        .is_some_and(|table| {
+            table
+                .find(hash(addr), |&v| packing.is(slab, v, addr))
+                .is_some()
+        })
 }

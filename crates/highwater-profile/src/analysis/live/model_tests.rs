@@ -137,9 +137,14 @@ proptest! {
     fn the_live_set_keeps_what_a_plain_map_keeps(
         ops in prop::collection::vec(op(), 1..300),
         near_the_wrap in any::<bool>(),
+        small_below in prop_oneof![Just(0u64), Just(1024), Just(u64::MAX)],
+        leaves_from in prop_oneof![Just(0usize), Just(4), Just(usize::MAX)],
     ) {
         let addrs = addresses();
-        let mut live = LiveSet::new(4);
+        // Heap blocks all in the table, small ones (sizes up to 5000) in leaves and the
+        // others in the table, or all that can in leaves; from the start, from when the table
+        // has held a few (counting those in the regions then), or never.
+        let mut live = LiveSet::with_leaves(4, small_below, leaves_from);
         if near_the_wrap {
             // A few peaks from the epoch's wrap, which renumbers every live block.
             live.epoch = u32::MAX - 3;

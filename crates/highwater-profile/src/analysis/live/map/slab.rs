@@ -85,7 +85,7 @@ fn new_page() -> Box<[Block; PAGE]> {
 
 /// Maps the whole system pages within `len` bytes from `start` for writing, as writing to
 /// them would, without changing a byte; returns whether the system did (Linux 5.14 on).
-fn populate(start: usize, len: usize) -> bool {
+pub(super) fn populate(start: usize, len: usize) -> bool {
     #[cfg(all(target_os = "linux", not(miri)))]
     {
         let Some(page) = system_page() else {

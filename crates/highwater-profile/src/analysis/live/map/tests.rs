@@ -2,6 +2,7 @@
 //! slab, on the map alone.
 
 use super::index::{buckets_for, capacity_for, hash, past_first_group, room_in, Packing};
+use super::regions::{Found, SMALL};
 use super::slab::Slab;
 use super::*;
 
@@ -90,7 +91,7 @@ fn blocks_stay_findable_when_the_slab_outgrows_the_packing() {
     // 2^16 slots fit the narrowest packing; go past it with blocks freed and moved on
     // both sides of the widening.
     const BLOCKS: u64 = 70_000;
-    let mut map = LiveMap::default();
+    let mut map = LiveMap::without_leaves();
     let addr = |i: u64| 0x5500_0000_0000 + i * 32;
     for i in 0..BLOCKS {
         map.insert(DeviceId::CPU, block(addr(i), 8 + i % 64, i));
@@ -129,7 +130,7 @@ fn blocks_stay_findable_when_the_slab_outgrows_the_packing() {
 /// never freed is ended when its address is reused.
 #[test]
 fn an_address_remembered_as_unindexed_is_forgotten_when_indexed_again() {
-    let mut map = LiveMap::default();
+    let mut map = LiveMap::without_leaves();
     let reused = 0x4400_0000_0000;
     map.insert(DeviceId::CPU, block(reused, 16, 1));
     assert!(!map.unindexed.knows(reused));
@@ -157,7 +158,7 @@ fn an_address_remembered_as_unindexed_is_forgotten_when_indexed_again() {
 /// keeps every block.
 #[test]
 fn tables_built_anew_grow_by_doubling_at_most_and_keep_every_block() {
-    let mut map = LiveMap::default();
+    let mut map = LiveMap::without_leaves();
     // Addresses spread over many pages, so the blocks land all over the table.
     let addr = |i: u64| 0x6600_0000_0000 + (i.wrapping_mul(0x9e37_79b9) % (1 << 30)) * 16;
     let mut inserted = std::collections::HashSet::new();
@@ -199,7 +200,7 @@ fn tables_built_anew_grow_by_doubling_at_most_and_keep_every_block() {
 #[test]
 fn churn_at_a_steady_size_grows_the_table_at_most_once() {
     const LIVE: u64 = 6_000;
-    let mut map = LiveMap::default();
+    let mut map = LiveMap::without_leaves();
     let addr = |i: u64| 0x7700_0000_0000 + (i.wrapping_mul(0x9e37_79b9) % (1 << 32)) * 16;
     for i in 0..LIVE {
         map.insert(DeviceId::CPU, block(addr(i), 16, i));
@@ -238,7 +239,7 @@ fn found_past_the_first_group(table: &HashTable<u32>, packing: Packing, slab: &S
 /// benchmarks measure what it earns).
 #[test]
 fn a_table_with_runs_is_held_sparse() {
-    let mut map = LiveMap::default();
+    let mut map = LiveMap::without_leaves();
     let mut addrs = Vec::new();
     let mut addr = 0x5555_0000_0000u64;
     let mut state = 0x1234_5678_9abc_def1u64;
@@ -289,4 +290,148 @@ fn the_slab_reuses_a_free_slot_before_a_fresh_one() {
     assert_eq!(reused, [3, 4096, 17, 4999, 5000]);
     assert_eq!(slab.get(17).addr, 10_002);
     assert_eq!(slab.next_index(), 5001);
+}
+
+/// Small blocks go to leaves once the regions are on, those the table held then with them;
+/// large ones, and addresses off the 16-byte grid, stay in the table; every block is found
+/// and ends where it is, and regions left without blocks are forgotten.
+#[test]
+fn small_blocks_move_to_leaves_when_the_regions_turn_on() {
+    const FROM: usize = 100;
+    let mut map = LiveMap::with_leaves(SMALL, FROM);
+    let base = 0x5600_0000_0000u64;
+    let small = |i: u64| base + i * 48;
+    let large = |i: u64| base + (1 << 20) + i * 4096;
+    let odd = |i: u64| base + (2 << 20) + i * 32 + 8;
+    for i in 0..79 {
+        map.insert(DeviceId::CPU, block(small(i), 32, i));
+    }
+    for i in 0..10 {
+        map.insert(DeviceId::CPU, block(large(i), 4000, 100 + i));
+        map.insert(DeviceId::CPU, block(odd(i), 24, 200 + i));
+    }
+    assert!(
+        !map.regions_on,
+        "{} blocks in the table",
+        map.index[0].len()
+    );
+    // The next block fills the table to the mark.
+    for i in 79..200 {
+        map.insert(DeviceId::CPU, block(small(i), 32, 300 + i));
+    }
+    assert!(map.regions_on);
+    assert_eq!(
+        map.index[0].len(),
+        20,
+        "only the large and the odd stay in the table"
+    );
+    // Built anew for what it kept.
+    assert!(
+        map.index[0].num_buckets() <= 32,
+        "{} buckets",
+        map.index[0].num_buckets()
+    );
+    assert_eq!(
+        map.index_room[0],
+        room_in(map.index[0].num_buckets(), map.index_sparse[0])
+    );
+    assert_eq!(map.regions.slots().count(), 200);
+    for i in 0..200 {
+        assert_eq!(
+            map.find(DeviceId::CPU, small(i)).map(|s| map.block(s).size),
+            Some(32)
+        );
+    }
+    for i in 0..10 {
+        assert!(map.find(DeviceId::CPU, large(i)).is_some());
+        assert!(map.find(DeviceId::CPU, odd(i)).is_some());
+    }
+    for i in 0..200 {
+        assert_eq!(
+            map.remove(DeviceId::CPU, small(i), 1000).map(|b| b.size),
+            Ok(32)
+        );
+    }
+    for i in 0..10 {
+        assert_eq!(
+            map.remove(DeviceId::CPU, large(i), 1000).map(|b| b.size),
+            Ok(4000)
+        );
+        assert_eq!(
+            map.remove(DeviceId::CPU, odd(i), 1000).map(|b| b.size),
+            Ok(24)
+        );
+    }
+    assert_eq!(map.len(), 0);
+    assert_eq!(map.regions.slots().count(), 0);
+    assert_eq!(map.regions.find(small(3)), Found::Nothing);
+    assert_eq!(
+        map.remove(DeviceId::CPU, small(3), 2000).err(),
+        Some(Missed::Unknown)
+    );
+}
+
+/// A small block at the address of a large one the table holds (whose free was never seen)
+/// ends it, as in the table alone; and a block of one size moved to an address in another
+/// region keeps its kind of home.
+#[test]
+fn a_region_with_blocks_in_both_keeps_one_block_per_address() {
+    let mut map = LiveMap::with_leaves(SMALL, 0);
+    let base = 0x5700_0000_0000u64;
+    assert!(map.insert(DeviceId::CPU, block(base, 4096, 1)).is_none());
+    assert!(map
+        .insert(DeviceId::CPU, block(base + 8192, 64, 2))
+        .is_none());
+    // Never freed: the next block at its address ends it, leaf or table.
+    let displaced = map.insert(DeviceId::CPU, block(base, 48, 3));
+    assert_eq!(displaced.map(|old| old.size), Some(4096));
+    assert_eq!(map.len(), 2);
+    let displaced = map.insert(DeviceId::CPU, block(base + 8192, 5000, 4));
+    assert_eq!(displaced.map(|old| old.size), Some(64));
+    // A move into another region, onto a live block there.
+    let elsewhere = base + (1 << 16);
+    assert!(map.insert(DeviceId::CPU, block(elsewhere, 16, 5)).is_none());
+    let moved = map.rekey(DeviceId::CPU, base, elsewhere, 6);
+    assert_eq!(moved.map(|old| old.map(|b| b.size)), Ok(Some(16)));
+    assert_eq!(
+        map.find(DeviceId::CPU, elsewhere)
+            .map(|s| map.block(s).size),
+        Some(48)
+    );
+    assert!(map.find(DeviceId::CPU, base).is_none());
+    assert_eq!(map.len(), 2);
+    // And to a key no heap address can be, as reallocs in flight are kept.
+    let pending = (1 << 63) | 3;
+    assert!(matches!(
+        map.rekey(DeviceId::CPU, elsewhere, pending, 7),
+        Ok(None)
+    ));
+    assert_eq!(
+        map.find(DeviceId::CPU, pending).map(|s| map.block(s).size),
+        Some(48)
+    );
+    assert_eq!(
+        map.remove(DeviceId::CPU, pending, 8).map(|b| b.size),
+        Ok(48)
+    );
+    assert_eq!(
+        map.remove(DeviceId::CPU, base + 8192, 8).map(|b| b.size),
+        Ok(5000)
+    );
+    assert_eq!(map.len(), 0);
+    assert_eq!(map.regions.find(base), Found::Nothing);
+}
+
+/// Leaves cost a quarter of the span their blocks lie in: a million small blocks 48 bytes
+/// apart, as a parser's, take no more room with the leaves than the table did.
+#[test]
+fn a_million_small_blocks_in_leaves_cost_at_most_48_bytes_each() {
+    const BLOCKS: u64 = 1_000_000;
+    let mut map = LiveMap::with_leaves(SMALL, 0);
+    for i in 0..BLOCKS {
+        map.insert(DeviceId::CPU, block(0x7f00_0000_0000 + i * 48, 32, i));
+    }
+    assert_eq!(map.index.first().map_or(0, HashTable::len), 0);
+    let per_block = map.heap_bytes() as f64 / BLOCKS as f64;
+    assert!(per_block <= 48.0, "{per_block:.1} bytes per live block");
 }
