@@ -153,7 +153,7 @@ impl LiveMap {
             let block = slab.get(at);
             let small = block.size < self.small_below;
             match regions.open(block.addr, small) {
-                Some(place) if small && place.has_cell() => {
+                Some(place) if small => {
                     place.fill(at);
                     false
                 }
@@ -171,65 +171,26 @@ impl LiveMap {
 
     /// Makes `block` live at `(device, block.addr)`; returns the block it replaced there, if
     /// the key was live already.
+    #[inline]
     pub(super) fn insert(&mut self, device: DeviceId, block: Block) -> Option<Block> {
         if device == DeviceId::CPU && self.regions_on {
             return self.insert_with_regions(block);
         }
-        let addr = block.addr;
-        let slot = self.table_for(device, addr);
-        // One probe: the slot index the block will get is known before it is stored.
-        let next = self.slab.next_index();
-        if next > self.packing.slot_mask {
-            self.widen_packing(next);
-        }
-        let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
-        let found = match index[slot].entry(
-            hash(addr),
-            |&v| packing.is(slab, v, addr),
-            |&v| packing.rehash(slab, v),
-        ) {
-            Entry::Occupied(found) => packing.slot(*found.get()),
-            Entry::Vacant(vacant) => {
-                vacant.insert(packing.pack(next, addr));
-                let at = slab.insert(block);
-                debug_assert_eq!(at, next);
-                self.len += 1;
-                if device == DeviceId::CPU && index[slot].len() >= self.regions_from {
-                    self.turn_regions_on();
-                }
-                return None;
-            }
-        };
-        Some(std::mem::replace(self.slab.get_mut(found), block))
+        self.insert_in_table(device, block)
     }
 
     /// Takes out the block at `(device, addr)` for a free stamped `ts`.
+    #[inline]
     pub(super) fn remove(&mut self, device: DeviceId, addr: u64, ts: u64) -> Result<Block, Missed> {
-        if device == DeviceId::CPU && self.regions_on {
-            return self.remove_with_regions(addr, ts);
-        }
-        let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
-        let table = index
-            .get_mut(usize::from(device.0))
-            .ok_or(Missed::Unknown)?;
-        let found = table
-            .find_entry(hash(addr), |&v| packing.is(slab, v, addr))
-            .map_err(|_| Missed::Unknown)?;
-        let at = packing.slot(*found.get());
-        if ts < slab.get(at).ts {
-            return Err(Missed::Straggler);
-        }
-        found.remove();
-        if device == DeviceId::CPU {
-            self.unindexed.note(addr);
-        }
+        let at = self.take_out(device, addr, ts)?;
         self.len -= 1;
-        Ok(slab.remove(at))
+        Ok(self.slab.remove(at))
     }
 
     /// Moves the block at `(device, from)` to the key `to`, unchanged but for its address, for
     /// a given-up address that may be reused before the block ends; `ts` is judged as a free's
     /// would be. Returns the block that was live at `to`, taken out, if any.
+    #[inline]
     pub(super) fn rekey(
         &mut self,
         device: DeviceId,
@@ -237,42 +198,10 @@ impl LiveMap {
         to: u64,
         ts: u64,
     ) -> Result<Option<Block>, Missed> {
-        if device == DeviceId::CPU && self.regions_on {
-            return self.rekey_with_regions(from, to, ts);
-        }
-        let (index, slab, packing) = (&mut self.index, &mut self.slab, self.packing);
-        let table = index
-            .get_mut(usize::from(device.0))
-            .ok_or(Missed::Unknown)?;
-        let found = table
-            .find_entry(hash(from), |&v| packing.is(slab, v, from))
-            .map_err(|_| Missed::Unknown)?;
-        let at = packing.slot(*found.get());
-        if ts < slab.get(at).ts {
-            return Err(Missed::Straggler);
-        }
-        found.remove();
-        // Noted before `to` is forgotten: a move to the same key leaves it indexed.
-        if device == DeviceId::CPU {
-            self.unindexed.note(from);
-        }
-        let slot = self.table_for(device, to);
-        let (table, slab, packing) = (&mut self.index[slot], &mut self.slab, self.packing);
-        let moved = packing.pack(at, to);
-        let displaced = match table.entry(
-            hash(to),
-            |&v| packing.is(slab, v, to),
-            |&v| packing.rehash(slab, v),
-        ) {
-            Entry::Occupied(mut taken) => {
-                Some(packing.slot(std::mem::replace(taken.get_mut(), moved)))
-            }
-            Entry::Vacant(vacant) => {
-                vacant.insert(moved);
-                None
-            }
-        };
-        slab.get_mut(at).addr = to;
+        // Taken out before `to` is indexed: a move to the same key leaves it indexed.
+        let at = self.take_out(device, from, ts)?;
+        let displaced = self.put(device, to, at);
+        self.slab.get_mut(at).addr = to;
         Ok(displaced.map(|displaced| {
             self.len -= 1;
             self.slab.remove(displaced)
@@ -302,7 +231,6 @@ impl LiveMap {
         }
         // A block its region has in the table may start at the same address.
         if small
-            && place.has_cell()
             && !(place.has_table_blocks() && in_table(&self.index, slab, self.packing, block.addr))
         {
             place.fill(slab.insert(block));
@@ -312,7 +240,8 @@ impl LiveMap {
         None
     }
 
-    /// [`LiveMap::insert_with_regions`] into the heap's table, the block's region open.
+    /// [`LiveMap::insert`] into `device`'s table (a heap block's region open, when the regions
+    /// are on).
     #[inline]
     fn insert_in_table(&mut self, device: DeviceId, block: Block) -> Option<Block> {
         let addr = block.addr;
@@ -334,25 +263,16 @@ impl LiveMap {
                 let at = slab.insert(block);
                 debug_assert_eq!(at, next);
                 self.len += 1;
-                if let Some(place) = self.regions.place(addr) {
-                    place.table_gained();
-                }
+                self.entered_table(device, addr);
                 return None;
             }
         };
         Some(std::mem::replace(self.slab.get_mut(found), block))
     }
 
-    /// [`LiveMap::remove`] of a heap block while the regions are on.
-    #[inline(never)]
-    fn remove_with_regions(&mut self, addr: u64, ts: u64) -> Result<Block, Missed> {
-        let at = self.take_out(DeviceId::CPU, addr, ts)?;
-        self.len -= 1;
-        Ok(self.slab.remove(at))
-    }
-
     /// Takes the index entry of the block at `(device, addr)` out for a free stamped `ts`,
-    /// leaving its slab slot as it is; returns the slot.
+    /// leaving its slab slot as it is; returns the slot. The regions' ways are out of line:
+    /// a program with fewer blocks, which never turns them on, runs the table's alone.
     #[inline]
     fn take_out(&mut self, device: DeviceId, addr: u64, ts: u64) -> Result<u32, Missed> {
         if device == DeviceId::CPU && self.regions_on {
@@ -404,6 +324,22 @@ impl LiveMap {
         (!place.has_table_blocks()).then_some(Err(Missed::Unknown))
     }
 
+    /// A block at `addr` entered `device`'s table: with the regions on, a heap block's region
+    /// counts it; before, the regions turn on once the heap's table holds `regions_from`.
+    #[inline]
+    fn entered_table(&mut self, device: DeviceId, addr: u64) {
+        if device != DeviceId::CPU {
+            return;
+        }
+        if self.regions_on {
+            if let Some(place) = self.regions.place(addr) {
+                place.table_gained();
+            }
+        } else if self.index[0].len() >= self.regions_from {
+            self.turn_regions_on();
+        }
+    }
+
     /// A heap block at `addr` left the table while the regions are on: its region counts it
     /// out.
     #[inline(never)]
@@ -415,19 +351,6 @@ impl LiveMap {
         {
             self.regions.forget_if_empty(addr);
         }
-    }
-
-    /// [`LiveMap::rekey`] of a heap block while the regions are on.
-    #[inline(never)]
-    fn rekey_with_regions(&mut self, from: u64, to: u64, ts: u64) -> Result<Option<Block>, Missed> {
-        // Taken out before `to` is indexed: a move to the same key leaves it indexed.
-        let at = self.take_out(DeviceId::CPU, from, ts)?;
-        let displaced = self.put(DeviceId::CPU, to, at);
-        self.slab.get_mut(at).addr = to;
-        Ok(displaced.map(|displaced| {
-            self.len -= 1;
-            self.slab.remove(displaced)
-        }))
     }
 
     /// Indexes slab slot `at`, taken out by [`LiveMap::take_out`], at `(device, to)`;
@@ -452,11 +375,7 @@ impl LiveMap {
             }
             Entry::Vacant(vacant) => {
                 vacant.insert(moved);
-                if device == DeviceId::CPU && self.regions_on {
-                    if let Some(place) = self.regions.place(to) {
-                        place.table_gained();
-                    }
-                }
+                self.entered_table(device, to);
                 None
             }
         }
@@ -473,7 +392,6 @@ impl LiveMap {
             return Some(place.replace(at));
         }
         if small
-            && place.has_cell()
             && !(place.has_table_blocks() && in_table(&self.index, &self.slab, self.packing, to))
         {
             place.fill(at);
@@ -597,12 +515,10 @@ impl LiveMap {
 
     /// Calls `change` on every live block.
     pub(super) fn for_each_block_mut(&mut self, mut change: impl FnMut(&mut Block)) {
-        let devices = self.index.len().max(1);
-        let slots: Vec<u32> = (0..devices)
-            .flat_map(|device| self.slots_on(DeviceId(u16::try_from(device).unwrap_or(u16::MAX))))
-            .collect();
-        for slot in slots {
-            change(self.slab.get_mut(slot));
+        let (slab, packing) = (&mut self.slab, self.packing);
+        let in_tables = self.index.iter().flatten().map(|&v| packing.slot(v));
+        for slot in in_tables.chain(self.regions.slots()) {
+            change(slab.get_mut(slot));
         }
     }
 

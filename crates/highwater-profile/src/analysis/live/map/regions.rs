@@ -136,12 +136,6 @@ impl Place<'_> {
         self.region.in_table > 0
     }
 
-    /// Whether the address has a cell to take a block.
-    #[inline]
-    pub(super) fn has_cell(&self) -> bool {
-        self.cell.is_some()
-    }
-
     /// Slab index `at` starts at the address's cell, which held none.
     #[inline]
     pub(super) fn fill(self, at: u32) {
@@ -185,17 +179,21 @@ impl Place<'_> {
 }
 
 impl Regions {
+    /// The region of `addr`, if it has live blocks.
+    #[inline]
+    fn region(&self, addr: u64) -> Option<&Region> {
+        let number = region_of(addr);
+        self.directory
+            .find(region_hash(number), |region| region.number == number)
+    }
+
     /// Where a block starting at heap address `addr` would be.
     #[inline]
     pub(super) fn find(&self, addr: u64) -> Found {
         if !has_cell(addr) {
             return Found::Table;
         }
-        let number = region_of(addr);
-        let Some(region) = self
-            .directory
-            .find(region_hash(number), |region| region.number == number)
-        else {
+        let Some(region) = self.region(addr) else {
             return Found::Nothing;
         };
         if region.leaf != NO_LEAF {
@@ -219,43 +217,29 @@ impl Regions {
         if !has_cell(addr) {
             return None;
         }
-        let number = region_of(addr);
-        let hash = region_hash(number);
-        let missing = match self.directory.find(hash, |region| region.number == number) {
+        let missing = match self.region(addr) {
             Some(region) => small && region.leaf == NO_LEAF,
             None => true,
         };
         if missing {
-            self.open_region(number, small);
+            self.open_region(region_of(addr), small);
         }
-        let region = self
-            .directory
-            .find_mut(hash, |region| region.number == number)?;
-        let cell =
-            (region.leaf != NO_LEAF).then(|| &mut self.leaves[region.leaf as usize][cell_of(addr)]);
-        Some(Place { region, cell })
+        self.place(addr)
     }
 
     /// Opens region `number`, or gives it a leaf for its first `small` block.
     #[cold]
     #[inline(never)]
-    fn open_region(&mut self, number: u64, leaf: bool) {
+    fn open_region(&mut self, number: u64, small: bool) {
+        let leaf = if small { self.take_leaf() } else { NO_LEAF };
         let hash = region_hash(number);
-        if self
+        if let Some(region) = self
             .directory
-            .find(hash, |region| region.number == number)
-            .is_some()
+            .find_mut(hash, |region| region.number == number)
         {
-            let leaf = self.take_leaf();
-            if let Some(region) = self
-                .directory
-                .find_mut(hash, |region| region.number == number)
-            {
-                region.leaf = leaf;
-            }
+            region.leaf = leaf;
             return;
         }
-        let leaf = if leaf { self.take_leaf() } else { NO_LEAF };
         self.directory.insert_unique(
             hash,
             Region {
@@ -321,10 +305,7 @@ impl Regions {
         if !has_cell(addr) {
             return None;
         }
-        let number = region_of(addr);
-        let region = self
-            .directory
-            .find(region_hash(number), |region| region.number == number)?;
+        let region = self.region(addr)?;
         (region.leaf != NO_LEAF)
             .then(|| std::ptr::from_ref(&self.leaves[region.leaf as usize][cell_of(addr)]) as usize)
     }
