@@ -10,8 +10,8 @@ fingerprints packed beside each slab index (`packing`), the choice of a likely-c
 slot (`freeslots`), the memo of addresses known not to be indexed (`memo`), the table rebuild
 that fetches its slab reads ahead (`rebuild`), asking for a block a few events before its free
 (`prefetch`), applying a short-lived block's alloc and free without entering the map
-(`pairroute`), mapping a new slab page in one call (`populate`), and keeping small blocks in
-leaves by address region once the live set is large (`regions`).
+(`pairroute`), and keeping small blocks in leaves by address region once the live set is
+large (`regions`).
 `scripts/live_map_layers.patch` gives each an `off-NAME` feature of
 `highwater-profile`; this script applies it to a scratch checkout of HEAD, builds the
 `workload` example once per layer (and once for the small layers together) and once with none
@@ -39,8 +39,8 @@ OUT_DIR = TARGET / "highwater-bench"
 SCRATCH = OUT_DIR / "layers"
 SCRATCH_TARGET = SCRATCH / "target"
 PATCH = ROOT / "scripts" / "live_map_layers.patch"
-LAYERS = ["hash", "packing", "freeslots", "memo", "rebuild", "prefetch", "pairroute", "populate",
-          "regions", "memo+rebuild"]
+LAYERS = ["hash", "packing", "freeslots", "memo", "rebuild", "prefetch", "pairroute", "regions",
+          "memo+rebuild"]
 # The crates whose sources the syn workload parses, as `scripts/compare_profilers.py` has them.
 SYN_CRATES = ["syn", "serde_json", "clap_builder", "proptest", "regex-syntax"]
 

@@ -17,8 +17,6 @@
 
 use hashbrown::HashTable;
 
-use super::slab::populate;
-
 /// Address bits below a region's number: 64 KiB regions.
 const REGION_SHIFT: u32 = 16;
 /// Address bits below a cell's number: the allocator's 16-byte alignment.
@@ -102,6 +100,45 @@ fn new_leaf() -> Box<Leaf> {
         leaf.as_mut_ptr().write_bytes(0, 1);
         leaf.assume_init()
     }
+}
+
+/// Maps the whole system pages within `len` bytes from `start` for writing, as writing to
+/// them would, without changing a byte; returns whether the system did (Linux 5.14 on).
+fn populate(start: usize, len: usize) -> bool {
+    #[cfg(all(target_os = "linux", not(miri)))]
+    {
+        let Some(page) = system_page() else {
+            return false;
+        };
+        let first = start.next_multiple_of(page);
+        let end = (start + len) / page * page;
+        if end <= first {
+            return false;
+        }
+        // SAFETY: the range lies within one live allocation the caller owns; the advice maps
+        // its pages and changes no byte. On a kernel without it, the call fails and nothing
+        // changes.
+        unsafe {
+            libc::madvise(
+                first as *mut libc::c_void,
+                end - first,
+                libc::MADV_POPULATE_WRITE,
+            ) == 0
+        }
+    }
+    #[cfg(not(all(target_os = "linux", not(miri))))]
+    {
+        let _ = (start, len);
+        false
+    }
+}
+
+/// The system's page size, where it can be read.
+#[cfg(all(target_os = "linux", not(miri)))]
+fn system_page() -> Option<usize> {
+    // SAFETY: `sysconf` only reads a constant of the system.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page).ok().filter(|&page| page > 0)
 }
 
 /// Where a heap address stands, found to look a block up.
@@ -329,5 +366,74 @@ impl Regions {
             + self.leaves.capacity() * std::mem::size_of::<Box<Leaf>>()
             + self.spare.capacity() * std::mem::size_of::<u32>()
             + self.directory.allocation_size()
+    }
+}
+
+#[cfg(all(test, target_os = "linux", not(miri)))]
+mod tests {
+    use super::{populate, system_page};
+
+    /// Which of the `pages` system pages from `start` are resident.
+    fn resident(start: *mut libc::c_void, pages: usize, page: usize) -> Vec<bool> {
+        let mut flags = vec![0u8; pages];
+        // SAFETY: `start` is a live mapping of `pages` pages; `flags` has a byte for each.
+        let done = unsafe { libc::mincore(start, pages * page, flags.as_mut_ptr()) };
+        assert_eq!(done, 0, "mincore: {}", std::io::Error::last_os_error());
+        flags.iter().map(|flag| flag & 1 == 1).collect()
+    }
+
+    #[test]
+    // Test support: a fresh mapping, so that no page of it is mapped before populating.
+    #[allow(clippy::disallowed_methods)]
+    fn populating_maps_every_page_and_keeps_every_byte() {
+        const PAGES: usize = 16;
+        let page = system_page().expect("the system's page size");
+        // SAFETY: a fresh private anonymous mapping, unmapped at the end of the test.
+        let start = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGES * page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(start, libc::MAP_FAILED);
+        // SAFETY: the mapping is `PAGES * page` bytes, readable and writable, and only this
+        // test uses it.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(start.cast::<u8>(), PAGES * page) };
+        bytes[..page].fill(0xa5);
+        assert_eq!(
+            resident(start, PAGES, page).iter().filter(|&&r| r).count(),
+            1,
+            "only the written page is mapped before populating"
+        );
+
+        // From a byte into the first page: only the whole pages after it are asked for.
+        let populated = populate(start as usize + 1, PAGES * page - 1);
+
+        let after = resident(start, PAGES, page);
+        if populated {
+            assert!(after.iter().all(|&r| r), "every page mapped: {after:?}");
+        } else {
+            // A kernel without the advice: nothing is mapped behind the program's back.
+            assert_eq!(after.iter().filter(|&&r| r).count(), 1);
+        }
+        assert!(
+            bytes[..page].iter().all(|&b| b == 0xa5),
+            "the written page kept its bytes"
+        );
+        assert!(
+            bytes[page..].iter().all(|&b| b == 0),
+            "the others read as zero"
+        );
+        // SAFETY: the mapping made above, no longer used.
+        assert_eq!(unsafe { libc::munmap(start, PAGES * page) }, 0);
+    }
+
+    #[test]
+    fn a_range_within_one_page_is_left_alone() {
+        assert!(!populate(4096 + 8, 100));
     }
 }
