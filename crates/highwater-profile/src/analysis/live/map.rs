@@ -31,7 +31,7 @@ use index::{
     buckets_for, capacity_for, control_bytes, had_runs, hash, past_first_group, prefetch_lines,
     room_in, Packing, Unindexed, GROWTH_AHEAD, PREFETCH_FROM,
 };
-use regions::{has_cell, Found, Regions, REGIONS_FROM, SMALL};
+use regions::{has_cell, Found, Place, Regions, REGIONS_FROM, SMALL};
 use slab::{prefetch, prefetch_line, Slab};
 
 /// A live block, as the map stores it in its slab: 32 bytes. The map reads its address and time;
@@ -224,20 +224,20 @@ impl LiveMap {
     #[inline]
     fn insert_in_region(&mut self, block: Block) -> Option<Option<Block>> {
         let small = block.size < self.small_below;
-        let (regions, slab) = (&mut self.regions, &mut self.slab);
-        let place = regions.open(block.addr, small)?;
+        let place = leaf_place(
+            &mut self.regions,
+            &self.index,
+            &self.slab,
+            self.packing,
+            block.addr,
+            small,
+        )?;
         if let Some(at) = place.in_cell() {
-            return Some(Some(std::mem::replace(slab.get_mut(at), block)));
+            return Some(Some(std::mem::replace(self.slab.get_mut(at), block)));
         }
-        // A block its region has in the table may start at the same address.
-        if small
-            && !(place.has_table_blocks() && in_table(&self.index, slab, self.packing, block.addr))
-        {
-            place.fill(slab.insert(block));
-            self.len += 1;
-            return Some(None);
-        }
-        None
+        place.fill(self.slab.insert(block));
+        self.len += 1;
+        Some(None)
     }
 
     /// [`LiveMap::insert`] into `device`'s table (a heap block's region open, when the regions
@@ -387,27 +387,28 @@ impl LiveMap {
     #[inline(never)]
     fn put_in_region(&mut self, to: u64, at: u32) -> Option<Option<u32>> {
         let small = self.slab.get(at).size < self.small_below;
-        let place = self.regions.open(to, small)?;
+        let place = leaf_place(
+            &mut self.regions,
+            &self.index,
+            &self.slab,
+            self.packing,
+            to,
+            small,
+        )?;
         if place.in_cell().is_some() {
             return Some(place.replace(at));
         }
-        if small
-            && !(place.has_table_blocks() && in_table(&self.index, &self.slab, self.packing, to))
-        {
-            place.fill(at);
-            return Some(None);
-        }
-        None
+        place.fill(at);
+        Some(None)
     }
 
     /// Where the block at `(device, addr)` is, if one is live there.
     pub(super) fn find(&self, device: DeviceId, addr: u64) -> Option<Slot> {
         if device == DeviceId::CPU {
-            match self.regions_on.then(|| self.regions.find(addr)) {
-                Some(Found::Leaf(at)) => return Some(Slot(at)),
-                Some(Found::Nothing) => return None,
-                Some(Found::Table) | None if self.unindexed.knows(addr) => return None,
-                Some(Found::Table) | None => {}
+            match self.heap_found(addr) {
+                Found::Leaf(at) => return Some(Slot(at)),
+                Found::Nothing => return None,
+                Found::Table => {}
             }
         }
         let table = self.index.get(usize::from(device.0))?;
@@ -415,6 +416,17 @@ impl LiveMap {
         table
             .find(hash(addr), |&v| packing.is(&self.slab, v, addr))
             .map(|&v| Slot(packing.slot(v)))
+    }
+
+    /// Where a heap block at `addr` is, as far as the regions (when on) and the memo of
+    /// addresses not indexed say: [`Found::Table`] where only the table can tell.
+    #[inline]
+    fn heap_found(&self, addr: u64) -> Found {
+        match self.regions_on.then(|| self.regions.find(addr)) {
+            Some(found @ (Found::Leaf(_) | Found::Nothing)) => found,
+            _ if self.unindexed.knows(addr) => Found::Nothing,
+            _ => Found::Table,
+        }
     }
 
     #[inline]
@@ -441,14 +453,13 @@ impl LiveMap {
     #[inline]
     pub(super) fn prefetch_block(&self, device: DeviceId, addr: u64) {
         if device == DeviceId::CPU {
-            match self.regions_on.then(|| self.regions.find(addr)) {
-                Some(Found::Leaf(at)) => {
+            match self.heap_found(addr) {
+                Found::Leaf(at) => {
                     prefetch(self.slab.get(at));
                     return;
                 }
-                Some(Found::Nothing) => return,
-                Some(Found::Table) | None if self.unindexed.knows(addr) => return,
-                Some(Found::Table) | None => {}
+                Found::Nothing => return,
+                Found::Table => {}
             }
         }
         let Some(table) = self.index.get(usize::from(device.0)) else {
@@ -622,6 +633,24 @@ impl LiveMap {
             + self.index.capacity() * std::mem::size_of::<HashTable<u32>>()
             + self.slab.heap_bytes()
     }
+}
+
+/// The place in a leaf of a heap block (of a `small` one, or one whose address has a live
+/// block in a leaf) at `addr` while the regions are on; `None` where the table takes it, its
+/// region open.
+fn leaf_place<'a>(
+    regions: &'a mut Regions,
+    index: &[HashTable<u32>],
+    slab: &Slab,
+    packing: Packing,
+    addr: u64,
+    small: bool,
+) -> Option<Place<'a>> {
+    let place = regions.open(addr, small)?;
+    // A block its region has in the table may start at the same address.
+    let in_leaf = place.in_cell().is_some()
+        || (small && !(place.has_table_blocks() && in_table(index, slab, packing, addr)));
+    in_leaf.then_some(place)
 }
 
 /// Whether the heap's table holds a block at `addr`.

@@ -15,6 +15,7 @@
 //! small blocks at 8-byte steps), stay in the hash table; each region counts its blocks there,
 //! so that a lookup asks the table only in a region that has some.
 
+use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 
 /// Address bits below a region's number: 64 KiB regions.
@@ -83,6 +84,17 @@ pub(super) fn has_cell(addr: u64) -> bool {
 #[inline]
 fn cell_of(addr: u64) -> usize {
     (addr >> CELL_SHIFT) as usize & (CELLS - 1)
+}
+
+/// A leaf for a region: a spare one, or a new one.
+#[cold]
+#[inline(never)]
+fn take_leaf(leaves: &mut Vec<Box<Leaf>>, spare: &mut Vec<u32>) -> u32 {
+    if let Some(leaf) = spare.pop() {
+        return leaf;
+    }
+    leaves.push(new_leaf());
+    u32::try_from(leaves.len() - 1).expect("fewer leaves than slab slots")
 }
 
 /// An empty leaf, its memory mapped for writing before it is cleared.
@@ -254,39 +266,28 @@ impl Regions {
         if !has_cell(addr) {
             return None;
         }
-        let missing = match self.region(addr) {
-            Some(region) => small && region.leaf == NO_LEAF,
-            None => true,
-        };
-        if missing {
-            self.open_region(region_of(addr), small);
-        }
-        self.place(addr)
-    }
-
-    /// Opens region `number`, or gives it a leaf for its first `small` block.
-    #[cold]
-    #[inline(never)]
-    fn open_region(&mut self, number: u64, small: bool) {
-        let leaf = if small { self.take_leaf() } else { NO_LEAF };
-        let hash = region_hash(number);
-        if let Some(region) = self
-            .directory
-            .find_mut(hash, |region| region.number == number)
-        {
-            region.leaf = leaf;
-            return;
-        }
-        self.directory.insert_unique(
-            hash,
-            Region {
-                number,
-                leaf,
-                in_leaf: 0,
-                in_table: 0,
-            },
+        let number = region_of(addr);
+        let region = match self.directory.entry(
+            region_hash(number),
+            |region| region.number == number,
             |region| region_hash(region.number),
-        );
+        ) {
+            Entry::Occupied(found) => found.into_mut(),
+            Entry::Vacant(vacant) => vacant
+                .insert(Region {
+                    number,
+                    leaf: NO_LEAF,
+                    in_leaf: 0,
+                    in_table: 0,
+                })
+                .into_mut(),
+        };
+        if small && region.leaf == NO_LEAF {
+            region.leaf = take_leaf(&mut self.leaves, &mut self.spare);
+        }
+        let cell =
+            (region.leaf != NO_LEAF).then(|| &mut self.leaves[region.leaf as usize][cell_of(addr)]);
+        Some(Place { region, cell })
     }
 
     /// The place of `addr`, if it is on the grid and its region has live blocks.
@@ -325,15 +326,6 @@ impl Regions {
                 .all(|&cell| cell == 0));
             self.spare.push(region.leaf);
         }
-    }
-
-    /// A leaf for a region: a spare one, or a new one.
-    fn take_leaf(&mut self) -> u32 {
-        if let Some(leaf) = self.spare.pop() {
-            return leaf;
-        }
-        self.leaves.push(new_leaf());
-        u32::try_from(self.leaves.len() - 1).expect("fewer leaves than slab slots")
     }
 
     /// The address of the cell of `addr`, if its region has a leaf: for a prefetch.
