@@ -86,6 +86,12 @@ fn cell_of(addr: u64) -> usize {
     (addr >> CELL_SHIFT) as usize & (CELLS - 1)
 }
 
+/// The cell of `addr` in leaf `leaf`, unless the region has no leaf (`NO_LEAF`).
+#[inline]
+fn leaf_cell(leaves: &mut [Box<Leaf>], leaf: u32, addr: u64) -> Option<&mut u32> {
+    (leaf != NO_LEAF).then(|| &mut leaves[leaf as usize][cell_of(addr)])
+}
+
 /// A leaf for a region: a spare one, or a new one.
 #[cold]
 #[inline(never)]
@@ -285,8 +291,7 @@ impl Regions {
         if small && region.leaf == NO_LEAF {
             region.leaf = take_leaf(&mut self.leaves, &mut self.spare);
         }
-        let cell =
-            (region.leaf != NO_LEAF).then(|| &mut self.leaves[region.leaf as usize][cell_of(addr)]);
+        let cell = leaf_cell(&mut self.leaves, region.leaf, addr);
         Some(Place { region, cell })
     }
 
@@ -300,8 +305,7 @@ impl Regions {
         let region = self
             .directory
             .find_mut(region_hash(number), |region| region.number == number)?;
-        let cell =
-            (region.leaf != NO_LEAF).then(|| &mut self.leaves[region.leaf as usize][cell_of(addr)]);
+        let cell = leaf_cell(&mut self.leaves, region.leaf, addr);
         Some(Place { region, cell })
     }
 
